@@ -1,0 +1,19 @@
+// Declares every op of the `demb` torch library once. Kernels register per dispatch key in
+// cpu/*.cpp and cuda/*.cu; fake (meta) kernels are registered in Python (demb_kernels/ops.py).
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(demb, m) {
+  m.def("hash64(Tensor keys) -> Tensor");
+  m.def("route_keys(Tensor keys, int world_size, str dist_type, int block_size) -> (Tensor, Tensor)");
+  m.def(
+      "bucketize_by_owner(Tensor lengths, Tensor values, Tensor? weights, int world_size, "
+      "str dist_type, Tensor? block_sizes) -> (Tensor, Tensor, Tensor?, Tensor)");
+}
+
+// `import demb_kernels._C` loads the library (and runs the registrations above).
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr,
+                               nullptr, nullptr, nullptr, nullptr};
+  return PyModule_Create(&module);
+}

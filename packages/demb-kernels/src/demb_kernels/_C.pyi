@@ -1,0 +1,1 @@
+"""The native library: importing it registers the `demb` torch ops. No Python API."""

@@ -1,0 +1,22 @@
+"""Loading of the native library and what it was built with."""
+
+from __future__ import annotations
+
+import torch
+
+import demb_kernels._C  # noqa: F401  (registers the `demb` ops and their CPU/CUDA kernels)
+
+__all__ = ["OPS", "cuda_kernels_built", "has_kernel"]
+
+OPS = ("hash64", "route_keys", "bucketize_by_owner")
+"""Every op of the ``demb`` torch library."""
+
+
+def has_kernel(op: str, dispatch_key: str) -> bool:
+    """Whether op ``demb::<op>`` has a kernel registered for ``dispatch_key`` ("CPU", "CUDA")."""
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"demb::{op}", dispatch_key))
+
+
+def cuda_kernels_built() -> bool:
+    """Whether the library was built with its CUDA kernels (``DEMB_CUDA=1`` at build time)."""
+    return all(has_kernel(op, "CUDA") for op in OPS)

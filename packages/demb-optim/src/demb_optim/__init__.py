@@ -1,0 +1,3 @@
+"""demb-optim: one spec per optimizer (state width, hyper-parameters, fused update)."""
+
+__all__: list[str] = []

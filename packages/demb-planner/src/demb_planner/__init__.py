@@ -1,0 +1,66 @@
+"""demb-planner: sharding math of dynamic tables (numpy only, no torch import).
+
+The key-ownership rule (:mod:`demb_planner.ownership`), per-rank capacity and bucket layout
+(:mod:`demb_planner.capacity`) and per-row optimizer-state size
+(:mod:`demb_planner.optimizer_state`).
+"""
+
+from demb_planner._errors import PlannerConfigError
+from demb_planner.capacity import (
+    BUCKET_ALIGNMENT,
+    MAX_BUCKET_CAPACITY,
+    BucketLayout,
+    SupportsEmbeddingShape,
+    SupportsNumEmbeddings,
+    align_init_capacity,
+    align_up,
+    check_bucket_capacity,
+    get_sharded_table_capacity,
+    get_table_value_bytes,
+    local_hbm_for_values,
+    sharded_table_bucket_layout,
+)
+from demb_planner.optimizer_state import (
+    ROWWISE_ADAGRAD_STATE_BYTES,
+    OptimizerKind,
+    dtype_bytes,
+    optimizer_state_bytes,
+)
+from demb_planner.ownership import (
+    FMIX64_C1,
+    FMIX64_C2,
+    DistType,
+    continuous_block_size,
+    hash64,
+    local_position,
+    owner_rank,
+    route_keys,
+)
+
+__all__ = [
+    "BUCKET_ALIGNMENT",
+    "FMIX64_C1",
+    "FMIX64_C2",
+    "MAX_BUCKET_CAPACITY",
+    "ROWWISE_ADAGRAD_STATE_BYTES",
+    "BucketLayout",
+    "DistType",
+    "OptimizerKind",
+    "PlannerConfigError",
+    "SupportsEmbeddingShape",
+    "SupportsNumEmbeddings",
+    "align_init_capacity",
+    "align_up",
+    "check_bucket_capacity",
+    "continuous_block_size",
+    "dtype_bytes",
+    "get_sharded_table_capacity",
+    "get_table_value_bytes",
+    "hash64",
+    "local_hbm_for_values",
+    "local_position",
+    "optimizer_state_bytes",
+    "owner_rank",
+    "route_keys",
+    "sharded_table_bucket_layout",
+]

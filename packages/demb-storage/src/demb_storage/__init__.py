@@ -1,0 +1,3 @@
+"""demb-storage: the scored hash table, score strategies, eviction, tiers and admission."""
+
+__all__: list[str] = []
