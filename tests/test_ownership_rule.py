@@ -110,7 +110,7 @@ def test_cuda_bucketize_equals_cpu(dist, world, len_dtype):
     g = torch.Generator().manual_seed(world)
     lengths = torch.randint(0, 1200, (features * batch,), generator=g).to(len_dtype)
     lengths[5] = 0
-    lengths[-1] = 100_000  # one long segment
+    lengths[-1] = max(100_000, TEN_MILLION - int(lengths[:-1].sum()))  # one long segment
     keys = random_keys(int(lengths.sum()), seed=3)
     weights = torch.rand(keys.numel(), generator=g)
     blocks = (
@@ -138,6 +138,14 @@ def test_cuda_bucketize_equals_cpu(dist, world, len_dtype):
     torch.testing.assert_close(
         got.unbucketize_permute.cpu(), expected.unbucketize_permute, rtol=0, atol=0
     )
+
+
+@pytest.mark.cuda
+def test_cuda_route_keys_bad_input():
+    with pytest.raises(ValueError, match="world_size=0"):
+        route_keys(torch.tensor([1], device="cuda"), 0, "roundrobin")
+    with pytest.raises(TypeError, match="keys must be int64 or int32"):
+        hash64(torch.tensor([1.0], device="cuda"))
 
 
 @pytest.mark.cuda

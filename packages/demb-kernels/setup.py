@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import torch
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 HERE = Path(__file__).parent.resolve()
 CSRC = HERE / "csrc"
@@ -30,19 +31,28 @@ def _want_cuda() -> bool:
 
 
 def _pip_cuda_includes() -> list[str]:
-    """Headers of the pip CUDA wheels (nvidia/cu13/include) torch's CUDA headers need, when the
-    build uses PyPI's CUDA torch rather than a system CUDA toolkit with all its libraries."""
+    """Headers torch's CUDA headers need (cusparse.h, ...) when the CUDA toolkit at CUDA_HOME
+    lacks them: then take them from PyPI's CUDA wheels (nvidia/cu<major>/include) that the
+    locked torch depends on, matching torch's CUDA major version."""
+    toolkit = Path(CUDA_HOME or "/usr/local/cuda") / "include"
+    if (toolkit / "cusparse.h").exists() or torch.version.cuda is None:
+        return []
     spec = importlib.util.find_spec("nvidia")
     if spec is None or not spec.submodule_search_locations:
         return []
-    found = []
-    for root in spec.submodule_search_locations:
-        found += [str(p) for p in sorted(Path(root).glob("cu*/include")) if p.is_dir()]
-    return found
+    major = torch.version.cuda.split(".")[0]
+    found = [Path(root) / f"cu{major}" / "include" for root in spec.submodule_search_locations]
+    return [str(p) for p in found if (p / "cusparse.h").exists()]
 
 
 def _sources(pattern: str) -> list[str]:
     return sorted(str(p.relative_to(HERE)) for p in CSRC.glob(pattern))
+
+
+# Link the C++ runtime as the shared library the process already has: some Python/torch
+# installs put a static libstdc++.a first on the library path, and a second, private copy of
+# libstdc++ inside _C crashes as soon as an error message is formatted (seen on the H200 image).
+LINK_ARGS = ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
 
 
 def _extension() -> CppExtension:
@@ -56,12 +66,14 @@ def _extension() -> CppExtension:
             include_dirs=include_dirs + _pip_cuda_includes(),
             define_macros=[("DEMB_WITH_CUDA", "1")],
             extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+            extra_link_args=LINK_ARGS,
         )
     return CppExtension(
         "demb_kernels._C",
         sources=_sources("*.cpp") + _sources("cpu/*.cpp"),
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx},
+        extra_link_args=LINK_ARGS,
     )
 
 

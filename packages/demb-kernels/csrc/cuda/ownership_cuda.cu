@@ -95,6 +95,7 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> bucket
   const DistType dist = parse_dist_type(dist_type);
   const int64_t batch =
       check_bucketize(lengths_in, values_in, weights_in, world_size, dist, block_sizes_in);
+  check_bucketize_data(lengths_in, values_in.numel(), world_size, block_sizes_in);
   const c10::cuda::CUDAGuard guard(values_in.device());
   const at::Tensor lengths = lengths_in.contiguous();
   const at::Tensor values = values_in.contiguous();
@@ -105,7 +106,6 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> bucket
                                  : std::nullopt;
   const int64_t segments = lengths.numel();
   const int64_t n = values.numel();
-  check_bucketize_data(lengths, n, world_size, block_sizes);
 
   at::Tensor new_lengths = at::zeros({world_size * segments}, lengths.options());
   at::Tensor new_values = at::empty_like(values);
