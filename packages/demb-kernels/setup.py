@@ -49,9 +49,10 @@ def _sources(pattern: str) -> list[str]:
     return sorted(str(p.relative_to(HERE)) for p in CSRC.glob(pattern))
 
 
-# Link the C++ runtime as the shared library the process already has: some Python/torch
-# installs put a static libstdc++.a first on the library path, and a second, private copy of
-# libstdc++ inside _C crashes as soon as an error message is formatted (seen on the H200 image).
+# Link the C++ runtime as the shared library the process already has. On the H200 image the
+# default link left a private copy of libstdc++ inside _C (about 4,000 exported std:: symbols;
+# where the linker found it was not established), which crashed as soon as an error message
+# formatted a number. Naming the shared object explicitly resolves every std:: symbol to it.
 LINK_ARGS = ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
 
 
