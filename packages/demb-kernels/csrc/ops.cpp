@@ -9,6 +9,24 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "bucketize_by_owner(Tensor lengths, Tensor values, Tensor? weights, int world_size, "
       "str dist_type, Tensor? block_sizes) -> (Tensor, Tensor, Tensor?, Tensor)");
+  // The scored hash table (HASH_TABLE.md). The first six arguments are the index tensors.
+  m.def(
+      "table_lookup(Tensor index_keys, Tensor digests, Tensor(a!) scores, Tensor slot_offsets, "
+      "Tensor bucket_widths, Tensor policies, Tensor keys, Tensor table_ids, Tensor? score_args, "
+      "Tensor? counts) -> Tensor");
+  m.def(
+      "table_find_or_insert(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
+      "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
+      "Tensor table_ids, Tensor score_args, Tensor? counts) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "table_insert_or_assign(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
+      "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
+      "Tensor table_ids, Tensor assign_scores) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "table_erase(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
+      "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
+      "Tensor table_ids) -> Tensor");
+  m.def("table_timestamp(Tensor like) -> Tensor");
 }
 
 // `import demb_kernels._C` loads the library (and runs the registrations above).

@@ -8,7 +8,16 @@ import demb_kernels._C  # noqa: F401  (registers the `demb` ops and their CPU/CU
 
 __all__ = ["OPS", "cuda_kernels_built", "has_kernel"]
 
-OPS = ("hash64", "route_keys", "bucketize_by_owner")
+OPS = (
+    "hash64",
+    "route_keys",
+    "bucketize_by_owner",
+    "table_lookup",
+    "table_find_or_insert",
+    "table_insert_or_assign",
+    "table_erase",
+    "table_timestamp",
+)
 """Every op of the ``demb`` torch library."""
 
 

@@ -1,6 +1,7 @@
 """demb-planner: sharding math of dynamic tables (numpy only, no torch import).
 
-The key-ownership rule (:mod:`demb_planner.ownership`), per-rank capacity and bucket layout
+The key-ownership rule (:mod:`demb_planner.ownership`), where a key lives in a rank's hash table
+(:mod:`demb_planner.table_hash`), per-rank capacity and bucket layout
 (:mod:`demb_planner.capacity`) and per-row optimizer-state size
 (:mod:`demb_planner.optimizer_state`).
 """
@@ -36,15 +37,25 @@ from demb_planner.ownership import (
     owner_rank,
     route_keys,
 )
+from demb_planner.table_hash import (
+    DIGEST_MODULUS,
+    TABLE_HASH_SEED,
+    HomeSlots,
+    home_slots,
+    table_hash64,
+)
 
 __all__ = [
     "BUCKET_ALIGNMENT",
+    "DIGEST_MODULUS",
     "FMIX64_C1",
     "FMIX64_C2",
     "MAX_BUCKET_CAPACITY",
     "ROWWISE_ADAGRAD_STATE_BYTES",
+    "TABLE_HASH_SEED",
     "BucketLayout",
     "DistType",
+    "HomeSlots",
     "OptimizerKind",
     "PlannerConfigError",
     "SupportsEmbeddingShape",
@@ -57,10 +68,12 @@ __all__ = [
     "get_sharded_table_capacity",
     "get_table_value_bytes",
     "hash64",
+    "home_slots",
     "local_hbm_for_values",
     "local_position",
     "optimizer_state_bytes",
     "owner_rank",
     "route_keys",
     "sharded_table_bucket_layout",
+    "table_hash64",
 ]

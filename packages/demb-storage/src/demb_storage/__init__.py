@@ -1,3 +1,32 @@
-"""demb-storage: the scored hash table, score strategies, eviction, tiers and admission."""
+"""demb-storage: the scored hash table, score strategies, eviction, tiers and admission.
 
-__all__: list[str] = []
+:class:`ScoredHashTable` holds fused tables (index + value rows) with growth and safe checks;
+:mod:`demb_storage.options` has the per-table options.
+"""
+
+from demb_storage._errors import InsertFailedError, StorageError, TableConfigError
+from demb_storage.options import (
+    VALUE_DTYPES,
+    SafeCheckMode,
+    ScoreLayout,
+    ScoreStrategy,
+    TableConfig,
+    resolve_score_strategy,
+)
+from demb_storage.scored_table import EvictedRows, InsertOutcome, ScoredHashTable, TableExport
+
+__all__ = [
+    "VALUE_DTYPES",
+    "EvictedRows",
+    "InsertFailedError",
+    "InsertOutcome",
+    "SafeCheckMode",
+    "ScoreLayout",
+    "ScoreStrategy",
+    "ScoredHashTable",
+    "StorageError",
+    "TableConfig",
+    "TableConfigError",
+    "TableExport",
+    "resolve_score_strategy",
+]

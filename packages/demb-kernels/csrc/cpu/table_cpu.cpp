@@ -1,0 +1,375 @@
+// CPU kernels of the scored hash table (HASH_TABLE.md). Phase A (lookups) runs in parallel over
+// keys; phase B runs in parallel over buckets, each bucket's keys in batch order; so the result
+// is the one the CUDA kernels give, whatever the number of threads.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "table_checks.h"
+#include "table_rule.h"
+
+namespace demb {
+namespace {
+
+// Raw view of the index for one op.
+struct View {
+  int64_t* keys;
+  uint8_t* digests;
+  int64_t* scores;  // word w of global slot g at scores[w * num_slots + g]
+  int64_t num_slots;
+  int64_t words;
+  const int64_t* slot_offsets;
+  const int64_t* bucket_widths;
+  const int64_t* policies;
+  int64_t num_tables;
+  int64_t* sizes;  // may be null (lookup)
+
+  int64_t& score(int64_t w, int64_t g) const { return scores[w * num_slots + g]; }
+  int64_t capacity(int64_t t) const { return slot_offsets[t + 1] - slot_offsets[t]; }
+};
+
+View make_view(const IndexTensors& ix, at::Tensor* sizes) {
+  return View{ix.keys.data_ptr<int64_t>(),          ix.digests.data_ptr<uint8_t>(),
+              ix.scores.data_ptr<int64_t>(),        ix.num_slots(),
+              ix.score_words(),                     ix.slot_offsets.const_data_ptr<int64_t>(),
+              ix.bucket_widths.const_data_ptr<int64_t>(), ix.policies.const_data_ptr<int64_t>(),
+              ix.num_tables(),                      sizes ? sizes->data_ptr<int64_t>() : nullptr};
+}
+
+// Data checks, free on the CPU: table ids in range, no empty key, counts >= 0.
+void check_batch_data(const View& v, const int64_t* keys, const int64_t* table_ids,
+                      const int64_t* counts, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(table_ids[i] >= 0 && table_ids[i] < v.num_tables, "table_ids[", i,
+                      "]=", table_ids[i], " is out of range for an index of ", v.num_tables,
+                      " tables");
+    TORCH_CHECK_VALUE(keys[i] != kEmptyKey, "keys[", i,
+                      "] is -1, the empty-key sentinel, which can never be a key");
+    TORCH_CHECK_VALUE(!counts || counts[i] >= 0, "counts[", i, "]=", counts ? counts[i] : 0,
+                      " is negative");
+  }
+}
+
+// Global slot of `key` in its bucket, or -1.
+int64_t find_in_bucket(const View& v, int64_t base, int64_t width, int64_t key, uint8_t digest) {
+  for (int64_t j = 0; j < width; ++j) {
+    const int64_t g = base + j;
+    if ((v.digests[g] & ~kProtectedBit) == digest && v.keys[g] == key) return g;
+  }
+  return -1;
+}
+
+void atomic_sat_add(int64_t* word, int64_t count) {
+  int64_t old = __atomic_load_n(word, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(word, &old, sat_add(old, count), true, __ATOMIC_RELAXED,
+                                      __ATOMIC_RELAXED)) {
+  }
+}
+
+// Phase A / lookup: slot of every key; with score_args, touch found keys; with `protect`, also
+// mark them protected. The batch's data was checked before.
+void lookup_phase(const View& v, const int64_t* keys, const int64_t* table_ids,
+                  const int64_t* score_args, const int64_t* counts, bool protect, int64_t n,
+                  int64_t* slots) {
+  at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = table_ids[i];
+      const Home home = home_of(keys[i], v.capacity(t), v.bucket_widths[t]);
+      const int64_t g = find_in_bucket(v, v.slot_offsets[t] + home.bucket_base,
+                                       v.bucket_widths[t], keys[i], home.digest);
+      slots[i] = g < 0 ? -1 : g - v.slot_offsets[t];
+      if (g < 0) continue;
+      if (score_args) {
+        const auto policy = static_cast<ScorePolicy>(v.policies[t]);
+        const int64_t count = counts ? counts[i] : 1;
+        if (policy_counts(policy)) {
+          atomic_sat_add(&v.score(0, g), count);
+          if (policy == ScorePolicy::kTimestampLfu) {
+            __atomic_store_n(&v.score(1, g), score_args[t], __ATOMIC_RELAXED);
+          }
+        } else {
+          __atomic_store_n(&v.score(0, g), score_args[t], __ATOMIC_RELAXED);
+        }
+      }
+      if (protect) __atomic_fetch_or(&v.digests[g], kProtectedBit, __ATOMIC_RELAXED);
+    }
+  });
+}
+
+// Per-key outputs of phase B.
+struct Outputs {
+  int64_t* slots;
+  int64_t* status;        // null for erase
+  int64_t* victim_keys;   // null for erase
+  int64_t* victim_scores; // (W, N), null for erase
+  int64_t n;
+};
+
+// Inputs of phase B: what to write for each key.
+struct Inputs {
+  const int64_t* keys;
+  const int64_t* table_ids;
+  const int64_t* score_args;     // kInsert
+  const int64_t* counts;         // kInsert, may be null
+  const int64_t* assign_scores;  // kAssign, (W, N)
+};
+
+void write_slot(const View& v, int64_t g, int64_t key, uint8_t digest, const int64_t* words) {
+  v.keys[g] = key;
+  v.digests[g] = digest | kProtectedBit;
+  for (int64_t w = 0; w < v.words; ++w) v.score(w, g) = words[w];
+}
+
+// One key of phase B, with its bucket owned by the calling thread.
+void bucket_step(const View& v, BucketOp op, const Inputs& in, const Outputs& out, int64_t i) {
+  const int64_t key = in.keys[i];
+  const int64_t t = in.table_ids[i];
+  const int64_t width = v.bucket_widths[t];
+  const Home home = home_of(key, v.capacity(t), width);
+  const int64_t base = v.slot_offsets[t] + home.bucket_base;
+  const auto policy = static_cast<ScorePolicy>(v.policies[t]);
+  const int64_t found = find_in_bucket(v, base, width, key, home.digest);
+
+  if (op == BucketOp::kErase) {
+    out.slots[i] = found < 0 ? -1 : found - v.slot_offsets[t];
+    if (found >= 0) {
+      v.keys[found] = kEmptyKey;
+      v.digests[found] = 0;
+      for (int64_t w = 0; w < v.words; ++w) v.score(w, found) = 0;
+      __atomic_fetch_sub(&v.sizes[t], 1, __ATOMIC_RELAXED);
+    }
+    return;
+  }
+  const int64_t count = in.counts ? in.counts[i] : 1;
+  int64_t words[2] = {0, 0};
+  if (found >= 0) {
+    if (op == BucketOp::kAssign) {
+      for (int64_t w = 0; w < v.words; ++w) words[w] = in.assign_scores[w * out.n + i];
+    } else {
+      for (int64_t w = 0; w < v.words; ++w) words[w] = v.score(w, found);
+      touch_scores(policy, false, in.score_args[t], count, words[0], words[1]);
+    }
+    write_slot(v, found, key, home.digest, words);
+    out.slots[i] = found - v.slot_offsets[t];
+    out.status[i] = static_cast<int64_t>(InsertStatus::kHit);
+    return;
+  }
+  // The first empty slot in circular order, else the lowest-score unprotected victim.
+  int64_t target = -1;
+  for (int64_t d = 0; d < width && target < 0; ++d) {
+    const int64_t j = (home.start + d) % width;
+    if (v.digests[base + j] == 0) target = base + j;
+  }
+  InsertStatus status = InsertStatus::kInserted;
+  if (target < 0 && policy_evicts(policy)) {
+    int64_t best_dist = -1;
+    for (int64_t j = 0; j < width; ++j) {
+      const int64_t g = base + j;
+      if (v.digests[g] & kProtectedBit) continue;
+      const int64_t dist = circular(j, home.start, width);
+      const int64_t s1 = v.words > 1 ? v.score(1, g) : 0;
+      const int64_t b1 = target >= 0 && v.words > 1 ? v.score(1, target) : 0;
+      if (target < 0 || victim_before(v.score(0, g), s1, dist, v.score(0, target), b1, best_dist)) {
+        target = g;
+        best_dist = dist;
+      }
+    }
+    status = InsertStatus::kEvicted;
+  }
+  if (target < 0) {
+    out.slots[i] = -1;
+    out.status[i] = static_cast<int64_t>(InsertStatus::kFailed);
+    return;
+  }
+  if (status == InsertStatus::kEvicted) {
+    out.victim_keys[i] = v.keys[target];
+    for (int64_t w = 0; w < v.words; ++w) out.victim_scores[w * out.n + i] = v.score(w, target);
+  } else {
+    __atomic_fetch_add(&v.sizes[t], 1, __ATOMIC_RELAXED);
+  }
+  if (op == BucketOp::kAssign) {
+    for (int64_t w = 0; w < v.words; ++w) words[w] = in.assign_scores[w * out.n + i];
+  } else {
+    touch_scores(policy, true, in.score_args[t], count, words[0], words[1]);
+  }
+  write_slot(v, target, key, home.digest, words);
+  out.slots[i] = target - v.slot_offsets[t];
+  out.status[i] = static_cast<int64_t>(status);
+}
+
+// Phase B over the keys `todo` (batch positions): grouped by bucket, batch order within one.
+void bucket_phase(const View& v, BucketOp op, const Inputs& in, const Outputs& out,
+                  const std::vector<int64_t>& todo) {
+  std::vector<std::pair<int64_t, int64_t>> order;  // (global bucket start, batch position)
+  order.reserve(todo.size());
+  for (const int64_t i : todo) {
+    const int64_t t = in.table_ids[i];
+    const Home home = home_of(in.keys[i], v.capacity(t), v.bucket_widths[t]);
+    order.emplace_back(v.slot_offsets[t] + home.bucket_base, i);
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<int64_t> heads;
+  for (size_t q = 0; q < order.size(); ++q) {
+    if (q == 0 || order[q].first != order[q - 1].first) heads.push_back(static_cast<int64_t>(q));
+  }
+  heads.push_back(static_cast<int64_t>(order.size()));
+  at::parallel_for(0, static_cast<int64_t>(heads.size()) - 1, 64, [&](int64_t b, int64_t e) {
+    for (int64_t h = b; h < e; ++h) {
+      for (int64_t q = heads[h]; q < heads[h + 1]; ++q) bucket_step(v, op, in, out, order[q].second);
+    }
+  });
+}
+
+// Clears the protection of every slot an op returned.
+void unprotect(const View& v, const int64_t* table_ids, const int64_t* slots, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] >= 0) v.digests[v.slot_offsets[table_ids[i]] + slots[i]] &= ~kProtectedBit;
+  }
+}
+
+IndexTensors index_of(const at::Tensor& keys, const at::Tensor& digests, const at::Tensor& scores,
+                      const at::Tensor& slot_offsets, const at::Tensor& bucket_widths,
+                      const at::Tensor& policies) {
+  IndexTensors ix{keys, digests, scores, slot_offsets, bucket_widths, policies};
+  check_index(ix);
+  return ix;
+}
+
+at::Tensor table_lookup_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
+                            const at::Tensor& scores, const at::Tensor& slot_offsets,
+                            const at::Tensor& bucket_widths, const at::Tensor& policies,
+                            const at::Tensor& keys_in, const at::Tensor& table_ids_in,
+                            const std::optional<at::Tensor>& score_args,
+                            const std::optional<at::Tensor>& counts_in) {
+  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
+  const at::Tensor keys = keys_in.contiguous();
+  const at::Tensor table_ids = table_ids_in.contiguous();
+  const std::optional<at::Tensor> counts =
+      counts_in.has_value() ? std::optional<at::Tensor>(counts_in->contiguous()) : std::nullopt;
+  const View v = make_view(ix, nullptr);
+  const int64_t n = keys.numel();
+  const int64_t* cnt = counts ? counts->const_data_ptr<int64_t>() : nullptr;
+  check_batch_data(v, keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(), cnt, n);
+  at::Tensor slots = at::empty({n}, keys.options());
+  const at::Tensor args = score_args.has_value() ? score_args->contiguous() : at::Tensor();
+  lookup_phase(v, keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(),
+               args.defined() ? args.const_data_ptr<int64_t>() : nullptr, cnt, false, n,
+               slots.data_ptr<int64_t>());
+  return slots;
+}
+
+using InsertOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// find_or_insert (op kInsert) and insert_or_assign (op kAssign).
+InsertOutputs insert_cpu(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
+                         const at::Tensor& keys_in, const at::Tensor& table_ids_in,
+                         const std::optional<at::Tensor>& score_args,
+                         const std::optional<at::Tensor>& counts_in,
+                         const std::optional<at::Tensor>& assign_in) {
+  check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
+  check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
+  TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");
+  const at::Tensor keys = keys_in.contiguous();
+  const at::Tensor table_ids = table_ids_in.contiguous();
+  const at::Tensor counts = counts_in.has_value() ? counts_in->contiguous() : at::Tensor();
+  const at::Tensor args = score_args.has_value() ? score_args->contiguous() : at::Tensor();
+  const at::Tensor assign = assign_in.has_value() ? assign_in->contiguous() : at::Tensor();
+  const View v = make_view(ix, &sizes);
+  const int64_t n = keys.numel();
+  const int64_t* cnt = counts.defined() ? counts.const_data_ptr<int64_t>() : nullptr;
+  check_batch_data(v, keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(), cnt, n);
+
+  at::Tensor slots = at::empty({n}, keys.options());
+  at::Tensor status = at::full({n}, static_cast<int64_t>(InsertStatus::kHit), keys.options());
+  at::Tensor victim_keys = at::full({n}, kEmptyKey, keys.options());
+  at::Tensor victim_scores = at::zeros({ix.score_words(), n}, keys.options());
+  const Inputs in{keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(),
+                  args.defined() ? args.const_data_ptr<int64_t>() : nullptr, cnt,
+                  assign.defined() ? assign.const_data_ptr<int64_t>() : nullptr};
+  const Outputs out{slots.data_ptr<int64_t>(), status.data_ptr<int64_t>(),
+                    victim_keys.data_ptr<int64_t>(), victim_scores.data_ptr<int64_t>(), n};
+  std::vector<int64_t> todo;
+  if (op == BucketOp::kInsert) {
+    lookup_phase(v, in.keys, in.table_ids, in.score_args, cnt, true, n, out.slots);
+    for (int64_t i = 0; i < n; ++i) {
+      if (out.slots[i] < 0) todo.push_back(i);
+    }
+  } else {
+    todo.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) todo[static_cast<size_t>(i)] = i;
+  }
+  bucket_phase(v, op, in, out, todo);
+  unprotect(v, in.table_ids, out.slots, n);
+  return {slots, status, victim_keys, victim_scores};
+}
+
+InsertOutputs table_find_or_insert_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
+                                       const at::Tensor& scores, const at::Tensor& slot_offsets,
+                                       const at::Tensor& bucket_widths, const at::Tensor& policies,
+                                       at::Tensor sizes, const at::Tensor& keys,
+                                       const at::Tensor& table_ids, const at::Tensor& score_args,
+                                       const std::optional<at::Tensor>& counts) {
+  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  return insert_cpu(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
+                    std::nullopt);
+}
+
+InsertOutputs table_insert_or_assign_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
+                                         const at::Tensor& scores, const at::Tensor& slot_offsets,
+                                         const at::Tensor& bucket_widths,
+                                         const at::Tensor& policies, at::Tensor sizes,
+                                         const at::Tensor& keys, const at::Tensor& table_ids,
+                                         const at::Tensor& assign_scores) {
+  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  check_assign_scores(ix, assign_scores, keys);
+  return insert_cpu(ix, sizes, BucketOp::kAssign, keys, table_ids, std::nullopt, std::nullopt,
+                    assign_scores);
+}
+
+at::Tensor table_erase_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
+                           const at::Tensor& scores, const at::Tensor& slot_offsets,
+                           const at::Tensor& bucket_widths, const at::Tensor& policies,
+                           at::Tensor sizes, const at::Tensor& keys_in,
+                           const at::Tensor& table_ids_in) {
+  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  check_batch(ix, keys_in, table_ids_in, std::nullopt, std::nullopt);
+  check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
+  const at::Tensor keys = keys_in.contiguous();
+  const at::Tensor table_ids = table_ids_in.contiguous();
+  const View v = make_view(ix, &sizes);
+  const int64_t n = keys.numel();
+  check_batch_data(v, keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(),
+                   nullptr, n);
+  at::Tensor slots = at::empty({n}, keys.options());
+  const Inputs in{keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(), nullptr,
+                  nullptr, nullptr};
+  const Outputs out{slots.data_ptr<int64_t>(), nullptr, nullptr, nullptr, n};
+  std::vector<int64_t> todo(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) todo[static_cast<size_t>(i)] = i;
+  bucket_phase(v, BucketOp::kErase, in, out, todo);
+  return slots;
+}
+
+at::Tensor table_timestamp_cpu(const at::Tensor& like) {
+  const auto now = std::chrono::steady_clock::now().time_since_epoch();
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
+  return at::full({1}, ns, like.options().dtype(at::kLong));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(demb, CPU, m) {
+  m.impl("table_lookup", &table_lookup_cpu);
+  m.impl("table_find_or_insert", &table_find_or_insert_cpu);
+  m.impl("table_insert_or_assign", &table_insert_or_assign_cpu);
+  m.impl("table_erase", &table_erase_cpu);
+  m.impl("table_timestamp", &table_timestamp_cpu);
+}
+
+}  // namespace demb

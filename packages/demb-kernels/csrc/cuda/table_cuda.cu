@@ -1,0 +1,215 @@
+// CUDA bindings of the table ops: allocation, validation and launch order. The algorithm is the
+// CPU one (cpu/table_cpu.cpp): phase A per key, a stable sort of the rest by bucket, phase B per
+// bucket in batch order, then the protections cleared; identical results.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "cuda/table_kernels.cuh"
+#include "table_checks.h"
+
+namespace demb {
+namespace {
+
+constexpr int kThreads = cuda::kWarp * cuda::kWarpsPerBlock;
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+cuda::DeviceView make_view(const IndexTensors& ix, at::Tensor* sizes) {
+  return cuda::DeviceView{ix.keys.data_ptr<int64_t>(),
+                          ix.digests.data_ptr<uint8_t>(),
+                          ix.scores.data_ptr<int64_t>(),
+                          ix.num_slots(),
+                          ix.score_words(),
+                          ix.slot_offsets.const_data_ptr<int64_t>(),
+                          ix.bucket_widths.const_data_ptr<int64_t>(),
+                          ix.policies.const_data_ptr<int64_t>(),
+                          ix.num_tables(),
+                          sizes ? sizes->data_ptr<int64_t>() : nullptr};
+}
+
+IndexTensors index_of(const at::Tensor& keys, const at::Tensor& digests, const at::Tensor& scores,
+                      const at::Tensor& slot_offsets, const at::Tensor& bucket_widths,
+                      const at::Tensor& policies) {
+  IndexTensors ix{keys, digests, scores, slot_offsets, bucket_widths, policies};
+  check_index(ix);
+  return ix;
+}
+
+const int64_t* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<int64_t>() : nullptr;
+}
+
+at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? t->contiguous() : at::Tensor();
+}
+
+// Number of bits of the largest sort key (`skip`, the slot count): the radix sort's end bit.
+int end_bit_for(uint64_t skip) {
+  int bits = 1;
+  while (bits < 64 && (skip >> bits) != 0) ++bits;
+  return bits;
+}
+
+// Stable sort of (sort key, batch position) pairs by sort key; returns (sorted keys, positions).
+std::pair<at::Tensor, at::Tensor> sort_by_bucket(const at::Tensor& sort_keys, uint64_t skip,
+                                                 cudaStream_t stream) {
+  const int64_t n = sort_keys.numel();
+  const at::Tensor positions = at::arange(n, sort_keys.options().dtype(at::kInt));
+  at::Tensor keys_out = at::empty_like(sort_keys);
+  at::Tensor pos_out = at::empty_like(positions);
+  const auto* k_in = reinterpret_cast<const uint64_t*>(sort_keys.const_data_ptr<int64_t>());
+  auto* k_out = reinterpret_cast<uint64_t*>(keys_out.data_ptr<int64_t>());
+  const int end_bit = end_bit_for(skip);
+  size_t temp_bytes = 0;
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp_bytes, k_in, k_out, positions.const_data_ptr<int32_t>(),
+      pos_out.data_ptr<int32_t>(), static_cast<int>(n), 0, end_bit, stream));
+  at::Tensor temp =
+      at::empty({static_cast<int64_t>(temp_bytes)}, sort_keys.options().dtype(at::kByte));
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      temp.data_ptr(), temp_bytes, k_in, k_out, positions.const_data_ptr<int32_t>(),
+      pos_out.data_ptr<int32_t>(), static_cast<int>(n), 0, end_bit, stream));
+  return {keys_out, pos_out};
+}
+
+at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
+                             const at::Tensor& scores, const at::Tensor& slot_offsets,
+                             const at::Tensor& bucket_widths, const at::Tensor& policies,
+                             const at::Tensor& keys_in, const at::Tensor& table_ids_in,
+                             const std::optional<at::Tensor>& score_args,
+                             const std::optional<at::Tensor>& counts_in) {
+  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
+  const c10::cuda::CUDAGuard guard(keys_in.device());
+  const at::Tensor keys = keys_in.contiguous();
+  const at::Tensor table_ids = table_ids_in.contiguous();
+  const at::Tensor counts = contiguous_or_undefined(counts_in);
+  const at::Tensor args = contiguous_or_undefined(score_args);
+  const int64_t n = keys.numel();
+  at::Tensor slots = at::empty({n}, keys.options());
+  if (n == 0) return slots;
+  const cuda::BatchIn in{keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(),
+                         ptr_or_null(args), ptr_or_null(counts), nullptr, n};
+  const cuda::BatchOut out{slots.data_ptr<int64_t>(), nullptr, nullptr, nullptr};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cuda::lookup_kernel<<<cuda::blocks_for_warps(n), kThreads, 0, stream>>>(
+      make_view(ix, nullptr), in, out, false, nullptr, 0);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return slots;
+}
+
+using InsertOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// find_or_insert (kInsert), insert_or_assign (kAssign) and erase (kErase).
+InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
+                             const at::Tensor& keys_in, const at::Tensor& table_ids_in,
+                             const std::optional<at::Tensor>& score_args,
+                             const std::optional<at::Tensor>& counts_in,
+                             const std::optional<at::Tensor>& assign_in) {
+  check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
+  check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
+  TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");
+  const c10::cuda::CUDAGuard guard(keys_in.device());
+  const at::Tensor keys = keys_in.contiguous();
+  const at::Tensor table_ids = table_ids_in.contiguous();
+  const at::Tensor counts = contiguous_or_undefined(counts_in);
+  const at::Tensor args = contiguous_or_undefined(score_args);
+  const at::Tensor assign = contiguous_or_undefined(assign_in);
+  const int64_t n = keys.numel();
+  const bool inserts = op != BucketOp::kErase;
+  at::Tensor slots = at::empty({n}, keys.options());
+  at::Tensor status = inserts ? at::empty({n}, keys.options()) : at::Tensor();
+  at::Tensor victim_keys = inserts ? at::full({n}, kEmptyKey, keys.options()) : at::Tensor();
+  at::Tensor victim_scores =
+      inserts ? at::zeros({ix.score_words(), n}, keys.options()) : at::Tensor();
+  if (n == 0) return {slots, status, victim_keys, victim_scores};
+
+  const cuda::DeviceView v = make_view(ix, &sizes);
+  const cuda::BatchIn in{keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(),
+                         ptr_or_null(args), ptr_or_null(counts), ptr_or_null(assign), n};
+  const cuda::BatchOut out{slots.data_ptr<int64_t>(),
+                           inserts ? status.data_ptr<int64_t>() : nullptr,
+                           inserts ? victim_keys.data_ptr<int64_t>() : nullptr,
+                           inserts ? victim_scores.data_ptr<int64_t>() : nullptr};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const auto skip = static_cast<uint64_t>(ix.num_slots());
+  at::Tensor sort_keys = at::empty({n}, keys.options());
+  auto* sort_ptr = reinterpret_cast<uint64_t*>(sort_keys.data_ptr<int64_t>());
+  if (op == BucketOp::kInsert) {
+    cuda::lookup_kernel<<<cuda::blocks_for_warps(n), kThreads, 0, stream>>>(v, in, out, true,
+                                                                             sort_ptr, skip);
+  } else {
+    cuda::bucket_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, in, out, sort_ptr, skip);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto [sorted_keys, sorted_pos] = sort_by_bucket(sort_keys, skip, stream);
+  cuda::bucket_kernel<<<cuda::blocks_for_warps(n), kThreads, 0, stream>>>(
+      v, op, in, out, reinterpret_cast<const uint64_t*>(sorted_keys.const_data_ptr<int64_t>()),
+      sorted_pos.const_data_ptr<int32_t>(), skip);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (inserts) {
+    cuda::unprotect_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, in, out.slots);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {slots, status, victim_keys, victim_scores};
+}
+
+InsertOutputs table_find_or_insert_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
+                                        const at::Tensor& scores, const at::Tensor& slot_offsets,
+                                        const at::Tensor& bucket_widths,
+                                        const at::Tensor& policies, at::Tensor sizes,
+                                        const at::Tensor& keys, const at::Tensor& table_ids,
+                                        const at::Tensor& score_args,
+                                        const std::optional<at::Tensor>& counts) {
+  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  return bucket_op_cuda(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
+                        std::nullopt);
+}
+
+InsertOutputs table_insert_or_assign_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
+                                          const at::Tensor& scores,
+                                          const at::Tensor& slot_offsets,
+                                          const at::Tensor& bucket_widths,
+                                          const at::Tensor& policies, at::Tensor sizes,
+                                          const at::Tensor& keys, const at::Tensor& table_ids,
+                                          const at::Tensor& assign_scores) {
+  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  check_assign_scores(ix, assign_scores, keys);
+  return bucket_op_cuda(ix, sizes, BucketOp::kAssign, keys, table_ids, std::nullopt, std::nullopt,
+                        assign_scores);
+}
+
+at::Tensor table_erase_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
+                            const at::Tensor& scores, const at::Tensor& slot_offsets,
+                            const at::Tensor& bucket_widths, const at::Tensor& policies,
+                            at::Tensor sizes, const at::Tensor& keys,
+                            const at::Tensor& table_ids) {
+  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  return std::get<0>(bucket_op_cuda(ix, sizes, BucketOp::kErase, keys, table_ids, std::nullopt,
+                                    std::nullopt, std::nullopt));
+}
+
+at::Tensor table_timestamp_cuda(const at::Tensor& like) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  at::Tensor out = at::empty({1}, like.options().dtype(at::kLong));
+  cuda::timestamp_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(out.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(demb, CUDA, m) {
+  m.impl("table_lookup", &table_lookup_cuda);
+  m.impl("table_find_or_insert", &table_find_or_insert_cuda);
+  m.impl("table_insert_or_assign", &table_insert_or_assign_cuda);
+  m.impl("table_erase", &table_erase_cuda);
+  m.impl("table_timestamp", &table_timestamp_cuda);
+}
+
+}  // namespace demb

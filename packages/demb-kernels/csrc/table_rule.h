@@ -1,0 +1,82 @@
+// The rules of the scored hash table (HASH_TABLE.md), shared by the CPU and CUDA kernels.
+//
+// Plain C++ (no torch headers), callable from host and device code. Where a key lives must stay
+// bit-for-bit equal to demb_planner.table_hash (numpy), which is its definition; tests check it.
+#pragma once
+
+#include <cstdint>
+
+#include "ownership.h"
+
+namespace demb {
+
+constexpr int64_t kEmptyKey = -1;
+constexpr uint64_t kTableHashSeed = 0x9E3779B97F4A7C15ULL;
+constexpr uint64_t kDigestModulus = 127;
+constexpr uint8_t kProtectedBit = 0x80;  // set on a slot's digest while an op protects it
+constexpr int64_t kMaxScore = INT64_MAX;
+
+// How a table scores touched keys (demb_kernels.table.ScorePolicy).
+enum class ScorePolicy : int64_t {
+  kTimestamp = 0,
+  kStep = 1,
+  kCustomized = 2,
+  kLfu = 3,
+  kNoEviction = 4,
+  kTimestampLfu = 5,
+};
+
+// Per-key outcome of find_or_insert / insert_or_assign (demb_kernels.table.InsertStatus).
+enum class InsertStatus : int64_t { kHit = 0, kInserted = 1, kEvicted = 2, kFailed = 3 };
+
+// What the bucket-sequential kernel does with each key.
+enum class BucketOp : int32_t { kInsert = 0, kAssign = 1, kErase = 2 };
+
+struct Home {
+  int64_t bucket_base;  // table-local slot of the home bucket's first slot
+  int64_t start;        // start position inside the bucket
+  uint8_t digest;       // in [1, 127]
+};
+
+DEMB_HD Home home_of(int64_t key, int64_t capacity, int64_t bucket_width) {
+  const uint64_t h = fmix64(key_bits(key) ^ kTableHashSeed);
+  const uint64_t p = h % static_cast<uint64_t>(capacity);
+  const uint64_t w = static_cast<uint64_t>(bucket_width);
+  return Home{static_cast<int64_t>(p - p % w), static_cast<int64_t>(p % w),
+              static_cast<uint8_t>(1 + (h >> 56) % kDigestModulus)};
+}
+
+DEMB_HD int64_t sat_add(int64_t a, int64_t b) { return a > kMaxScore - b ? kMaxScore : a + b; }
+
+DEMB_HD bool policy_counts(ScorePolicy p) {
+  return p == ScorePolicy::kLfu || p == ScorePolicy::kTimestampLfu;
+}
+
+DEMB_HD bool policy_evicts(ScorePolicy p) { return p != ScorePolicy::kNoEviction; }
+
+// Scores of a touched key. `w0`, `w1` are its current words (ignored on insert); `words` is the
+// index's score words (1 or 2). Writes the new words to w0 / w1.
+DEMB_HD void touch_scores(ScorePolicy p, bool inserted, int64_t score_arg, int64_t count,
+                          int64_t& w0, int64_t& w1) {
+  if (policy_counts(p)) {
+    w0 = inserted ? count : sat_add(w0, count);
+    if (p == ScorePolicy::kTimestampLfu) w1 = score_arg;
+  } else {
+    w0 = score_arg;
+  }
+}
+
+// Circular distance of position `i` from start `s` in a bucket of `width` slots.
+DEMB_HD int64_t circular(int64_t i, int64_t s, int64_t width) {
+  return i >= s ? i - s : i + width - s;
+}
+
+// Strict order of victim candidates: smaller score tuple first, then smaller circular distance.
+DEMB_HD bool victim_before(int64_t a0, int64_t a1, int64_t a_dist, int64_t b0, int64_t b1,
+                           int64_t b_dist) {
+  if (a0 != b0) return a0 < b0;
+  if (a1 != b1) return a1 < b1;
+  return a_dist < b_dist;
+}
+
+}  // namespace demb

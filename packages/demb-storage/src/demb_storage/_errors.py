@@ -1,0 +1,32 @@
+"""Exceptions of demb-storage."""
+
+from __future__ import annotations
+
+__all__ = ["InsertFailedError", "StorageError", "TableConfigError"]
+
+
+class StorageError(Exception):
+    """Base class of demb-storage's errors."""
+
+
+class TableConfigError(StorageError, ValueError):
+    """A table option is invalid; the message names the option and its value."""
+
+    def __init__(self, option: str, value: object, reason: str) -> None:
+        super().__init__(f"{option}={value!r}: {reason}")
+        self.option = option
+        self.value = value
+
+
+class InsertFailedError(StorageError, RuntimeError):
+    """Keys could not be inserted and the table's safe-check mode is ERROR."""
+
+    def __init__(self, failed: dict[int, int], batch: int) -> None:
+        per_table = ", ".join(f"table {t}: {n}" for t, n in sorted(failed.items()))
+        super().__init__(
+            f"{sum(failed.values())} of {batch} keys could not be inserted ({per_table}): their "
+            "buckets had no free or evictable slot. Raise the table's capacity, or set "
+            "safe_check_mode to WARNING or IGNORE to read their rows as zeros."
+        )
+        self.failed = failed
+        self.batch = batch

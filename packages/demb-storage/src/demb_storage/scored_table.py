@@ -1,0 +1,437 @@
+"""``ScoredHashTable``: fused scored hash tables with their value rows, growth and safe checks.
+
+The index (keys, digests, scores) is a :class:`demb_kernels.table.TableIndex`; each table also
+has a value buffer of ``capacity`` rows ``[embedding | optimizer state]`` addressed by slot, so
+the number of slots never exceeds the value rows. Tables double (up to ``max_capacity``; without
+limit for NO_EVICTION) before a batch would take them above their load factor; values move with
+their keys.
+
+Environment: ``DEMB_DETERMINISM_MODE`` and ``DYNAMICEMB_CSTM_SCORE_CHECK`` are read once, when a
+table is built (constructor arguments override them), never in a hot path.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+from demb_kernels import table as ops
+from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
+
+from demb_storage._errors import InsertFailedError, TableConfigError
+from demb_storage.options import SafeCheckMode, TableConfig
+
+__all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
+
+_TIME_POLICIES = (ScorePolicy.TIMESTAMP, ScorePolicy.NO_EVICTION, ScorePolicy.TIMESTAMP_LFU)
+
+
+class EvictedRows(NamedTuple):
+    """Keys a batch evicted, each reported once, with what they held."""
+
+    keys: torch.Tensor
+    """``(m,)`` int64."""
+    table_ids: torch.Tensor
+    """``(m,)`` int64."""
+    scores: torch.Tensor
+    """``(m, W)`` int64 index score words ``[word 0, word 1]``."""
+    slots: torch.Tensor
+    """``(m,)`` int64 the freed slots (now holding the keys that evicted them)."""
+    values: list[torch.Tensor]
+    """Per table, ``(m_t, width_t)`` the evicted rows, in the order of this table's entries."""
+
+
+class InsertOutcome(NamedTuple):
+    """Result of :meth:`ScoredHashTable.find_or_insert`."""
+
+    slots: torch.Tensor
+    """``(N,)`` int64 table-local slot of each key, -1 if it could not be inserted."""
+    status: torch.Tensor
+    """``(N,)`` int64 :class:`demb_kernels.table.InsertStatus`."""
+    evicted: EvictedRows | None
+    """The evictions, when asked for (``return_evicted=True``)."""
+
+
+class TableExport(NamedTuple):
+    """Occupied slots of one table (see :meth:`ScoredHashTable.export`)."""
+
+    keys: torch.Tensor
+    """``(n,)`` int64."""
+    scores: torch.Tensor
+    """``(n, C)`` int64 score columns in the table's ``score_strategy`` order."""
+    slots: torch.Tensor
+    """``(n,)`` int64."""
+    values: torch.Tensor
+    """``(n, width)`` the rows."""
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+class ScoredHashTable:
+    """``T`` fused scored hash tables with value rows, on one device.
+
+    Args:
+        tables: one :class:`TableConfig` per table.
+        device: where the index lives.
+        value_device: where the value rows live (default ``device``); host rows of a CUDA index
+            are pinned.
+        deterministic: equal-score victims and concurrent inserts resolved deterministically.
+            Default: whether ``DEMB_DETERMINISM_MODE`` is set. demb's table ops resolve both
+            deterministically in every mode (phase B handles a bucket's keys in batch order and
+            ranks victims by score then position), so the flag only records the request.
+        score_check: warn when a CUSTOMIZED score decreases; default: unless
+            ``DYNAMICEMB_CSTM_SCORE_CHECK=0``.
+        clock: returns the batch timestamp as a ``(1,)`` int64 tensor on ``device``; default
+            :func:`demb_kernels.table.timestamp` (device timer on CUDA, monotonic ns on CPU).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[TableConfig],
+        device: torch.device | str = "cpu",
+        *,
+        value_device: torch.device | str | None = None,
+        deterministic: bool | None = None,
+        score_check: bool | None = None,
+        clock: Callable[[], torch.Tensor] | None = None,
+    ) -> None:
+        if not tables:
+            raise TableConfigError("tables", tables, "needs at least one table")
+        self.configs = tuple(tables)
+        self.device = torch.device(device)
+        self.value_device = self.device if value_device is None else torch.device(value_device)
+        self.deterministic = (
+            "DEMB_DETERMINISM_MODE" in os.environ if deterministic is None else deterministic
+        )
+        self.score_check = (
+            _env_flag("DYNAMICEMB_CSTM_SCORE_CHECK", True) if score_check is None else score_check
+        )
+        self._clock = clock or (lambda: ops.timestamp(self.device))
+        layouts = [c.score_layout for c in self.configs]
+        self.index = TableIndex.create(
+            [c.initial_capacity for c in self.configs],
+            [c.bucket_capacity for c in self.configs],
+            [layout.policy for layout in layouts],
+            self.device,
+        )
+        self.values = [self._allocate(c.initial_capacity, c) for c in self.configs]
+        self.steps = [0] * self.num_tables
+        self.custom_scores = [0] * self.num_tables
+        self.failed_inserts = torch.zeros(self.num_tables, dtype=torch.int64, device=self.device)
+        """``(T,)`` int64 running count of keys that could not be inserted, per table."""
+        self._can_grow = [True] * self.num_tables
+
+    # ----------------------------------------------------------------------------- state
+    @property
+    def num_tables(self) -> int:
+        """``T``."""
+        return len(self.configs)
+
+    def capacity(self, table_id: int) -> int:
+        """Slots (= value rows) of table ``table_id`` now."""
+        return self.index.capacities[table_id]
+
+    def size(self, table_id: int) -> int:
+        """Keys in table ``table_id`` (one sync)."""
+        return int(self.index.sizes[table_id])
+
+    def load_factor(self, table_id: int) -> float:
+        """``size / capacity`` of table ``table_id``."""
+        return self.size(table_id) / self.capacity(table_id)
+
+    def set_score(self, table_id: int, score: int) -> None:
+        """The score a CUSTOMIZED table gives the keys of the next batches.
+
+        Warns when it is lower than the previous one (unless score checks are off).
+        """
+        if self.index.policy_list[table_id] is not ScorePolicy.CUSTOMIZED:
+            raise TableConfigError(
+                "score_strategy",
+                self.configs[table_id].score_strategy,
+                f"table {table_id} does not take scores from set_score (only CUSTOMIZED does)",
+            )
+        if self.score_check and score < self.custom_scores[table_id]:
+            warnings.warn(
+                f"table {table_id}: the new score {score} is lower than the previous "
+                f"{self.custom_scores[table_id]} (set DYNAMICEMB_CSTM_SCORE_CHECK=0 to silence)",
+                stacklevel=2,
+            )
+        self.custom_scores[table_id] = int(score)
+
+    # ----------------------------------------------------------------------------- ops
+    def find(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        *,
+        update_scores: bool = False,
+        counts: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``(N,)`` int64 slot of each key or -1; with ``update_scores``, found keys are touched
+        (a forward: STEP tables advance one step)."""
+        args = self._score_args() if update_scores else None
+        return ops.lookup(self.index, keys, table_ids, args, counts if update_scores else None)
+
+    def find_or_insert(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        *,
+        counts: torch.Tensor | None = None,
+        return_evicted: bool = False,
+    ) -> InsertOutcome:
+        """Find each key or insert it (a forward: STEP tables advance one step).
+
+        Tables grow first if the batch could take them above their load factor. New rows
+        (INSERTED or EVICTED slots) are zeroed; the caller writes their initial values. Keys
+        that cannot be inserted get slot -1 and are handled per the table's safe-check mode.
+
+        Args:
+            keys: ``(N,)`` int64 keys.
+            table_ids: ``(N,)`` int64 table of each key.
+            counts: ``(N,)`` int64 per-key frequencies for LFU scores (default 1 each).
+            return_evicted: also return the evicted keys, scores and rows.
+
+        Raises:
+            InsertFailedError: keys failed in a table whose safe-check mode is ERROR.
+        """
+        keys = keys.to(torch.int64)
+        table_ids = table_ids.to(torch.int64)
+        self._grow_for(keys, table_ids)
+        args = self._score_args()
+        result = ops.find_or_insert(self.index, keys, table_ids, args, counts)
+        slots, status = result.slots, result.status
+        evicted = self._evicted(result, table_ids) if return_evicted else None
+        slots, status = self._retry_no_eviction(keys, table_ids, counts, args, slots, status)
+        self._zero_new_rows(table_ids, slots, status)
+        self._safe_check(table_ids, status)
+        return InsertOutcome(slots, status, evicted)
+
+    def insert_or_assign(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        scores: torch.Tensor,
+        values: Sequence[torch.Tensor | None] | None = None,
+    ) -> InsertOutcome:
+        """Insert keys or overwrite them, with given scores and optionally rows (loading).
+
+        Args:
+            keys: ``(N,)`` int64 keys.
+            table_ids: ``(N,)`` int64 table of each key.
+            scores: ``(W, N)`` int64 index score words.
+            values: per table, ``(N_t, width_t)`` rows of that table's keys in batch order, or
+                None.
+        """
+        keys = keys.to(torch.int64)
+        table_ids = table_ids.to(torch.int64)
+        self._grow_for(keys, table_ids)
+        result = ops.insert_or_assign(self.index, keys, table_ids, scores)
+        self._safe_check(table_ids, result.status)
+        for t, rows in enumerate(values or []):
+            if rows is None:
+                continue
+            mine = (table_ids == t).nonzero().squeeze(1)
+            self.write(t, result.slots[mine], rows)
+        return InsertOutcome(result.slots, result.status, None)
+
+    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> torch.Tensor:
+        """Remove keys; ``(N,)`` int64 the freed slot of each erased key, else -1."""
+        return ops.erase(self.index, keys, table_ids)
+
+    def read(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
+        """``(n, width)`` rows of table ``table_id`` at ``slots``; rows of slot -1 are zeros."""
+        buf = self.values[table_id]
+        where = slots.to(buf.device)
+        rows = buf.index_select(0, where.clamp_min(0))
+        return rows.masked_fill_((where < 0).unsqueeze(1), 0)
+
+    def write(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write ``rows`` ``(n, width)`` at ``slots`` of table ``table_id``; slot -1 is skipped."""
+        buf = self.values[table_id]
+        if rows.shape != (slots.shape[0], buf.shape[1]):
+            raise TableConfigError(
+                "rows", tuple(rows.shape), f"expected ({slots.shape[0]}, {buf.shape[1]})"
+            )
+        where = slots.to(buf.device)
+        keep = (where >= 0).nonzero().squeeze(1)
+        buf.index_copy_(0, where[keep], rows.to(buf.device, buf.dtype)[keep])
+
+    def export(
+        self,
+        table_id: int,
+        begin: int = 0,
+        end: int | None = None,
+        min_score: int | None = None,
+    ) -> TableExport:
+        """Keys, scores (user column order), slots and rows of table ``table_id`` in the slot
+        range ``[begin, end)``; ``min_score`` filters on the first score column (for a compound
+        strategy, its timestamp: what was touched since)."""
+        layout = self.configs[table_id].score_layout
+        filter_word = layout.index_words[0]
+        if layout.policy is ScorePolicy.TIMESTAMP_LFU:
+            filter_word = 1
+        ex = ops.export(self.index, table_id, begin, end, min_score, filter_word)
+        scores = ex.scores[list(layout.index_words)].t().contiguous()
+        return TableExport(ex.keys, scores, ex.slots, self.read(table_id, ex.slots))
+
+    def clear(self, table_id: int | None = None) -> None:
+        """Empty one table or all; rows are zeroed."""
+        ops.clear(self.index, table_id)
+        for t in range(self.num_tables) if table_id is None else [table_id]:
+            self.values[t].zero_()
+
+    def expand(self, table_id: int, new_capacity: int | None = None) -> bool:
+        """Grow table ``table_id`` (default: double it); values move with their keys.
+
+        Returns:
+            False (with a warning) when the new rows cannot be allocated or the keys do not fit;
+            the table is then unchanged.
+        """
+        old_cap = self.capacity(table_id)
+        cap = 2 * old_cap if new_capacity is None else new_capacity
+        config = self.configs[table_id]
+        try:
+            buf = self._allocate(cap, config)
+            new_index, old_slots, new_slots = ops.rehash(self.index, table_id, cap)
+        except (torch.OutOfMemoryError, RuntimeError, ValueError) as err:
+            warnings.warn(
+                f"table {table_id}: could not grow from {old_cap} to {cap} slots ({err}); "
+                "it keeps its capacity",
+                stacklevel=2,
+            )
+            self._can_grow[table_id] = False
+            return False
+        old = self.values[table_id]
+        buf.index_copy_(0, new_slots.to(buf.device), old.index_select(0, old_slots.to(old.device)))
+        self.index = new_index
+        self.values[table_id] = buf
+        return True
+
+    # ----------------------------------------------------------------------------- internals
+    def _allocate(self, rows: int, config: TableConfig) -> torch.Tensor:
+        pin = self.value_device.type == "cpu" and self.device.type == "cuda"
+        return torch.zeros(
+            (rows, config.width), dtype=config.dtype, device=self.value_device, pin_memory=pin
+        )
+
+    def _score_args(self) -> torch.Tensor:
+        """``(T,)`` int64 batch score per table; advances the steps (one forward)."""
+        self.steps = [s + 1 for s in self.steps]
+        host = []
+        for t, policy in enumerate(self.index.policy_list):
+            host.append(self.steps[t] if policy is ScorePolicy.STEP else self.custom_scores[t])
+        args = torch.tensor(host, dtype=torch.int64, device=self.device)
+        timed = [p in _TIME_POLICIES for p in self.index.policy_list]
+        if any(timed):
+            mask = torch.tensor(timed, device=self.device)
+            args = torch.where(mask, self._clock().to(self.device), args)
+        return args
+
+    def _growable(self, t: int) -> bool:
+        if not self._can_grow[t]:
+            return False
+        no_eviction = self.index.policy_list[t] is ScorePolicy.NO_EVICTION
+        return no_eviction or self.capacity(t) < self.configs[t].max_capacity
+
+    def _grow_for(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
+        """Double the tables the batch's missing keys could take above their load factor."""
+        growable = [t for t in range(self.num_tables) if self._growable(t)]
+        if not growable or keys.numel() == 0:
+            return
+        missing = ops.lookup(self.index, keys, table_ids) < 0
+        per_table = torch.bincount(table_ids[missing], minlength=self.num_tables)
+        needed = (per_table + self.index.sizes).tolist()
+        for t in growable:
+            limit = self.configs[t].load_factor_limit
+            while needed[t] > limit * self.capacity(t) and self._growable(t):
+                target = 2 * self.capacity(t)
+                if self.index.policy_list[t] is not ScorePolicy.NO_EVICTION:
+                    target = min(target, self.configs[t].max_capacity)
+                if not self.expand(t, target):
+                    break
+
+    def _retry_no_eviction(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        counts: torch.Tensor | None,
+        args: torch.Tensor,
+        slots: torch.Tensor,
+        status: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """NO_EVICTION tables never evict: keys that found their bucket full double the table
+        and are inserted again, until they fit or the table cannot grow."""
+        policies = self.index.policy_list
+        if ScorePolicy.NO_EVICTION not in policies:
+            return slots, status
+        no_evict = torch.tensor(
+            [p is ScorePolicy.NO_EVICTION for p in policies], device=self.device
+        )
+        while True:
+            failed = ((status == InsertStatus.FAILED) & no_evict[table_ids]).nonzero().squeeze(1)
+            if failed.numel() == 0:
+                return slots, status
+            tables = sorted(set(table_ids[failed].tolist()))
+            grown = [t for t in tables if self._growable(t) and self.expand(t)]
+            if not grown:
+                return slots, status
+            # The slots of this batch's other keys moved with the rehash: look them up again.
+            slots = ops.lookup(self.index, keys, table_ids)
+            retry = ops.find_or_insert(
+                self.index,
+                keys[failed],
+                table_ids[failed],
+                args,
+                None if counts is None else counts[failed],
+            )
+            slots[failed] = retry.slots
+            status = status.clone()
+            status[failed] = retry.status
+
+    def _evicted(self, result: ops.InsertResult, table_ids: torch.Tensor) -> EvictedRows:
+        pos = (result.status == InsertStatus.EVICTED).nonzero().squeeze(1)
+        ids = table_ids[pos]
+        slots = result.slots[pos]
+        values = [self.read(t, slots[ids == t]) for t in range(self.num_tables)]
+        return EvictedRows(
+            result.victim_keys[pos], ids, result.victim_scores[:, pos].t(), slots, values
+        )
+
+    def _zero_new_rows(
+        self, table_ids: torch.Tensor, slots: torch.Tensor, status: torch.Tensor
+    ) -> None:
+        new = (status == InsertStatus.INSERTED) | (status == InsertStatus.EVICTED)
+        for t in range(self.num_tables):
+            rows = slots[new & (table_ids == t)]
+            if rows.numel():
+                buf = self.values[t]
+                buf.index_fill_(0, rows.to(buf.device), 0)
+
+    def _safe_check(self, table_ids: torch.Tensor, status: torch.Tensor) -> None:
+        failed = (status == InsertStatus.FAILED).to(torch.int64)
+        per_table = torch.zeros_like(self.failed_inserts).index_add_(0, table_ids, failed)
+        self.failed_inserts += per_table  # no sync: IGNORE tables pay nothing more
+        modes = [c.safe_check_mode for c in self.configs]
+        if all(m is SafeCheckMode.IGNORE for m in modes):
+            return
+        counts = per_table.tolist()
+        errors = {t: n for t, n in enumerate(counts) if n and modes[t] is SafeCheckMode.ERROR}
+        if errors:
+            raise InsertFailedError(errors, int(status.numel()))
+        warned = {t: n for t, n in enumerate(counts) if n and modes[t] is SafeCheckMode.WARNING}
+        if warned:
+            per = ", ".join(f"table {t}: {n}" for t, n in sorted(warned.items()))
+            warnings.warn(
+                f"{sum(warned.values())} of {status.numel()} keys could not be inserted ({per}); "
+                "their rows read as zeros",
+                stacklevel=3,
+            )
