@@ -28,7 +28,8 @@ inline void check_keys(const at::Tensor& keys, const char* name) {
 inline void check_block_size(int64_t block_size, int64_t world_size) {
   TORCH_CHECK_VALUE(block_size >= 1, "block_size=", block_size,
                     ": dist_type='continuous' needs a positive block size");
-  TORCH_CHECK_VALUE(static_cast<uint64_t>(block_size) <= UINT64_MAX / static_cast<uint64_t>(world_size),
+  const auto world = static_cast<uint64_t>(world_size);
+  TORCH_CHECK_VALUE(static_cast<uint64_t>(block_size) <= UINT64_MAX / world,
                     "block_size=", block_size, ": block_size * world_size must be < 2**64");
 }
 

@@ -5,7 +5,9 @@
 
 TORCH_LIBRARY(demb, m) {
   m.def("hash64(Tensor keys) -> Tensor");
-  m.def("route_keys(Tensor keys, int world_size, str dist_type, int block_size) -> (Tensor, Tensor)");
+  m.def(
+      "route_keys(Tensor keys, int world_size, str dist_type, int block_size) -> "
+      "(Tensor, Tensor)");
   m.def(
       "bucketize_by_owner(Tensor lengths, Tensor values, Tensor? weights, int world_size, "
       "str dist_type, Tensor? block_sizes) -> (Tensor, Tensor, Tensor?, Tensor)");
@@ -27,6 +29,9 @@ TORCH_LIBRARY(demb, m) {
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
       "Tensor table_ids) -> Tensor");
   m.def("table_timestamp(Tensor like) -> Tensor");
+  // Value rows addressed by slot (-1: none).
+  m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
+  m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");
 }
 
 // `import demb_kernels._C` loads the library (and runs the registrations above).

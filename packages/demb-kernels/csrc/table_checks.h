@@ -52,6 +52,15 @@ inline void check_index(const IndexTensors& ix) {
                     "slot_offsets (T + 1,)");
 }
 
+// The index tensors of an op's arguments, checked.
+inline IndexTensors checked_index(const at::Tensor& keys, const at::Tensor& digests,
+                                  const at::Tensor& scores, const at::Tensor& slot_offsets,
+                                  const at::Tensor& bucket_widths, const at::Tensor& policies) {
+  IndexTensors ix{keys, digests, scores, slot_offsets, bucket_widths, policies};
+  check_index(ix);
+  return ix;
+}
+
 // Checks of a batch: keys (N,) int64 and table_ids (N,) int64 on the index's device, plus the
 // optional per-table score_args (T,) and per-key counts (N,).
 inline void check_batch(const IndexTensors& ix, const at::Tensor& keys,
@@ -64,7 +73,8 @@ inline void check_batch(const IndexTensors& ix, const at::Tensor& keys,
   TORCH_CHECK_VALUE(keys.dim() == 1 && table_ids.dim() == 1 && keys.numel() == table_ids.numel(),
                     "keys and table_ids must be 1-D of the same length, got ", keys.sizes(),
                     " and ", table_ids.sizes());
-  TORCH_CHECK_VALUE(keys.numel() < INT32_MAX, "batches of 2**31 - 1 keys or more are not supported");
+  TORCH_CHECK_VALUE(keys.numel() < INT32_MAX,
+                    "batches of 2**31 - 1 keys or more are not supported");
   TORCH_CHECK_VALUE(keys.device() == ix.keys.device() && table_ids.device() == ix.keys.device(),
                     "keys and table_ids must be on the index's device ", ix.keys.device());
   if (score_args.has_value()) {

@@ -38,11 +38,16 @@ struct Home {
   uint8_t digest;       // in [1, 127]
 };
 
+// a % m, with a mask when m is a power of two (64-bit division is slow on GPUs).
+DEMB_HD uint64_t mod_u64(uint64_t a, uint64_t m) {
+  return (m & (m - 1)) == 0 ? a & (m - 1) : a % m;
+}
+
 DEMB_HD Home home_of(int64_t key, int64_t capacity, int64_t bucket_width) {
   const uint64_t h = fmix64(key_bits(key) ^ kTableHashSeed);
-  const uint64_t p = h % static_cast<uint64_t>(capacity);
-  const uint64_t w = static_cast<uint64_t>(bucket_width);
-  return Home{static_cast<int64_t>(p - p % w), static_cast<int64_t>(p % w),
+  const uint64_t p = mod_u64(h, static_cast<uint64_t>(capacity));
+  const uint64_t start = mod_u64(p, static_cast<uint64_t>(bucket_width));
+  return Home{static_cast<int64_t>(p - start), static_cast<int64_t>(start),
               static_cast<uint8_t>(1 + (h >> 56) % kDigestModulus)};
 }
 

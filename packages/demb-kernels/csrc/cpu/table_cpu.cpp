@@ -220,7 +220,9 @@ void bucket_phase(const View& v, BucketOp op, const Inputs& in, const Outputs& o
   heads.push_back(static_cast<int64_t>(order.size()));
   at::parallel_for(0, static_cast<int64_t>(heads.size()) - 1, 64, [&](int64_t b, int64_t e) {
     for (int64_t h = b; h < e; ++h) {
-      for (int64_t q = heads[h]; q < heads[h + 1]; ++q) bucket_step(v, op, in, out, order[q].second);
+      for (int64_t q = heads[h]; q < heads[h + 1]; ++q) {
+        bucket_step(v, op, in, out, order[q].second);
+      }
     }
   });
 }
@@ -232,21 +234,14 @@ void unprotect(const View& v, const int64_t* table_ids, const int64_t* slots, in
   }
 }
 
-IndexTensors index_of(const at::Tensor& keys, const at::Tensor& digests, const at::Tensor& scores,
-                      const at::Tensor& slot_offsets, const at::Tensor& bucket_widths,
-                      const at::Tensor& policies) {
-  IndexTensors ix{keys, digests, scores, slot_offsets, bucket_widths, policies};
-  check_index(ix);
-  return ix;
-}
-
 at::Tensor table_lookup_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
                             const at::Tensor& scores, const at::Tensor& slot_offsets,
                             const at::Tensor& bucket_widths, const at::Tensor& policies,
                             const at::Tensor& keys_in, const at::Tensor& table_ids_in,
                             const std::optional<at::Tensor>& score_args,
                             const std::optional<at::Tensor>& counts_in) {
-  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
   const at::Tensor keys = keys_in.contiguous();
   const at::Tensor table_ids = table_ids_in.contiguous();
@@ -315,7 +310,8 @@ InsertOutputs table_find_or_insert_cpu(const at::Tensor& index_keys, const at::T
                                        at::Tensor sizes, const at::Tensor& keys,
                                        const at::Tensor& table_ids, const at::Tensor& score_args,
                                        const std::optional<at::Tensor>& counts) {
-  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   return insert_cpu(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
                     std::nullopt);
 }
@@ -326,7 +322,8 @@ InsertOutputs table_insert_or_assign_cpu(const at::Tensor& index_keys, const at:
                                          const at::Tensor& policies, at::Tensor sizes,
                                          const at::Tensor& keys, const at::Tensor& table_ids,
                                          const at::Tensor& assign_scores) {
-  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   check_assign_scores(ix, assign_scores, keys);
   return insert_cpu(ix, sizes, BucketOp::kAssign, keys, table_ids, std::nullopt, std::nullopt,
                     assign_scores);
@@ -337,7 +334,8 @@ at::Tensor table_erase_cpu(const at::Tensor& index_keys, const at::Tensor& diges
                            const at::Tensor& bucket_widths, const at::Tensor& policies,
                            at::Tensor sizes, const at::Tensor& keys_in,
                            const at::Tensor& table_ids_in) {
-  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   check_batch(ix, keys_in, table_ids_in, std::nullopt, std::nullopt);
   check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
   const at::Tensor keys = keys_in.contiguous();

@@ -1,6 +1,6 @@
 // CUDA bindings of the table ops: allocation, validation and launch order. The algorithm is the
-// CPU one (cpu/table_cpu.cpp): phase A per key, a stable sort of the rest by bucket, phase B per
-// bucket in batch order, then the protections cleared; identical results.
+// CPU one (cpu/table_cpu.cpp): phase A per key, a stable sort of the batch by bucket, phase B
+// per bucket in batch order; identical results.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -8,7 +8,10 @@
 #include <torch/library.h>
 
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
 
+#include "cuda/table_bucket.cuh"
 #include "cuda/table_kernels.cuh"
 #include "table_checks.h"
 
@@ -32,14 +35,6 @@ cuda::DeviceView make_view(const IndexTensors& ix, at::Tensor* sizes) {
                           sizes ? sizes->data_ptr<int64_t>() : nullptr};
 }
 
-IndexTensors index_of(const at::Tensor& keys, const at::Tensor& digests, const at::Tensor& scores,
-                      const at::Tensor& slot_offsets, const at::Tensor& bucket_widths,
-                      const at::Tensor& policies) {
-  IndexTensors ix{keys, digests, scores, slot_offsets, bucket_widths, policies};
-  check_index(ix);
-  return ix;
-}
-
 const int64_t* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.const_data_ptr<int64_t>() : nullptr;
 }
@@ -48,33 +43,64 @@ at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
   return t.has_value() ? t->contiguous() : at::Tensor();
 }
 
-// Number of bits of the largest sort key (`skip`, the slot count): the radix sort's end bit.
+// Number of bits of the largest sort key (`skip`): the radix sort's end bit.
 int end_bit_for(uint64_t skip) {
   int bits = 1;
   while (bits < 64 && (skip >> bits) != 0) ++bits;
   return bits;
 }
 
-// Stable sort of (sort key, batch position) pairs by sort key; returns (sorted keys, positions).
-std::pair<at::Tensor, at::Tensor> sort_by_bucket(const at::Tensor& sort_keys, uint64_t skip,
-                                                 cudaStream_t stream) {
+// Runs a cub device algorithm twice: once to size its scratch memory, once to do the work.
+template <typename Call>
+void cub_call(const at::Tensor& like, Call call) {
+  size_t bytes = 0;
+  C10_CUDA_CHECK(call(nullptr, bytes));
+  at::Tensor temp = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+  C10_CUDA_CHECK(call(temp.data_ptr(), bytes));
+}
+
+// The phase-B schedule: entries stably sorted by sort key (bucket order, batch order within a
+// bucket), cut into runs of equal keys. The tensors back the pointers of `runs`.
+struct Schedule {
+  at::Tensor positions, run_keys, run_offsets, run_lengths, run_count;
+  cuda::Runs runs() const {
+    return cuda::Runs{reinterpret_cast<const uint64_t*>(run_keys.const_data_ptr<int64_t>()),
+                      run_offsets.const_data_ptr<int32_t>(), run_lengths.const_data_ptr<int32_t>(),
+                      run_count.const_data_ptr<int32_t>(), positions.const_data_ptr<int32_t>()};
+  }
+};
+
+Schedule schedule(const at::Tensor& sort_keys, uint64_t skip, cudaStream_t stream) {
   const int64_t n = sort_keys.numel();
-  const at::Tensor positions = at::arange(n, sort_keys.options().dtype(at::kInt));
-  at::Tensor keys_out = at::empty_like(sort_keys);
-  at::Tensor pos_out = at::empty_like(positions);
+  const auto n32 = static_cast<int>(n);
+  const at::Tensor order = at::arange(n, sort_keys.options().dtype(at::kInt));
+  Schedule out;
+  out.positions = at::empty_like(order);
+  at::Tensor sorted = at::empty_like(sort_keys);
   const auto* k_in = reinterpret_cast<const uint64_t*>(sort_keys.const_data_ptr<int64_t>());
-  auto* k_out = reinterpret_cast<uint64_t*>(keys_out.data_ptr<int64_t>());
+  auto* k_out = reinterpret_cast<uint64_t*>(sorted.data_ptr<int64_t>());
   const int end_bit = end_bit_for(skip);
-  size_t temp_bytes = 0;
-  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, temp_bytes, k_in, k_out, positions.const_data_ptr<int32_t>(),
-      pos_out.data_ptr<int32_t>(), static_cast<int>(n), 0, end_bit, stream));
-  at::Tensor temp =
-      at::empty({static_cast<int64_t>(temp_bytes)}, sort_keys.options().dtype(at::kByte));
-  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      temp.data_ptr(), temp_bytes, k_in, k_out, positions.const_data_ptr<int32_t>(),
-      pos_out.data_ptr<int32_t>(), static_cast<int>(n), 0, end_bit, stream));
-  return {keys_out, pos_out};
+  cub_call(sort_keys, [&](void* temp, size_t& bytes) {
+    return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
+                                           order.const_data_ptr<int32_t>(),
+                                           out.positions.data_ptr<int32_t>(), n32, 0, end_bit,
+                                           stream);
+  });
+  out.run_keys = at::empty_like(sort_keys);
+  out.run_lengths = at::zeros({n}, order.options());
+  out.run_count = at::empty({1}, order.options());
+  auto* unique = reinterpret_cast<uint64_t*>(out.run_keys.data_ptr<int64_t>());
+  cub_call(sort_keys, [&](void* temp, size_t& bytes) {
+    return cub::DeviceRunLengthEncode::Encode(temp, bytes, k_out, unique,
+                                              out.run_lengths.data_ptr<int32_t>(),
+                                              out.run_count.data_ptr<int32_t>(), n32, stream);
+  });
+  out.run_offsets = at::empty_like(out.run_lengths);
+  cub_call(sort_keys, [&](void* temp, size_t& bytes) {
+    return cub::DeviceScan::ExclusiveSum(temp, bytes, out.run_lengths.const_data_ptr<int32_t>(),
+                                         out.run_offsets.data_ptr<int32_t>(), n32, stream);
+  });
+  return out;
 }
 
 at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
@@ -83,7 +109,8 @@ at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& dig
                              const at::Tensor& keys_in, const at::Tensor& table_ids_in,
                              const std::optional<at::Tensor>& score_args,
                              const std::optional<at::Tensor>& counts_in) {
-  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
   const c10::cuda::CUDAGuard guard(keys_in.device());
   const at::Tensor keys = keys_in.contiguous();
@@ -97,8 +124,8 @@ at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& dig
                          ptr_or_null(args), ptr_or_null(counts), nullptr, n};
   const cuda::BatchOut out{slots.data_ptr<int64_t>(), nullptr, nullptr, nullptr};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  cuda::lookup_kernel<<<cuda::blocks_for_warps(n), kThreads, 0, stream>>>(
-      make_view(ix, nullptr), in, out, false, nullptr, 0);
+  cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(
+      make_view(ix, nullptr), in, out, nullptr, 0);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return slots;
 }
@@ -137,25 +164,20 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
                            inserts ? victim_keys.data_ptr<int64_t>() : nullptr,
                            inserts ? victim_scores.data_ptr<int64_t>() : nullptr};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const auto skip = static_cast<uint64_t>(ix.num_slots());
+  const uint64_t skip = static_cast<uint64_t>(ix.num_slots()) << 1;  // above every sort key
   at::Tensor sort_keys = at::empty({n}, keys.options());
   auto* sort_ptr = reinterpret_cast<uint64_t*>(sort_keys.data_ptr<int64_t>());
   if (op == BucketOp::kInsert) {
-    cuda::lookup_kernel<<<cuda::blocks_for_warps(n), kThreads, 0, stream>>>(v, in, out, true,
-                                                                             sort_ptr, skip);
+    cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(v, in, out, sort_ptr,
+                                                                             skip);
   } else {
     cuda::bucket_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, in, out, sort_ptr, skip);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const auto [sorted_keys, sorted_pos] = sort_by_bucket(sort_keys, skip, stream);
-  cuda::bucket_kernel<<<cuda::blocks_for_warps(n), kThreads, 0, stream>>>(
-      v, op, in, out, reinterpret_cast<const uint64_t*>(sorted_keys.const_data_ptr<int64_t>()),
-      sorted_pos.const_data_ptr<int32_t>(), skip);
+  const Schedule plan = schedule(sort_keys, skip, stream);
+  cuda::bucket_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, op, in, out, plan.runs(),
+                                                              skip);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (inserts) {
-    cuda::unprotect_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, in, out.slots);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
   return {slots, status, victim_keys, victim_scores};
 }
 
@@ -166,7 +188,8 @@ InsertOutputs table_find_or_insert_cuda(const at::Tensor& index_keys, const at::
                                         const at::Tensor& keys, const at::Tensor& table_ids,
                                         const at::Tensor& score_args,
                                         const std::optional<at::Tensor>& counts) {
-  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   return bucket_op_cuda(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
                         std::nullopt);
 }
@@ -178,7 +201,8 @@ InsertOutputs table_insert_or_assign_cuda(const at::Tensor& index_keys, const at
                                           const at::Tensor& policies, at::Tensor sizes,
                                           const at::Tensor& keys, const at::Tensor& table_ids,
                                           const at::Tensor& assign_scores) {
-  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   check_assign_scores(ix, assign_scores, keys);
   return bucket_op_cuda(ix, sizes, BucketOp::kAssign, keys, table_ids, std::nullopt, std::nullopt,
                         assign_scores);
@@ -189,7 +213,8 @@ at::Tensor table_erase_cuda(const at::Tensor& index_keys, const at::Tensor& dige
                             const at::Tensor& bucket_widths, const at::Tensor& policies,
                             at::Tensor sizes, const at::Tensor& keys,
                             const at::Tensor& table_ids) {
-  const IndexTensors ix = index_of(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   return std::get<0>(bucket_op_cuda(ix, sizes, BucketOp::kErase, keys, table_ids, std::nullopt,
                                     std::nullopt, std::nullopt));
 }

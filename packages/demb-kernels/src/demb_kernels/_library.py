@@ -17,6 +17,8 @@ OPS = (
     "table_insert_or_assign",
     "table_erase",
     "table_timestamp",
+    "gather_rows",
+    "scatter_rows",
 )
 """Every op of the ``demb`` torch library."""
 

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 from demb_kernels import table as ops
+from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 
 from demb_storage._errors import InsertFailedError, TableConfigError
@@ -66,6 +67,14 @@ class TableExport(NamedTuple):
     """``(n,)`` int64."""
     values: torch.Tensor
     """``(n, width)`` the rows."""
+
+
+def _as_batch(keys: torch.Tensor, table_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 views of a batch's keys and table ids; other dtypes than int64/int32 are errors."""
+    for name, t in (("keys", keys), ("table_ids", table_ids)):
+        if t.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must be int64 or int32, got {t.dtype}")
+    return keys.to(torch.int64), table_ids.to(torch.int64)
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -203,8 +212,7 @@ class ScoredHashTable:
         Raises:
             InsertFailedError: keys failed in a table whose safe-check mode is ERROR.
         """
-        keys = keys.to(torch.int64)
-        table_ids = table_ids.to(torch.int64)
+        keys, table_ids = _as_batch(keys, table_ids)
         self._grow_for(keys, table_ids)
         args = self._score_args()
         result = ops.find_or_insert(self.index, keys, table_ids, args, counts)
@@ -231,8 +239,7 @@ class ScoredHashTable:
             values: per table, ``(N_t, width_t)`` rows of that table's keys in batch order, or
                 None.
         """
-        keys = keys.to(torch.int64)
-        table_ids = table_ids.to(torch.int64)
+        keys, table_ids = _as_batch(keys, table_ids)
         self._grow_for(keys, table_ids)
         result = ops.insert_or_assign(self.index, keys, table_ids, scores)
         self._safe_check(table_ids, result.status)
@@ -250,20 +257,17 @@ class ScoredHashTable:
     def read(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
         """``(n, width)`` rows of table ``table_id`` at ``slots``; rows of slot -1 are zeros."""
         buf = self.values[table_id]
-        where = slots.to(buf.device)
-        rows = buf.index_select(0, where.clamp_min(0))
-        return rows.masked_fill_((where < 0).unsqueeze(1), 0)
+        return gather_rows(buf, slots.to(buf.device))
 
     def write(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        """Write ``rows`` ``(n, width)`` at ``slots`` of table ``table_id``; slot -1 is skipped."""
+        """Write ``rows`` ``(n, width)`` at ``slots`` of table ``table_id``; slot -1 is skipped.
+        Rows are converted to the table's dtype."""
         buf = self.values[table_id]
         if rows.shape != (slots.shape[0], buf.shape[1]):
             raise TableConfigError(
                 "rows", tuple(rows.shape), f"expected ({slots.shape[0]}, {buf.shape[1]})"
             )
-        where = slots.to(buf.device)
-        keep = (where >= 0).nonzero().squeeze(1)
-        buf.index_copy_(0, where[keep], rows.to(buf.device, buf.dtype)[keep])
+        scatter_rows(buf, slots.to(buf.device), rows.to(buf.device, buf.dtype).contiguous())
 
     def export(
         self,
@@ -311,7 +315,8 @@ class ScoredHashTable:
             self._can_grow[table_id] = False
             return False
         old = self.values[table_id]
-        buf.index_copy_(0, new_slots.to(buf.device), old.index_select(0, old_slots.to(old.device)))
+        moved = gather_rows(old, old_slots.to(old.device), check=False)
+        scatter_rows(buf, new_slots.to(buf.device), moved, check=False)
         self.index = new_index
         self.values[table_id] = buf
         return True
@@ -409,12 +414,13 @@ class ScoredHashTable:
     def _zero_new_rows(
         self, table_ids: torch.Tensor, slots: torch.Tensor, status: torch.Tensor
     ) -> None:
+        """Zero the rows of INSERTED / EVICTED slots (no sync: other keys target slot -1)."""
         new = (status == InsertStatus.INSERTED) | (status == InsertStatus.EVICTED)
         for t in range(self.num_tables):
-            rows = slots[new & (table_ids == t)]
-            if rows.numel():
-                buf = self.values[t]
-                buf.index_fill_(0, rows.to(buf.device), 0)
+            buf = self.values[t]
+            target = torch.where(new & (table_ids == t), slots, -1).to(buf.device)
+            zeros = torch.zeros((target.shape[0], buf.shape[1]), dtype=buf.dtype, device=buf.device)
+            scatter_rows(buf, target, zeros, check=False)
 
     def _safe_check(self, table_ids: torch.Tensor, status: torch.Tensor) -> None:
         failed = (status == InsertStatus.FAILED).to(torch.int64)

@@ -1,0 +1,68 @@
+// CPU kernels of the value-row ops: rows of a value buffer read or written by slot.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "rows_checks.h"
+
+namespace demb {
+namespace {
+
+void check_slot_range(const int64_t* slots, int64_t n, int64_t rows) {
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(slots[i] >= -1 && slots[i] < rows, "slots[", i, "]=", slots[i],
+                      " is out of range for ", rows, " rows (-1 means none)");
+  }
+}
+
+at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& slots_in) {
+  check_rows_args(values, slots_in);
+  const at::Tensor slots = slots_in.contiguous();
+  const int64_t n = slots.numel();
+  const int64_t* s = slots.const_data_ptr<int64_t>();
+  check_slot_range(s, n, values.size(0));
+  at::Tensor out = at::empty({n, values.size(1)}, values.options());
+  const int64_t row_bytes = values.size(1) * values.element_size();
+  const auto* src = static_cast<const char*>(values.const_data_ptr());
+  auto* dst = static_cast<char*>(out.data_ptr());
+  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (s[i] < 0) {
+        std::memset(dst + i * row_bytes, 0, static_cast<size_t>(row_bytes));
+      } else {
+        std::memcpy(dst + i * row_bytes, src + s[i] * row_bytes, static_cast<size_t>(row_bytes));
+      }
+    }
+  });
+  return out;
+}
+
+void scatter_rows_cpu(at::Tensor values, const at::Tensor& slots_in, const at::Tensor& rows_in) {
+  check_scatter_rows(values, slots_in, rows_in);
+  const at::Tensor slots = slots_in.contiguous();
+  const at::Tensor rows = rows_in.contiguous();
+  const int64_t n = slots.numel();
+  const int64_t* s = slots.const_data_ptr<int64_t>();
+  check_slot_range(s, n, values.size(0));
+  const int64_t row_bytes = values.size(1) * values.element_size();
+  const auto* src = static_cast<const char*>(rows.const_data_ptr());
+  auto* dst = static_cast<char*>(values.data_ptr());
+  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (s[i] >= 0) {
+        std::memcpy(dst + s[i] * row_bytes, src + i * row_bytes, static_cast<size_t>(row_bytes));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(demb, CPU, m) {
+  m.impl("gather_rows", &gather_rows_cpu);
+  m.impl("scatter_rows", &scatter_rows_cpu);
+}
+
+}  // namespace demb

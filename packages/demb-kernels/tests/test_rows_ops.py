@@ -1,0 +1,77 @@
+"""gather_rows / scatter_rows against plain torch indexing, for every dtype and row width (the
+copy unit changes with the row's bytes), on the CPU and, marked `cuda`, on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from demb_kernels.rows import gather_rows, scatter_rows
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8]
+
+
+def reference_gather(values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    out = values[slots.clamp_min(0)].clone()
+    out[slots < 0] = 0
+    return out
+
+
+def cases(device: str):
+    return given(
+        rows=st.integers(1, 300),
+        width=st.integers(1, 300),
+        n=st.integers(0, 200),
+        dtype=st.sampled_from(DTYPES),
+        seed=st.integers(0, 2**31),
+    )
+
+
+def _data(rows, width, n, dtype, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    values = (torch.randn(rows, width, generator=g) * 50).to(dtype).to(device)
+    slots = torch.randint(-1, rows, (n,), generator=g).to(device)
+    return values, slots
+
+
+def _check(rows, width, n, dtype, seed, device):
+    values, slots = _data(rows, width, n, dtype, seed, device)
+    torch.testing.assert_close(
+        gather_rows(values, slots), reference_gather(values, slots), rtol=0, atol=0
+    )
+    unique = torch.unique(slots[slots >= 0])
+    target = torch.cat([unique, torch.tensor([-1], device=device)])
+    new = (torch.arange(target.numel() * width) % 7).reshape(-1, width).to(dtype).to(device)
+    expected = values.clone()
+    expected[unique] = new[:-1]
+    scatter_rows(values, target, new)
+    torch.testing.assert_close(values, expected, rtol=0, atol=0)
+
+
+@settings(max_examples=60, deadline=None)
+@cases("cpu")
+def test_rows_ops_equal_torch_indexing_on_cpu(rows, width, n, dtype, seed):
+    _check(rows, width, n, dtype, seed, "cpu")
+
+
+@pytest.mark.cuda
+@settings(max_examples=60, deadline=None)
+@cases("cuda")
+def test_rows_ops_equal_torch_indexing_on_cuda(rows, width, n, dtype, seed):
+    _check(rows, width, n, dtype, seed, "cuda")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_rows_ops_reject_bad_arguments(device):
+    values = torch.zeros(4, 3, device=device)
+    with pytest.raises(ValueError, match="out of range"):
+        gather_rows(values, torch.tensor([4], device=device))
+    with pytest.raises(ValueError, match="out of range"):
+        scatter_rows(values, torch.tensor([-2], device=device), torch.zeros(1, 3, device=device))
+    with pytest.raises(TypeError, match="slots must be int64"):
+        gather_rows(values, torch.tensor([1], dtype=torch.int32, device=device))
+    with pytest.raises(TypeError, match="rows must be"):
+        scatter_rows(values, torch.tensor([1], device=device), torch.zeros(1, 3, dtype=torch.half))
+    with pytest.raises(ValueError, match="rows must be"):
+        scatter_rows(values, torch.tensor([1], device=device), torch.zeros(2, 3, device=device))

@@ -1,0 +1,201 @@
+"""One table algorithm: the kernels place keys where demb_planner.table_hash says, and a CUDA
+index fed the same batches as a CPU index ends identical (keys, slots, scores) for every
+policy, with >= 10**7 keys through tables that evict (on a GPU machine)."""
+
+from __future__ import annotations
+
+import demb_planner
+import numpy as np
+import pytest
+import torch
+from demb_kernels import table as ops
+from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
+from demb_storage import ScoredHashTable, ScoreStrategy, TableConfig
+
+CAPACITIES = [1 << 18, 1 << 16]
+WIDTHS = [128, 32]
+
+
+def test_kernels_place_keys_where_the_planner_says():
+    """In an empty, large table every key lands in its planner home bucket with the planner's
+    digest, at the first empty slot of its circular order (mostly its start position)."""
+    index = TableIndex.create([1 << 20, 1 << 18], [128, 16], [ScorePolicy.STEP] * 2)
+    g = torch.Generator().manual_seed(3)
+    keys = torch.randint(-(2**63), 2**63 - 1, (100_000,), generator=g).unique()
+    keys = keys[keys != -1]
+    tids = torch.randint(0, 2, keys.shape, generator=g)
+    res = ops.find_or_insert(index, keys, tids, torch.tensor([1, 1]))
+    assert bool((res.status == InsertStatus.INSERTED).all())
+    at_start = 0
+    for t, (cap, width) in enumerate([(1 << 20, 128), (1 << 18, 16)]):
+        mine = tids == t
+        home = demb_planner.home_slots(keys[mine].numpy(), cap, width)
+        slots = res.slots[mine]
+        np.testing.assert_array_equal((slots // width).numpy(), home.bucket)
+        lo, _ = index.slot_range(t)
+        np.testing.assert_array_equal(index.digests[lo + slots].numpy(), home.digest)
+        at_start += int(((slots % width).numpy() == home.start).sum())
+    assert at_start > 0.9 * keys.numel()
+
+
+def _batches(policy: ScorePolicy, total: int, batch: int, seed: int):
+    """Batches of keys (a hot set with duplicates + a wide cold range), table ids, score args,
+    counts; keys far outnumber slots so the tables evict."""
+    g = torch.Generator().manual_seed(seed)
+    for step in range(total // batch):
+        hot = torch.randint(0, 20_000, (batch // 2,), generator=g)
+        cold = torch.randint(-(10**9), 10**9, (batch - batch // 2,), generator=g)
+        keys = torch.cat([hot, cold])
+        keys[keys == -1] = 7
+        keys = keys[torch.randperm(batch, generator=g)]
+        tids = torch.randint(0, 2, (batch,), generator=g)
+        if policy is ScorePolicy.CUSTOMIZED:
+            args = torch.randint(0, 1000, (2,), generator=g)  # goes up and down
+        else:
+            args = torch.tensor([1000 + step, 2000 + step])
+        counts = torch.randint(0, 4, (batch,), generator=g)
+        yield keys, tids, args, counts
+
+
+def _assert_same_index(cpu: TableIndex, gpu: TableIndex) -> None:
+    for name in ("keys", "digests", "scores", "sizes"):
+        torch.testing.assert_close(
+            getattr(gpu, name).cpu(), getattr(cpu, name), rtol=0, atol=0, msg=name
+        )
+    for t in range(cpu.num_tables):
+        a, b = ops.export(cpu, t), ops.export(gpu, t)
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(y.cpu(), x, rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("policy", list(ScorePolicy), ids=lambda p: p.name)
+def test_cuda_index_equals_cpu_index(policy):
+    """>= 10**7 keys per policy through two fused evicting tables: every per-key output and the
+    whole index agree after every batch; insert_or_assign and erase batches in between."""
+    cpu = TableIndex.create(CAPACITIES, WIDTHS, [policy, policy])
+    gpu = TableIndex.create(CAPACITIES, WIDTHS, [policy, policy], "cuda")
+    evicted = 0
+    for step, (keys, tids, args, counts) in enumerate(_batches(policy, 10_000_000, 250_000, 1)):
+        a = ops.find_or_insert(cpu, keys, tids, args, counts)
+        b = ops.find_or_insert(gpu, keys.cuda(), tids.cuda(), args.cuda(), counts.cuda())
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(y.cpu(), x, rtol=0, atol=0)
+        evicted += int((a.status == InsertStatus.EVICTED).sum())
+        sub = slice(0, 20_000)
+        if step % 5 == 2:
+            assign = torch.stack([keys[sub] % 97, keys[sub] % 89])[: cpu.score_words]
+            a = ops.insert_or_assign(cpu, keys[sub], tids[sub], assign)
+            b = ops.insert_or_assign(gpu, keys[sub].cuda(), tids[sub].cuda(), assign.cuda())
+            for x, y in zip(a, b, strict=True):
+                torch.testing.assert_close(y.cpu(), x, rtol=0, atol=0)
+        if step % 5 == 4:
+            a_freed = ops.erase(cpu, keys[sub], tids[sub])
+            b_freed = ops.erase(gpu, keys[sub].cuda(), tids[sub].cuda())
+            torch.testing.assert_close(b_freed.cpu(), a_freed, rtol=0, atol=0)
+        lookups = ops.lookup(cpu, keys, tids, args, counts)
+        torch.testing.assert_close(
+            ops.lookup(gpu, keys.cuda(), tids.cuda(), args.cuda(), counts.cuda()).cpu(),
+            lookups,
+            rtol=0,
+            atol=0,
+        )
+        _assert_same_index(cpu, gpu)
+    if policy is ScorePolicy.NO_EVICTION:
+        assert evicted == 0
+    else:
+        assert evicted > 1_000_000
+
+
+@pytest.mark.cuda
+def test_cuda_rehash_equals_cpu_rehash():
+    cpu = TableIndex.create(CAPACITIES, WIDTHS, [ScorePolicy.LFU, ScorePolicy.TIMESTAMP_LFU])
+    gpu = TableIndex.create(
+        CAPACITIES, WIDTHS, [ScorePolicy.LFU, ScorePolicy.TIMESTAMP_LFU], "cuda"
+    )
+    for keys, tids, args, counts in _batches(ScorePolicy.LFU, 400_000, 100_000, 2):
+        ops.find_or_insert(cpu, keys, tids, args, counts)
+        ops.find_or_insert(gpu, keys.cuda(), tids.cuda(), args.cuda(), counts.cuda())
+    for t in (0, 1):
+        cpu, old_a, new_a = ops.rehash(cpu, t, 2 * cpu.capacities[t])
+        gpu, old_b, new_b = ops.rehash(gpu, t, 2 * gpu.capacities[t])
+        torch.testing.assert_close(old_b.cpu(), old_a, rtol=0, atol=0)
+        torch.testing.assert_close(new_b.cpu(), new_a, rtol=0, atol=0)
+    _assert_same_index(cpu, gpu)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ScoreStrategy.TIMESTAMP,
+        ScoreStrategy.STEP,
+        ScoreStrategy.LFU,
+        ScoreStrategy.NO_EVICTION,
+        (ScoreStrategy.LFU, ScoreStrategy.TIMESTAMP),
+    ],
+    ids=str,
+)
+def test_cuda_scored_table_equals_cpu_scored_table(strategy):
+    """Growth, value moves and evictions agree; timestamps come from one shared fake clock."""
+    configs = [
+        TableConfig(dim=32, max_capacity=1 << 15, init_capacity=1 << 11, score_strategy=strategy),
+        TableConfig(
+            dim=16,
+            state_dim=16,
+            max_capacity=1 << 13,
+            init_capacity=1 << 13,
+            bucket_capacity=32,
+            dtype=torch.bfloat16,
+            score_strategy=strategy,
+        ),
+    ]
+    ticks = iter(range(10**6))
+    now = [0]
+
+    def clock_for(device: str):
+        return lambda: torch.tensor([now[0]], device=device)
+
+    tables = {d: ScoredHashTable(configs, d, clock=clock_for(d)) for d in ("cpu", "cuda")}
+    for keys, tids, _, counts in _batches(ScorePolicy.LFU, 1_000_000, 50_000, 3):
+        now[0] = next(ticks)
+        out = {}
+        for d, table in tables.items():
+            o = table.find_or_insert(keys.to(d), tids.to(d), counts=counts.to(d))
+            for t in range(2):
+                new = (o.status.cpu() != InsertStatus.HIT) & (o.slots.cpu() >= 0) & (tids == t)
+                rows = (keys[new] % 200).to(torch.float32).unsqueeze(1).expand(-1, configs[t].width)
+                table.write(t, o.slots[new.to(d)], rows.to(d))
+            out[d] = o
+        torch.testing.assert_close(out["cuda"].slots.cpu(), out["cpu"].slots, rtol=0, atol=0)
+    for t in range(2):
+        a, b = tables["cpu"].export(t), tables["cuda"].export(t)
+        assert tables["cpu"].capacity(t) == tables["cuda"].capacity(t)
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(y.cpu(), x, rtol=0, atol=0)
+        # every stored row still holds its own key: values moved with their keys
+        torch.testing.assert_close(
+            a.values[:, 0].to(torch.float32), (a.keys % 200).to(torch.float32), rtol=0, atol=0
+        )
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("keys", "tids", "message"),
+    [
+        ([5, -1], [0, 0], "empty-key sentinel"),
+        ([5, 6], [0, 2], "table_ids"),
+    ],
+)
+def test_cuda_bad_input_is_named(keys, tids, message):
+    index = TableIndex.create(CAPACITIES, WIDTHS, [ScorePolicy.STEP] * 2, "cuda")
+    k = torch.tensor(keys, device="cuda")
+    t = torch.tensor(tids, device="cuda")
+    with pytest.raises(ValueError, match=message):
+        ops.find_or_insert(index, k, t, torch.tensor([1, 1], device="cuda"))
+    with pytest.raises(ValueError, match=message):
+        ops.lookup(index, k, t)
+    # unchecked, the kernels skip the bad entries instead of writing out of bounds
+    res = ops.find_or_insert(index, k, t, torch.tensor([1, 1], device="cuda"), check=False)
+    assert res.status.tolist()[1] == InsertStatus.FAILED
+    assert int(index.sizes.sum()) == 1
