@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -55,11 +56,53 @@ void check_batch_data(const View& v, const int64_t* keys, const int64_t* table_i
   }
 }
 
-// Global slot of `key` in its bucket, or -1.
+constexpr uint64_t kLowBits = 0x0101010101010101ULL;
+constexpr uint64_t kHighBits = 0x8080808080808080ULL;
+
+// Eight digests of a bucket (widths are multiples of 16, so a group never crosses it).
+uint64_t digest_group(const View& v, int64_t g) {
+  uint64_t word;
+  std::memcpy(&word, v.digests + g, sizeof(word));
+  return word;
+}
+
+// High bit set in (at least) every zero byte of `x`; a byte above a zero byte may be flagged
+// too, so callers confirm each candidate.
+uint64_t zero_bytes(uint64_t x) { return (x - kLowBits) & ~x & kHighBits; }
+
+// Global slot of `key` in its bucket, or -1; compares eight digests at a time.
 int64_t find_in_bucket(const View& v, int64_t base, int64_t width, int64_t key, uint8_t digest) {
-  for (int64_t j = 0; j < width; ++j) {
-    const int64_t g = base + j;
-    if ((v.digests[g] & ~kProtectedBit) == digest && v.keys[g] == key) return g;
+  const uint64_t pattern = kLowBits * digest;
+  for (int64_t j0 = 0; j0 < width; j0 += 8) {
+    uint64_t candidates = zero_bytes((digest_group(v, base + j0) & ~kHighBits) ^ pattern);
+    while (candidates) {
+      const int64_t g = base + j0 + __builtin_ctzll(candidates) / 8;
+      if ((v.digests[g] & ~kProtectedBit) == digest && v.keys[g] == key) return g;
+      candidates &= candidates - 1;
+    }
+  }
+  return -1;
+}
+
+// The first empty slot of the bucket in circular order from `start`, or -1.
+int64_t first_empty(const View& v, int64_t base, int64_t width, int64_t start) {
+  const int64_t first = start - start % 8;
+  const uint64_t head = zero_bytes(digest_group(v, base + first));
+  for (uint64_t m = head; m; m &= m - 1) {  // the start group, at or after `start`
+    const int64_t j = first + __builtin_ctzll(m) / 8;
+    if (j >= start && v.digests[base + j] == 0) return base + j;
+  }
+  for (int64_t c = 8; c < width; c += 8) {
+    const int64_t j0 = static_cast<int64_t>(mod_u64(static_cast<uint64_t>(first + c),
+                                                    static_cast<uint64_t>(width)));
+    for (uint64_t m = zero_bytes(digest_group(v, base + j0)); m; m &= m - 1) {
+      const int64_t j = j0 + __builtin_ctzll(m) / 8;
+      if (v.digests[base + j] == 0) return base + j;
+    }
+  }
+  for (uint64_t m = head; m; m &= m - 1) {  // the start group, before `start`
+    const int64_t j = first + __builtin_ctzll(m) / 8;
+    if (j < start && v.digests[base + j] == 0) return base + j;
   }
   return -1;
 }
@@ -160,11 +203,7 @@ void bucket_step(const View& v, BucketOp op, const Inputs& in, const Outputs& ou
     return;
   }
   // The first empty slot in circular order, else the lowest-score unprotected victim.
-  int64_t target = -1;
-  for (int64_t d = 0; d < width && target < 0; ++d) {
-    const int64_t j = (home.start + d) % width;
-    if (v.digests[base + j] == 0) target = base + j;
-  }
+  int64_t target = first_empty(v, base, width, home.start);
   InsertStatus status = InsertStatus::kInserted;
   if (target < 0 && policy_evicts(policy)) {
     int64_t best_dist = -1;

@@ -16,8 +16,7 @@ namespace cuda {
 
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
-constexpr int kFindTile = 8;            // lanes per key in lookups (16 slots per lane and step)
-constexpr int64_t kTileChunk = 16 * kFindTile;
+constexpr int kFindTile = 8;  // lanes per key in lookups (16 slots per lane and step)
 
 namespace cg = cooperative_groups;
 
@@ -69,13 +68,14 @@ __device__ __forceinline__ void atomic_sat_add(int64_t* word, int64_t count) {
 }
 
 // Global slot of `key` in the bucket at global slot `base`, or -1; the same in every lane of
-// the tile. Each lane compares 16 digests at once (one 16-byte load) per 128-slot step.
+// the tile. Each lane compares 16 digests at once (one 16-byte load) per step.
 template <typename Tile>
 __device__ int64_t tile_find(const Tile& tile, const DeviceView& v, int64_t base, int64_t width,
                              int64_t key, uint8_t digest) {
   const int lane = static_cast<int>(tile.thread_rank());
   const uint32_t pattern = 0x01010101u * digest;
-  for (int64_t c = 0; c < width; c += kTileChunk) {
+  const int64_t step = 16 * static_cast<int64_t>(tile.num_threads());
+  for (int64_t c = 0; c < width; c += step) {
     const int64_t j0 = c + 16 * lane;
     int64_t hit = -1;
     if (j0 < width) {
