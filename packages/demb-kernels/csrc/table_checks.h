@@ -8,6 +8,8 @@
 
 #include <optional>
 
+#include "table_rule.h"
+
 namespace demb {
 
 // The index tensors of HASH_TABLE.md, checked against each other. `scores` is (W, S).
@@ -59,6 +61,20 @@ inline IndexTensors checked_index(const at::Tensor& keys, const at::Tensor& dige
   IndexTensors ix{keys, digests, scores, slot_offsets, bucket_widths, policies};
   check_index(ix);
   return ix;
+}
+
+// The raw view of a checked index; `sizes` (T,) int64 when the op changes them.
+inline TableView make_view(const IndexTensors& ix, at::Tensor* sizes) {
+  return TableView{ix.keys.data_ptr<int64_t>(),
+                   ix.digests.data_ptr<uint8_t>(),
+                   ix.scores.data_ptr<int64_t>(),
+                   ix.num_slots(),
+                   ix.score_words(),
+                   ix.slot_offsets.const_data_ptr<int64_t>(),
+                   ix.bucket_widths.const_data_ptr<int64_t>(),
+                   ix.policies.const_data_ptr<int64_t>(),
+                   ix.num_tables(),
+                   sizes ? sizes->data_ptr<int64_t>() : nullptr};
 }
 
 // Checks of a batch: keys (N,) int64 and table_ids (N,) int64 on the index's device, plus the

@@ -32,6 +32,23 @@ enum class InsertStatus : int64_t { kHit = 0, kInserted = 1, kEvicted = 2, kFail
 // What the bucket-sequential kernel does with each key.
 enum class BucketOp : int32_t { kInsert = 0, kAssign = 1, kErase = 2 };
 
+// Raw view of an index for one op (HASH_TABLE.md's tensors), the same on host and device.
+struct TableView {
+  int64_t* keys;
+  uint8_t* digests;
+  int64_t* scores;  // word w of global slot g at scores[w * num_slots + g]
+  int64_t num_slots;
+  int64_t words;
+  const int64_t* slot_offsets;
+  const int64_t* bucket_widths;
+  const int64_t* policies;
+  int64_t num_tables;
+  int64_t* sizes;  // null where an op does not change sizes
+
+  DEMB_HD int64_t& score(int64_t w, int64_t g) const { return scores[w * num_slots + g]; }
+  DEMB_HD int64_t capacity(int64_t t) const { return slot_offsets[t + 1] - slot_offsets[t]; }
+};
+
 struct Home {
   int64_t bucket_base;  // table-local slot of the home bucket's first slot
   int64_t start;        // start position inside the bucket

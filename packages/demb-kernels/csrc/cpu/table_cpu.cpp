@@ -17,33 +17,8 @@
 namespace demb {
 namespace {
 
-// Raw view of the index for one op.
-struct View {
-  int64_t* keys;
-  uint8_t* digests;
-  int64_t* scores;  // word w of global slot g at scores[w * num_slots + g]
-  int64_t num_slots;
-  int64_t words;
-  const int64_t* slot_offsets;
-  const int64_t* bucket_widths;
-  const int64_t* policies;
-  int64_t num_tables;
-  int64_t* sizes;  // may be null (lookup)
-
-  int64_t& score(int64_t w, int64_t g) const { return scores[w * num_slots + g]; }
-  int64_t capacity(int64_t t) const { return slot_offsets[t + 1] - slot_offsets[t]; }
-};
-
-View make_view(const IndexTensors& ix, at::Tensor* sizes) {
-  return View{ix.keys.data_ptr<int64_t>(),          ix.digests.data_ptr<uint8_t>(),
-              ix.scores.data_ptr<int64_t>(),        ix.num_slots(),
-              ix.score_words(),                     ix.slot_offsets.const_data_ptr<int64_t>(),
-              ix.bucket_widths.const_data_ptr<int64_t>(), ix.policies.const_data_ptr<int64_t>(),
-              ix.num_tables(),                      sizes ? sizes->data_ptr<int64_t>() : nullptr};
-}
-
 // Data checks, free on the CPU: table ids in range, no empty key, counts >= 0.
-void check_batch_data(const View& v, const int64_t* keys, const int64_t* table_ids,
+void check_batch_data(const TableView& v, const int64_t* keys, const int64_t* table_ids,
                       const int64_t* counts, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK_VALUE(table_ids[i] >= 0 && table_ids[i] < v.num_tables, "table_ids[", i,
@@ -60,7 +35,7 @@ constexpr uint64_t kLowBits = 0x0101010101010101ULL;
 constexpr uint64_t kHighBits = 0x8080808080808080ULL;
 
 // Eight digests of a bucket (widths are multiples of 16, so a group never crosses it).
-uint64_t digest_group(const View& v, int64_t g) {
+uint64_t digest_group(const TableView& v, int64_t g) {
   uint64_t word;
   std::memcpy(&word, v.digests + g, sizeof(word));
   return word;
@@ -71,7 +46,7 @@ uint64_t digest_group(const View& v, int64_t g) {
 uint64_t zero_bytes(uint64_t x) { return (x - kLowBits) & ~x & kHighBits; }
 
 // Global slot of `key` in its bucket, or -1; compares eight digests at a time.
-int64_t find_in_bucket(const View& v, int64_t base, int64_t width, int64_t key, uint8_t digest) {
+int64_t find_in_bucket(const TableView& v, int64_t base, int64_t width, int64_t key, uint8_t digest) {
   const uint64_t pattern = kLowBits * digest;
   for (int64_t j0 = 0; j0 < width; j0 += 8) {
     uint64_t candidates = zero_bytes((digest_group(v, base + j0) & ~kHighBits) ^ pattern);
@@ -85,7 +60,7 @@ int64_t find_in_bucket(const View& v, int64_t base, int64_t width, int64_t key, 
 }
 
 // The first empty slot of the bucket in circular order from `start`, or -1.
-int64_t first_empty(const View& v, int64_t base, int64_t width, int64_t start) {
+int64_t first_empty(const TableView& v, int64_t base, int64_t width, int64_t start) {
   const int64_t first = start - start % 8;
   const uint64_t head = zero_bytes(digest_group(v, base + first));
   for (uint64_t m = head; m; m &= m - 1) {  // the start group, at or after `start`
@@ -116,7 +91,7 @@ void atomic_sat_add(int64_t* word, int64_t count) {
 
 // Phase A / lookup: slot of every key; with score_args, touch found keys; with `protect`, also
 // mark them protected. The batch's data was checked before.
-void lookup_phase(const View& v, const int64_t* keys, const int64_t* table_ids,
+void lookup_phase(const TableView& v, const int64_t* keys, const int64_t* table_ids,
                   const int64_t* score_args, const int64_t* counts, bool protect, int64_t n,
                   int64_t* slots) {
   at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
@@ -162,14 +137,14 @@ struct Inputs {
   const int64_t* assign_scores;  // kAssign, (W, N)
 };
 
-void write_slot(const View& v, int64_t g, int64_t key, uint8_t digest, const int64_t* words) {
+void write_slot(const TableView& v, int64_t g, int64_t key, uint8_t digest, const int64_t* words) {
   v.keys[g] = key;
   v.digests[g] = digest | kProtectedBit;
   for (int64_t w = 0; w < v.words; ++w) v.score(w, g) = words[w];
 }
 
 // One key of phase B, with its bucket owned by the calling thread.
-void bucket_step(const View& v, BucketOp op, const Inputs& in, const Outputs& out, int64_t i) {
+void bucket_step(const TableView& v, BucketOp op, const Inputs& in, const Outputs& out, int64_t i) {
   const int64_t key = in.keys[i];
   const int64_t t = in.table_ids[i];
   const int64_t width = v.bucket_widths[t];
@@ -242,7 +217,7 @@ void bucket_step(const View& v, BucketOp op, const Inputs& in, const Outputs& ou
 }
 
 // Phase B over the keys `todo` (batch positions): grouped by bucket, batch order within one.
-void bucket_phase(const View& v, BucketOp op, const Inputs& in, const Outputs& out,
+void bucket_phase(const TableView& v, BucketOp op, const Inputs& in, const Outputs& out,
                   const std::vector<int64_t>& todo) {
   std::vector<std::pair<int64_t, int64_t>> order;  // (global bucket start, batch position)
   order.reserve(todo.size());
@@ -267,7 +242,7 @@ void bucket_phase(const View& v, BucketOp op, const Inputs& in, const Outputs& o
 }
 
 // Clears the protection of every slot an op returned.
-void unprotect(const View& v, const int64_t* table_ids, const int64_t* slots, int64_t n) {
+void unprotect(const TableView& v, const int64_t* table_ids, const int64_t* slots, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (slots[i] >= 0) v.digests[v.slot_offsets[table_ids[i]] + slots[i]] &= ~kProtectedBit;
   }
@@ -286,7 +261,7 @@ at::Tensor table_lookup_cpu(const at::Tensor& index_keys, const at::Tensor& dige
   const at::Tensor table_ids = table_ids_in.contiguous();
   const std::optional<at::Tensor> counts =
       counts_in.has_value() ? std::optional<at::Tensor>(counts_in->contiguous()) : std::nullopt;
-  const View v = make_view(ix, nullptr);
+  const TableView v = make_view(ix, nullptr);
   const int64_t n = keys.numel();
   const int64_t* cnt = counts ? counts->const_data_ptr<int64_t>() : nullptr;
   check_batch_data(v, keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(), cnt, n);
@@ -314,7 +289,7 @@ InsertOutputs insert_cpu(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
   const at::Tensor counts = counts_in.has_value() ? counts_in->contiguous() : at::Tensor();
   const at::Tensor args = score_args.has_value() ? score_args->contiguous() : at::Tensor();
   const at::Tensor assign = assign_in.has_value() ? assign_in->contiguous() : at::Tensor();
-  const View v = make_view(ix, &sizes);
+  const TableView v = make_view(ix, &sizes);
   const int64_t n = keys.numel();
   const int64_t* cnt = counts.defined() ? counts.const_data_ptr<int64_t>() : nullptr;
   check_batch_data(v, keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(), cnt, n);
@@ -379,7 +354,7 @@ at::Tensor table_erase_cpu(const at::Tensor& index_keys, const at::Tensor& diges
   check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
   const at::Tensor keys = keys_in.contiguous();
   const at::Tensor table_ids = table_ids_in.contiguous();
-  const View v = make_view(ix, &sizes);
+  const TableView v = make_view(ix, &sizes);
   const int64_t n = keys.numel();
   check_batch_data(v, keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(),
                    nullptr, n);

@@ -14,7 +14,7 @@ namespace cuda {
 constexpr int kSharedTables = 32;  // tables whose size changes a block sums in shared memory
 constexpr int64_t kDigestChunk = 16;  // digests one 16-byte load covers
 
-__device__ __forceinline__ uint4 load_digests(const DeviceView& v, int64_t g) {
+__device__ __forceinline__ uint4 load_digests(const TableView& v, int64_t g) {
   return *reinterpret_cast<const uint4*>(v.digests + g);
 }
 
@@ -31,7 +31,7 @@ __device__ __forceinline__ uint32_t chunk_mask(uint4 d, Match match) {
 }
 
 // Global slot of `key` in the bucket at global slot `base`, or -1.
-__device__ int64_t thread_find(const DeviceView& v, int64_t base, int64_t width, int64_t key,
+__device__ int64_t thread_find(const TableView& v, int64_t base, int64_t width, int64_t key,
                                uint8_t digest) {
   const uint32_t pattern = 0x01010101u * digest;
   for (int64_t j0 = 0; j0 < width; j0 += kDigestChunk) {
@@ -47,7 +47,7 @@ __device__ int64_t thread_find(const DeviceView& v, int64_t base, int64_t width,
 }
 
 // The first empty slot of the bucket in circular order from `start`, or -1.
-__device__ int64_t thread_first_empty(const DeviceView& v, int64_t base, int64_t width,
+__device__ int64_t thread_first_empty(const TableView& v, int64_t base, int64_t width,
                                       int64_t start) {
   const auto empty = [](uint32_t w) { return __vcmpeq4(w, 0u); };
   const int64_t first = start - start % kDigestChunk;
@@ -66,7 +66,7 @@ __device__ int64_t thread_first_empty(const DeviceView& v, int64_t base, int64_t
 
 // The unprotected slot with the smallest score tuple, ties to the first in circular order from
 // `start`; -1 if every slot is protected.
-__device__ int64_t thread_victim(const DeviceView& v, int64_t base, int64_t width, int64_t start) {
+__device__ int64_t thread_victim(const TableView& v, int64_t base, int64_t width, int64_t start) {
   int64_t best = -1, b0 = 0, b1 = 0, bd = 0;
   for (int64_t j0 = 0; j0 < width; j0 += kDigestChunk) {
     uint32_t open = ~chunk_mask(load_digests(v, base + j0),
@@ -90,7 +90,7 @@ __device__ int64_t thread_victim(const DeviceView& v, int64_t base, int64_t widt
   return best;
 }
 
-__device__ __forceinline__ void write_slot(const DeviceView& v, int64_t g, int64_t key,
+__device__ __forceinline__ void write_slot(const TableView& v, int64_t g, int64_t key,
                                            uint8_t digest, int64_t w0, int64_t w1) {
   v.keys[g] = key;
   v.digests[g] = digest | kProtectedBit;
@@ -100,7 +100,7 @@ __device__ __forceinline__ void write_slot(const DeviceView& v, int64_t g, int64
 
 // One key of phase B. Returns the change of its table's size (+1 insert into an empty slot,
 // -1 erase).
-__device__ int64_t bucket_step(const DeviceView& v, BucketOp op, const BatchIn& in,
+__device__ int64_t bucket_step(const TableView& v, BucketOp op, const BatchIn& in,
                                const BatchOut& out, int64_t i) {
   const int64_t key = in.keys[i];
   const int64_t t = in.table_ids[i];
@@ -158,7 +158,7 @@ __device__ int64_t bucket_step(const DeviceView& v, BucketOp op, const BatchIn& 
 
 // Sets (or clears) the protection of the slots that entries [begin, end) of the sorted batch
 // were given (slot -1 skipped).
-__device__ void set_protection(const DeviceView& v, const int64_t* slots,
+__device__ void set_protection(const TableView& v, const int64_t* slots,
                                const int32_t* positions, int32_t begin, int32_t end,
                                int64_t offset, bool on) {
   for (int32_t q = begin; q < end; ++q) {
@@ -183,7 +183,7 @@ struct Runs {
 // set is cleared at the end. Size changes are summed per block before one global atomic per
 // table: a global atomic per insert would serialize on one address.
 __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 5)
-    bucket_kernel(DeviceView v, BucketOp op, BatchIn in, BatchOut out, Runs runs, uint64_t skip) {
+    bucket_kernel(TableView v, BucketOp op, BatchIn in, BatchOut out, Runs runs, uint64_t skip) {
   __shared__ unsigned long long deltas[kSharedTables];
   for (int j = threadIdx.x; j < kSharedTables; j += blockDim.x) deltas[j] = 0;
   __syncthreads();

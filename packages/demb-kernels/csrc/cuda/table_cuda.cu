@@ -22,19 +22,6 @@ constexpr int kThreads = cuda::kWarp * cuda::kWarpsPerBlock;
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
-cuda::DeviceView make_view(const IndexTensors& ix, at::Tensor* sizes) {
-  return cuda::DeviceView{ix.keys.data_ptr<int64_t>(),
-                          ix.digests.data_ptr<uint8_t>(),
-                          ix.scores.data_ptr<int64_t>(),
-                          ix.num_slots(),
-                          ix.score_words(),
-                          ix.slot_offsets.const_data_ptr<int64_t>(),
-                          ix.bucket_widths.const_data_ptr<int64_t>(),
-                          ix.policies.const_data_ptr<int64_t>(),
-                          ix.num_tables(),
-                          sizes ? sizes->data_ptr<int64_t>() : nullptr};
-}
-
 const int64_t* ptr_or_null(const at::Tensor& t) {
   return t.defined() ? t.const_data_ptr<int64_t>() : nullptr;
 }
@@ -156,7 +143,7 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
       inserts ? at::zeros({ix.score_words(), n}, keys.options()) : at::Tensor();
   if (n == 0) return {slots, status, victim_keys, victim_scores};
 
-  const cuda::DeviceView v = make_view(ix, &sizes);
+  const TableView v = make_view(ix, &sizes);
   const cuda::BatchIn in{keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(),
                          ptr_or_null(args), ptr_or_null(counts), ptr_or_null(assign), n};
   const cuda::BatchOut out{slots.data_ptr<int64_t>(),

@@ -20,22 +20,6 @@ constexpr int kFindTile = 8;  // lanes per key in lookups (16 slots per lane and
 
 namespace cg = cooperative_groups;
 
-struct DeviceView {
-  int64_t* keys;
-  uint8_t* digests;
-  int64_t* scores;  // word w of global slot g at scores[w * num_slots + g]
-  int64_t num_slots;
-  int64_t words;
-  const int64_t* slot_offsets;
-  const int64_t* bucket_widths;
-  const int64_t* policies;
-  int64_t num_tables;
-  int64_t* sizes;
-
-  __device__ int64_t& score(int64_t w, int64_t g) const { return scores[w * num_slots + g]; }
-  __device__ int64_t capacity(int64_t t) const { return slot_offsets[t + 1] - slot_offsets[t]; }
-};
-
 struct BatchIn {
   const int64_t* keys;
   const int64_t* table_ids;
@@ -52,7 +36,7 @@ struct BatchOut {
   int64_t* victim_scores;  // (W, N), null for lookup / erase
 };
 
-__device__ __forceinline__ bool valid_entry(const DeviceView& v, int64_t key, int64_t t) {
+__device__ __forceinline__ bool valid_entry(const TableView& v, int64_t key, int64_t t) {
   return t >= 0 && t < v.num_tables && key != kEmptyKey;
 }
 
@@ -70,7 +54,7 @@ __device__ __forceinline__ void atomic_sat_add(int64_t* word, int64_t count) {
 // Global slot of `key` in the bucket at global slot `base`, or -1; the same in every lane of
 // the tile. Each lane compares 16 digests at once (one 16-byte load) per step.
 template <typename Tile>
-__device__ int64_t tile_find(const Tile& tile, const DeviceView& v, int64_t base, int64_t width,
+__device__ int64_t tile_find(const Tile& tile, const TableView& v, int64_t base, int64_t width,
                              int64_t key, uint8_t digest) {
   const int lane = static_cast<int>(tile.thread_rank());
   const uint32_t pattern = 0x01010101u * digest;
@@ -102,7 +86,7 @@ __device__ int64_t tile_find(const Tile& tile, const DeviceView& v, int64_t base
 // phase-B sort key: (its bucket's global start slot << 1) | hit; invalid entries miss, are
 // FAILED (status) and get `skip`.
 __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
-    lookup_kernel(DeviceView v, BatchIn in, BatchOut out, uint64_t* sort_keys, uint64_t skip) {
+    lookup_kernel(TableView v, BatchIn in, BatchOut out, uint64_t* sort_keys, uint64_t skip) {
   const auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kFindTile;
   if (i >= in.n) return;
@@ -141,7 +125,7 @@ inline unsigned blocks_for_tiles(int64_t tiles) {
 }
 
 // Phase-B sort keys of every entry (insert_or_assign, erase): bucket start << 1, or `skip`.
-__global__ void bucket_keys_kernel(DeviceView v, BatchIn in, BatchOut out, uint64_t* sort_keys,
+__global__ void bucket_keys_kernel(TableView v, BatchIn in, BatchOut out, uint64_t* sort_keys,
                                    uint64_t skip) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= in.n) return;
