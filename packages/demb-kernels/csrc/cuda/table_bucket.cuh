@@ -99,9 +99,10 @@ __device__ __forceinline__ void write_slot(const TableView& v, int64_t g, int64_
 }
 
 // One key of phase B. Returns the change of its table's size (+1 insert into an empty slot,
-// -1 erase).
+// -1 erase). `missing`: the key is known to be absent (the first miss of a find_or_insert run:
+// phase A missed it and only this thread writes the bucket), so the bucket is not searched.
 __device__ int64_t bucket_step(const TableView& v, BucketOp op, const BatchIn& in,
-                               const BatchOut& out, int64_t i) {
+                               const BatchOut& out, int64_t i, bool missing) {
   const int64_t key = in.keys[i];
   const int64_t t = in.table_ids[i];
   const int64_t width = v.bucket_widths[t];
@@ -109,7 +110,7 @@ __device__ int64_t bucket_step(const TableView& v, BucketOp op, const BatchIn& i
   const int64_t offset = v.slot_offsets[t];
   const int64_t base = offset + home.bucket_base;
   const auto policy = static_cast<ScorePolicy>(v.policies[t]);
-  const int64_t found = thread_find(v, base, width, key, home.digest);
+  const int64_t found = missing ? -1 : thread_find(v, base, width, key, home.digest);
   if (op == BucketOp::kErase) {
     out.slots[i] = found < 0 ? -1 : found - offset;
     if (found < 0) return 0;
@@ -200,7 +201,10 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 5)
     const int64_t offset = v.slot_offsets[t];
     set_protection(v, out.slots, runs.positions, hit_begin, hit_end, offset, true);
     int64_t delta = 0;
-    for (int32_t q = begin; q < end; ++q) delta += bucket_step(v, op, in, out, runs.positions[q]);
+    for (int32_t q = begin; q < end; ++q) {
+      const bool missing = op == BucketOp::kInsert && q == begin;
+      delta += bucket_step(v, op, in, out, runs.positions[q], missing);
+    }
     if (op != BucketOp::kErase) {
       set_protection(v, out.slots, runs.positions, hit_begin, hit_end, offset, false);
       set_protection(v, out.slots, runs.positions, begin, end, offset, false);
