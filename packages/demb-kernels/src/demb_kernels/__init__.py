@@ -1,7 +1,9 @@
 """demb-kernels: the native ops of demb (C++ CPU and CUDA kernels behind the ``demb`` library).
 
-Import this package to load the ops; :mod:`demb_kernels.reference` holds a pure-PyTorch
-reference of each op for tests.
+Import this package to load the ops. :mod:`demb_kernels.ops` has the key-routing ops,
+:mod:`demb_kernels.table` the scored hash table's index and ops (HASH_TABLE.md),
+:mod:`demb_kernels.rows` the value-row copies; :mod:`demb_kernels.reference` and
+:mod:`demb_kernels.table_reference` are the pure references the tests compare against.
 """
 
 from demb_kernels._library import OPS, cuda_kernels_built, has_kernel

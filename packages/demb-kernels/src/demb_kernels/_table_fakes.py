@@ -1,0 +1,55 @@
+"""Fake (meta) kernels of the table ops, for tracing and torch.compile."""
+
+from __future__ import annotations
+
+import torch
+
+from demb_kernels import _library  # noqa: F401  (loads the native ops)
+
+__all__: list[str] = []
+
+
+def _fake_insert(
+    keys: torch.Tensor, words: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = keys.shape[0]
+    return (
+        keys.new_empty((n,)),
+        keys.new_empty((n,)),
+        keys.new_empty((n,)),
+        keys.new_empty((words, n)),
+    )
+
+
+@torch.library.register_fake("demb::table_lookup")  # type: ignore[untyped-decorator]
+def _lookup_fake(*args: torch.Tensor | None) -> torch.Tensor:
+    keys = args[6]
+    assert keys is not None
+    return keys.new_empty(keys.shape)
+
+
+@torch.library.register_fake("demb::table_find_or_insert")  # type: ignore[untyped-decorator]
+def _find_or_insert_fake(
+    *args: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    scores, keys = args[2], args[7]
+    assert scores is not None
+    assert keys is not None
+    return _fake_insert(keys, scores.shape[0])
+
+
+@torch.library.register_fake("demb::table_insert_or_assign")  # type: ignore[untyped-decorator]
+def _insert_or_assign_fake(
+    *args: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _fake_insert(args[7], args[2].shape[0])
+
+
+@torch.library.register_fake("demb::table_erase")  # type: ignore[untyped-decorator]
+def _erase_fake(*args: torch.Tensor) -> torch.Tensor:
+    return args[7].new_empty(args[7].shape)
+
+
+@torch.library.register_fake("demb::table_timestamp")  # type: ignore[untyped-decorator]
+def _timestamp_fake(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((1,), dtype=torch.int64)

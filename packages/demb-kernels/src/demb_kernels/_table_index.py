@@ -1,0 +1,222 @@
+"""The index of fused scored hash tables: plain tensors, as defined in HASH_TABLE.md.
+
+:class:`TableIndex` holds ``T`` logical tables (keys, digests, score words, per-table layout);
+:class:`ScorePolicy` and :class:`InsertStatus` are the codes the kernels use. The ops are in
+:mod:`demb_kernels.table`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "BUCKET_WIDTH_ALIGNMENT",
+    "EMPTY_KEY",
+    "ExportResult",
+    "InsertResult",
+    "InsertStatus",
+    "ScorePolicy",
+    "TableIndex",
+]
+
+EMPTY_KEY = -1
+"""The key of an empty slot (all ones); never a valid key."""
+
+BUCKET_WIDTH_ALIGNMENT = 16
+"""Bucket widths are multiples of this (demb_planner.BUCKET_ALIGNMENT)."""
+
+_MAX_BUCKET_WIDTH = 2**31 - 1
+
+
+class ScorePolicy(enum.IntEnum):
+    """How a table scores the keys a batch touches (see HASH_TABLE.md)."""
+
+    TIMESTAMP = 0
+    """Score = the batch's timestamp (``score_args[t]``)."""
+    STEP = 1
+    """Score = the table's step (``score_args[t]``)."""
+    CUSTOMIZED = 2
+    """Score = the caller's score (``score_args[t]``)."""
+    LFU = 3
+    """Score = accumulated frequency (``counts``, 1 per occurrence by default)."""
+    NO_EVICTION = 4
+    """Score = the batch's timestamp; full buckets never evict (the insert fails)."""
+    TIMESTAMP_LFU = 5
+    """Two words ``[frequency, timestamp]``: evicts the least frequent, then the oldest."""
+
+
+class InsertStatus(enum.IntEnum):
+    """Per-key outcome of :func:`find_or_insert` and :func:`insert_or_assign`."""
+
+    HIT = 0
+    INSERTED = 1
+    EVICTED = 2
+    FAILED = 3
+
+
+class InsertResult(NamedTuple):
+    """Per-key results of :func:`find_or_insert` / :func:`insert_or_assign`."""
+
+    slots: torch.Tensor
+    """``(N,)`` int64 table-local slot, -1 where the insert failed."""
+    status: torch.Tensor
+    """``(N,)`` int64 :class:`InsertStatus`."""
+    victim_keys: torch.Tensor
+    """``(N,)`` int64 the key evicted for key ``i`` (status EVICTED), else -1."""
+    victim_scores: torch.Tensor
+    """``(W, N)`` int64 the evicted key's score words, else 0."""
+
+
+class ExportResult(NamedTuple):
+    """Occupied slots of one table (see :func:`export`), in ascending slot order."""
+
+    keys: torch.Tensor
+    """``(n,)`` int64."""
+    scores: torch.Tensor
+    """``(W, n)`` int64."""
+    slots: torch.Tensor
+    """``(n,)`` int64 table-local slots."""
+
+
+def _positive(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}: must be a positive integer")
+    return value
+
+
+@dataclass
+class TableIndex:
+    """The index of ``T`` fused tables: plain tensors on one device (see HASH_TABLE.md).
+
+    Build one with :meth:`create`. The ops mutate it in place, except :func:`rehash`, which
+    returns a new one.
+    """
+
+    keys: torch.Tensor
+    """``(S,)`` int64, :data:`EMPTY_KEY` in empty slots."""
+    digests: torch.Tensor
+    """``(S,)`` uint8, 0 in empty slots."""
+    scores: torch.Tensor
+    """``(W, S)`` int64 score words."""
+    slot_offsets: torch.Tensor
+    """``(T + 1,)`` int64: table ``t``'s global slots are ``[offsets[t], offsets[t + 1])``."""
+    bucket_widths: torch.Tensor
+    """``(T,)`` int64."""
+    policies: torch.Tensor
+    """``(T,)`` int64 :class:`ScorePolicy`."""
+    sizes: torch.Tensor
+    """``(T,)`` int64 occupied slots per table."""
+    capacities: tuple[int, ...]
+    """Slots per table (host copy)."""
+    bucket_width_list: tuple[int, ...]
+    """Bucket width per table (host copy)."""
+    policy_list: tuple[ScorePolicy, ...]
+    """Policy per table (host copy)."""
+
+    @classmethod
+    def create(
+        cls,
+        capacities: Sequence[int],
+        bucket_widths: Sequence[int],
+        policies: Sequence[ScorePolicy | int],
+        device: torch.device | str = "cpu",
+        score_words: int | None = None,
+    ) -> TableIndex:
+        """An empty index.
+
+        Args:
+            capacities: ``T`` slot counts, each a positive multiple of its bucket width.
+            bucket_widths: ``T`` bucket widths, multiples of 16 (below ``2**31``).
+            policies: ``T`` :class:`ScorePolicy` values.
+            device: where the index lives.
+            score_words: 1 or 2 score words per slot; default 2 when a policy is
+                TIMESTAMP_LFU, else 1.
+
+        Raises:
+            ValueError: a capacity, bucket width, policy or ``score_words`` is invalid (the
+                message names it).
+        """
+        if not (len(capacities) == len(bucket_widths) == len(policies) >= 1):
+            raise ValueError(
+                "capacities, bucket_widths and policies must have one entry per table (>= 1), "
+                f"got {len(capacities)}, {len(bucket_widths)}, {len(policies)}"
+            )
+        parsed: list[ScorePolicy] = []
+        per_table = zip(capacities, bucket_widths, policies, strict=True)
+        for t, (cap, width, policy) in enumerate(per_table):
+            _positive(f"bucket_widths[{t}]", width)
+            _positive(f"capacities[{t}]", cap)
+            if width % BUCKET_WIDTH_ALIGNMENT or width > _MAX_BUCKET_WIDTH:
+                raise ValueError(
+                    f"bucket_widths[{t}]={width}: must be a multiple of "
+                    f"{BUCKET_WIDTH_ALIGNMENT} below 2**31"
+                )
+            if cap % width:
+                raise ValueError(
+                    f"capacities[{t}]={cap}: must be a multiple of its bucket width {width}"
+                )
+            try:
+                parsed.append(ScorePolicy(policy))
+            except ValueError:
+                raise ValueError(f"policies[{t}]={policy!r}: not a ScorePolicy") from None
+        needs_two = ScorePolicy.TIMESTAMP_LFU in parsed
+        words = (2 if needs_two else 1) if score_words is None else score_words
+        if words not in (1, 2) or (needs_two and words != 2):
+            raise ValueError(
+                f"score_words={score_words!r}: must be 1 or 2, and 2 with TIMESTAMP_LFU tables"
+            )
+        total = sum(capacities)
+        dev = torch.device(device)
+        offsets = [0]
+        for cap in capacities:
+            offsets.append(offsets[-1] + cap)
+        i64 = torch.int64
+        return cls(
+            keys=torch.full((total,), EMPTY_KEY, dtype=i64, device=dev),
+            digests=torch.zeros(total, dtype=torch.uint8, device=dev),
+            scores=torch.zeros((words, total), dtype=i64, device=dev),
+            slot_offsets=torch.tensor(offsets, dtype=i64, device=dev),
+            bucket_widths=torch.tensor(list(bucket_widths), dtype=i64, device=dev),
+            policies=torch.tensor([int(p) for p in parsed], dtype=i64, device=dev),
+            sizes=torch.zeros(len(capacities), dtype=i64, device=dev),
+            capacities=tuple(capacities),
+            bucket_width_list=tuple(bucket_widths),
+            policy_list=tuple(parsed),
+        )
+
+    @property
+    def num_tables(self) -> int:
+        """``T``."""
+        return len(self.capacities)
+
+    @property
+    def score_words(self) -> int:
+        """``W``, score words per slot."""
+        return int(self.scores.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        """Where the index lives."""
+        return self.keys.device
+
+    def slot_range(self, table_id: int) -> tuple[int, int]:
+        """Global slots ``[begin, end)`` of table ``table_id``."""
+        if not 0 <= table_id < self.num_tables:
+            raise ValueError(f"table_id={table_id}: out of range for {self.num_tables} tables")
+        begin = sum(self.capacities[:table_id])
+        return begin, begin + self.capacities[table_id]
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (
+            self.keys,
+            self.digests,
+            self.scores,
+            self.slot_offsets,
+            self.bucket_widths,
+            self.policies,
+        )
