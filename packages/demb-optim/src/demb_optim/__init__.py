@@ -1,3 +1,32 @@
-"""demb-optim: one spec per optimizer (state width, hyper-parameters, fused update)."""
+"""demb-optim: one spec per optimizer (hyper-parameters, per-row state, initial state).
 
-__all__: list[str] = []
+:mod:`demb_optim.specs` has the specs (SGD, Adam, Adagrad, row-wise Adagrad, FTRL);
+:mod:`demb_optim.reference` the float64 reference updates the fused kernels are tested against.
+"""
+
+from demb_optim._errors import OptimizerConfigError
+from demb_optim.reference import clip_gradient, reference_update
+from demb_optim.specs import (
+    FTRL,
+    ROWWISE_ADAGRAD_STATE_BYTES,
+    SGD,
+    Adagrad,
+    Adam,
+    OptimizerKind,
+    OptimizerSpec,
+    RowWiseAdagrad,
+)
+
+__all__ = [
+    "FTRL",
+    "ROWWISE_ADAGRAD_STATE_BYTES",
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "OptimizerConfigError",
+    "OptimizerKind",
+    "OptimizerSpec",
+    "RowWiseAdagrad",
+    "clip_gradient",
+    "reference_update",
+]
