@@ -32,6 +32,12 @@ TORCH_LIBRARY(demb, m) {
   // Value rows addressed by slot (-1: none).
   m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
   m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");
+  // Optimizer updates of value rows [embedding | state] in place (demb_optim's specs).
+  m.def(
+      "optimizer_update(Tensor(a!)[] values, Tensor[] slots, Tensor[] grads, int[] dims, "
+      "int[] steps, str optimizer, float learning_rate, float eps, float beta1, float beta2, "
+      "float weight_decay, float learning_rate_power, float ftrl_beta, float l1_reg, "
+      "float l2_reg) -> ()");
 }
 
 // `import demb_kernels._C` loads the library (and runs the registrations above).

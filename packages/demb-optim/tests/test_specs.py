@@ -12,7 +12,9 @@ from demb_optim import (
     Adagrad,
     Adam,
     OptimizerConfigError,
+    OptimizerKind,
     RowWiseAdagrad,
+    optimizer_state_bytes,
 )
 
 
@@ -92,3 +94,34 @@ def test_bad_hyper_parameters_name_the_field_and_value(make, field, value):
 
 def test_learning_rate_power_zero_is_allowed():
     assert FTRL(learning_rate_power=0.0).learning_rate_power == 0.0
+
+
+STATE_CASES = [
+    ("sgd", 0, 0),
+    ("adam", 64, 32),
+    ("adagrad", 32, 16),
+    ("rowwise_adagrad", 16, 16),
+    ("ftrl", 64, 32),
+    ("exact_row_wise_adagrad", 16, 16),
+    ("exact_sgd", 0, 0),
+]
+
+
+@pytest.mark.parametrize(("name", "fp32", "fp16"), STATE_CASES)
+def test_optimizer_state_bytes_for_an_8_wide_row(name, fp32, fp16):
+    assert optimizer_state_bytes(name, 8, 4) == fp32
+    assert optimizer_state_bytes(name, 8, 2) == fp16
+
+
+def test_optimizer_names_parse_like_fbgemm_enums():
+    class EmbOptimType:
+        value = "exact_adagrad"
+
+    assert OptimizerKind.parse(EmbOptimType()) is OptimizerKind.ADAGRAD
+    assert OptimizerKind.parse("FTRL") is OptimizerKind.FTRL
+    with pytest.raises(OptimizerConfigError, match="optimizer='lamb'"):
+        optimizer_state_bytes("lamb", 8)
+    with pytest.raises(OptimizerConfigError, match="embedding_dtype_bytes=8"):
+        optimizer_state_bytes("adam", 8, 8)
+    with pytest.raises(OptimizerConfigError, match="embedding_dim=0"):
+        optimizer_state_bytes("adam", 0)

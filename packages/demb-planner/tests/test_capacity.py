@@ -11,10 +11,10 @@ from demb_planner import (
     BucketLayout,
     PlannerConfigError,
     align_init_capacity,
+    dtype_bytes,
     get_sharded_table_capacity,
     get_table_value_bytes,
     local_hbm_for_values,
-    optimizer_state_bytes,
     sharded_table_bucket_layout,
 )
 from hypothesis import given
@@ -97,21 +97,11 @@ def test_local_hbm_is_ceil_division(global_bytes, world, expected):
 
 # optimizer state per row for dim=8 float32 (then float16): SGD 0, Adam 2*dim, Adagrad dim,
 # row-wise Adagrad 16 bytes, FTRL 2*dim
-STATE_CASES = [
-    ("sgd", 0, 0),
-    ("adam", 64, 32),
-    ("adagrad", 32, 16),
-    ("rowwise_adagrad", 16, 16),
-    ("ftrl", 64, 32),
-    ("exact_row_wise_adagrad", 16, 16),
-    ("exact_sgd", 0, 0),
-]
-
-
-@pytest.mark.parametrize(("name", "fp32", "fp16"), STATE_CASES)
-def test_optimizer_state_bytes(name, fp32, fp16):
-    assert optimizer_state_bytes(name, 8, 4) == fp32
-    assert optimizer_state_bytes(name, 8, 2) == fp16
+@pytest.mark.parametrize(
+    ("dtype", "size"), [("float32", 4), ("torch.bfloat16", 2), ("fp16", 2), ("half", 2)]
+)
+def test_dtype_bytes(dtype, size):
+    assert dtype_bytes(dtype) == size
 
 
 def test_table_value_bytes_worked_case():
@@ -142,7 +132,7 @@ def test_bad_bucket_capacity_names_it(bucket):
         (lambda: local_hbm_for_values(10, 0), "world_size=0"),
         (lambda: get_table_value_bytes(Config(10, 0), 0, 1), "embedding_dim=0"),
         (lambda: get_table_value_bytes(Config(10, 4), -4, 1), "optimizer_state_bytes=-4"),
-        (lambda: optimizer_state_bytes("lamb", 8), "optimizer='lamb'"),
+        (lambda: dtype_bytes("int4"), "embedding_dtype='int4'"),
     ],
 )
 def test_bad_sizes_raise_value_error_naming_argument(call, argument):

@@ -46,7 +46,8 @@ uint64_t digest_group(const TableView& v, int64_t g) {
 uint64_t zero_bytes(uint64_t x) { return (x - kLowBits) & ~x & kHighBits; }
 
 // Global slot of `key` in its bucket, or -1; compares eight digests at a time.
-int64_t find_in_bucket(const TableView& v, int64_t base, int64_t width, int64_t key, uint8_t digest) {
+int64_t find_in_bucket(const TableView& v, int64_t base, int64_t width, int64_t key,
+                       uint8_t digest) {
   const uint64_t pattern = kLowBits * digest;
   for (int64_t j0 = 0; j0 < width; j0 += 8) {
     uint64_t candidates = zero_bytes((digest_group(v, base + j0) & ~kHighBits) ^ pattern);

@@ -6,7 +6,7 @@ import torch
 
 import demb_kernels._C  # noqa: F401  (registers the `demb` ops and their CPU/CUDA kernels)
 
-__all__ = ["OPS", "cuda_kernels_built", "has_kernel"]
+__all__ = ["CPU_ONLY_OPS", "OPS", "cuda_kernels_built", "has_kernel"]
 
 OPS = (
     "hash64",
@@ -20,7 +20,10 @@ OPS = (
     "gather_rows",
     "scatter_rows",
 )
-"""Every op of the ``demb`` torch library."""
+"""The ops of the ``demb`` torch library with CPU and CUDA kernels."""
+
+CPU_ONLY_OPS = ("optimizer_update",)
+"""Ops with a CPU kernel only so far (their CUDA kernels are still to be written)."""
 
 
 def has_kernel(op: str, dispatch_key: str) -> bool:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from demb_kernels import (
+    _fakes,  # noqa: F401  (registers the fake kernels)
     _library,  # noqa: F401  (loads the native ops)
-    _table_fakes,  # noqa: F401  (registers the fake kernels)
 )
 from demb_kernels._table_index import (
     BUCKET_WIDTH_ALIGNMENT,

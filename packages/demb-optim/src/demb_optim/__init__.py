@@ -1,7 +1,8 @@
 """demb-optim: one spec per optimizer (hyper-parameters, per-row state, initial state).
 
 :mod:`demb_optim.specs` has the specs (SGD, Adam, Adagrad, row-wise Adagrad, FTRL);
-:mod:`demb_optim.reference` the float64 reference updates the fused kernels are tested against.
+:mod:`demb_optim.reference` the float64 reference updates the fused kernels are tested against;
+:func:`demb_optim.apply_update` runs the fused update (``demb::optimizer_update``).
 """
 
 from demb_optim._errors import OptimizerConfigError
@@ -10,23 +11,29 @@ from demb_optim.specs import (
     FTRL,
     ROWWISE_ADAGRAD_STATE_BYTES,
     SGD,
+    SPEC_TYPES,
     Adagrad,
     Adam,
     OptimizerKind,
     OptimizerSpec,
     RowWiseAdagrad,
+    optimizer_state_bytes,
 )
+from demb_optim.update import apply_update
 
 __all__ = [
     "FTRL",
     "ROWWISE_ADAGRAD_STATE_BYTES",
     "SGD",
+    "SPEC_TYPES",
     "Adagrad",
     "Adam",
     "OptimizerConfigError",
     "OptimizerKind",
     "OptimizerSpec",
     "RowWiseAdagrad",
+    "apply_update",
     "clip_gradient",
+    "optimizer_state_bytes",
     "reference_update",
 ]

@@ -26,11 +26,13 @@ __all__ = [
     "FTRL",
     "ROWWISE_ADAGRAD_STATE_BYTES",
     "SGD",
+    "SPEC_TYPES",
     "Adagrad",
     "Adam",
     "OptimizerKind",
     "OptimizerSpec",
     "RowWiseAdagrad",
+    "optimizer_state_bytes",
 ]
 
 ROWWISE_ADAGRAD_STATE_BYTES = 16
@@ -45,6 +47,31 @@ class OptimizerKind(enum.StrEnum):
     ADAGRAD = "adagrad"
     ROWWISE_ADAGRAD = "rowwise_adagrad"
     FTRL = "ftrl"
+
+    @classmethod
+    def parse(cls, optimizer: object) -> OptimizerKind:
+        """Accept a member, its value, or FBGEMM's ``EmbOptimType`` / the spec's
+        ``DynamicEmbOptimType`` (by their ``value``)."""
+        name = getattr(optimizer, "value", optimizer)
+        if isinstance(name, str):
+            found = _ALIASES.get(name.lower())
+            if found is not None:
+                return found
+        known = ", ".join(sorted(_ALIASES))
+        raise OptimizerConfigError("optimizer", optimizer, f"unknown; expected one of {known}")
+
+
+_ALIASES: dict[str, OptimizerKind] = {
+    "sgd": OptimizerKind.SGD,
+    "exact_sgd": OptimizerKind.SGD,
+    "adam": OptimizerKind.ADAM,
+    "adagrad": OptimizerKind.ADAGRAD,
+    "exact_adagrad": OptimizerKind.ADAGRAD,
+    "rowwise_adagrad": OptimizerKind.ROWWISE_ADAGRAD,
+    "row_wise_adagrad": OptimizerKind.ROWWISE_ADAGRAD,
+    "exact_row_wise_adagrad": OptimizerKind.ROWWISE_ADAGRAD,
+    "ftrl": OptimizerKind.FTRL,
+}
 
 
 def _finite(name: str, value: float) -> float:
@@ -224,3 +251,46 @@ class FTRL(OptimizerSpec):
         state = torch.zeros(2 * dim, dtype=dtype)
         state[dim:] = self.initial_accumulator_value
         return state
+
+
+SPEC_TYPES: dict[OptimizerKind, type[OptimizerSpec]] = {
+    OptimizerKind.SGD: SGD,
+    OptimizerKind.ADAM: Adam,
+    OptimizerKind.ADAGRAD: Adagrad,
+    OptimizerKind.ROWWISE_ADAGRAD: RowWiseAdagrad,
+    OptimizerKind.FTRL: FTRL,
+}
+"""The spec class of each optimizer."""
+
+_DTYPE_OF_BYTES = {4: torch.float32, 2: torch.float16}
+
+
+def optimizer_state_bytes(
+    optimizer: object, embedding_dim: int, embedding_dtype_bytes: int = 4
+) -> int:
+    """Per-row optimizer state in bytes, the size demb_planner's value bytes add per row.
+
+    ==================  ===========================================
+    optimizer           state per row
+    ==================  ===========================================
+    SGD                 0
+    Adam                ``2 * dim`` elements (``m`` then ``v``)
+    Adagrad             ``dim`` elements
+    row-wise Adagrad    16 bytes (one scalar, padded)
+    FTRL                ``2 * dim`` elements (``linear`` then ``accum``)
+    ==================  ===========================================
+
+    Args:
+        optimizer: an :class:`OptimizerKind`, its value, or FBGEMM's ``EmbOptimType``.
+        embedding_dim: row width ``dim``, >= 1.
+        embedding_dtype_bytes: bytes per element of the embedding (and state) dtype: 4 or 2.
+    """
+    kind = OptimizerKind.parse(optimizer)
+    if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) or embedding_dim < 1:
+        raise OptimizerConfigError("embedding_dim", embedding_dim, "must be a positive integer")
+    dtype = _DTYPE_OF_BYTES.get(embedding_dtype_bytes)
+    if dtype is None:
+        raise OptimizerConfigError(
+            "embedding_dtype_bytes", embedding_dtype_bytes, "must be 4 (float32) or 2 (16-bit)"
+        )
+    return SPEC_TYPES[kind]().state_dim(embedding_dim, dtype) * embedding_dtype_bytes

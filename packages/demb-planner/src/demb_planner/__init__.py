@@ -1,9 +1,8 @@
 """demb-planner: sharding math of dynamic tables (numpy only, no torch import).
 
 The key-ownership rule (:mod:`demb_planner.ownership`), where a key lives in a rank's hash table
-(:mod:`demb_planner.table_hash`), per-rank capacity and bucket layout
-(:mod:`demb_planner.capacity`) and per-row optimizer-state size
-(:mod:`demb_planner.optimizer_state`).
+(:mod:`demb_planner.table_hash`), per-rank capacity, bucket layout and value bytes
+(:mod:`demb_planner.capacity`; the per-row optimizer-state size comes from demb-optim).
 """
 
 from demb_planner._errors import PlannerConfigError
@@ -16,16 +15,11 @@ from demb_planner.capacity import (
     align_init_capacity,
     align_up,
     check_bucket_capacity,
+    dtype_bytes,
     get_sharded_table_capacity,
     get_table_value_bytes,
     local_hbm_for_values,
     sharded_table_bucket_layout,
-)
-from demb_planner.optimizer_state import (
-    ROWWISE_ADAGRAD_STATE_BYTES,
-    OptimizerKind,
-    dtype_bytes,
-    optimizer_state_bytes,
 )
 from demb_planner.ownership import (
     FMIX64_C1,
@@ -51,12 +45,10 @@ __all__ = [
     "FMIX64_C1",
     "FMIX64_C2",
     "MAX_BUCKET_CAPACITY",
-    "ROWWISE_ADAGRAD_STATE_BYTES",
     "TABLE_HASH_SEED",
     "BucketLayout",
     "DistType",
     "HomeSlots",
-    "OptimizerKind",
     "PlannerConfigError",
     "SupportsEmbeddingShape",
     "SupportsNumEmbeddings",
@@ -71,7 +63,6 @@ __all__ = [
     "home_slots",
     "local_hbm_for_values",
     "local_position",
-    "optimizer_state_bytes",
     "owner_rank",
     "route_keys",
     "sharded_table_bucket_layout",

@@ -22,6 +22,7 @@ __all__ = [
     "align_init_capacity",
     "align_up",
     "check_bucket_capacity",
+    "dtype_bytes",
     "get_sharded_table_capacity",
     "get_table_value_bytes",
     "local_hbm_for_values",
@@ -139,7 +140,7 @@ def get_table_value_bytes(
     Args:
         embedding_config: global ``num_embeddings`` and ``embedding_dim``.
         optimizer_state_bytes: per-row optimizer state in bytes
-            (see :func:`demb_planner.optimizer_state_bytes`).
+            (``demb_optim.optimizer_state_bytes`` has them per optimizer).
         world_size: number of ranks.
         bucket_capacity: as for :func:`get_sharded_table_capacity`.
         embedding_dtype_bytes: bytes per embedding element (4 for float32, 2 for 16-bit types).
@@ -153,3 +154,33 @@ def get_table_value_bytes(
     elem = positive_int("embedding_dtype_bytes", embedding_dtype_bytes)
     per_rank = get_sharded_table_capacity(embedding_config, world_size, bucket_capacity)
     return world_size * per_rank * (dim * elem + state)
+
+
+_DTYPE_BYTES = {
+    "float32": 4,
+    "float": 4,
+    "fp32": 4,
+    "float16": 2,
+    "half": 2,
+    "fp16": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+}
+
+
+def dtype_bytes(dtype: object) -> int:
+    """Bytes per element of an embedding dtype.
+
+    Args:
+        dtype: a name (``"float32"``, ``"float16"``, ``"bfloat16"``, optionally prefixed
+            ``"torch."``) or any dtype object with an integer ``itemsize`` (numpy or torch).
+    """
+    if isinstance(dtype, str):
+        found = _DTYPE_BYTES.get(dtype.removeprefix("torch."))
+        if found is None:
+            raise PlannerConfigError("embedding_dtype", dtype, "unknown dtype name")
+        return found
+    itemsize = getattr(dtype, "itemsize", None)
+    if isinstance(itemsize, int) and itemsize > 0:
+        return itemsize
+    raise PlannerConfigError("embedding_dtype", dtype, "not a dtype name or dtype object")

@@ -1,4 +1,4 @@
-"""Fake (meta) kernels of the table ops, for tracing and torch.compile."""
+"""Fake (meta) kernels of the table and optimizer ops, for tracing and torch.compile."""
 
 from __future__ import annotations
 
@@ -53,3 +53,8 @@ def _erase_fake(*args: torch.Tensor) -> torch.Tensor:
 @torch.library.register_fake("demb::table_timestamp")  # type: ignore[untyped-decorator]
 def _timestamp_fake(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty((1,), dtype=torch.int64)
+
+
+@torch.library.register_fake("demb::optimizer_update")  # type: ignore[untyped-decorator]
+def _optimizer_update_fake(*args: object) -> None:
+    return None

@@ -1,0 +1,61 @@
+// Argument checks of optimizer_update, shared by the CPU and CUDA bindings.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string_view>
+
+#include "optimizer_rule.h"
+
+namespace demb {
+
+inline OptimizerKind parse_optimizer(std::string_view name) {
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "adam") return OptimizerKind::kAdam;
+  if (name == "adagrad") return OptimizerKind::kAdagrad;
+  if (name == "rowwise_adagrad") return OptimizerKind::kRowwiseAdagrad;
+  if (name == "ftrl") return OptimizerKind::kFtrl;
+  TORCH_CHECK_VALUE(false, "optimizer='", name,
+                    "': expected sgd, adam, adagrad, rowwise_adagrad or ftrl");
+}
+
+// Bytes row-wise Adagrad reserves per row (demb_optim.ROWWISE_ADAGRAD_STATE_BYTES).
+constexpr int64_t kRowwiseStateBytes = 16;
+
+// Checks table `t` of an update: values (R, dim + state) in float32/16/bf16, slots (n,) int64,
+// grads (n, dim) float32, all on one device. Returns the row width.
+inline int64_t check_update_table(OptimizerKind kind, const at::Tensor& values,
+                                  const at::Tensor& slots, const at::Tensor& grads, int64_t dim,
+                                  int64_t step, size_t t) {
+  const auto dtype = values.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                   "values[", t, "] must be float32, float16 or bfloat16, got ", dtype);
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(), "values[", t,
+                    "] must be a contiguous (rows, width) tensor");
+  TORCH_CHECK_VALUE(dim >= 1, "dims[", t, "]=", dim, ": must be >= 1");
+  const int64_t state = optimizer_state_dim(kind, dim, kRowwiseStateBytes / values.element_size());
+  TORCH_CHECK_VALUE(values.size(1) == dim + state, "values[", t, "] rows have ", values.size(1),
+                    " columns; dims[", t, "]=", dim, " needs ", dim + state,
+                    " (embedding + optimizer state)");
+  TORCH_CHECK_TYPE(slots.scalar_type() == at::kLong, "slots[", t, "] must be int64");
+  TORCH_CHECK_VALUE(slots.dim() == 1, "slots[", t, "] must be 1-D");
+  TORCH_CHECK_TYPE(grads.scalar_type() == at::kFloat, "grads[", t, "] must be float32, got ",
+                   grads.scalar_type());
+  TORCH_CHECK_VALUE(grads.dim() == 2 && grads.size(0) == slots.numel() && grads.size(1) == dim,
+                    "grads[", t, "] must be (", slots.numel(), ", ", dim, "), got ",
+                    grads.sizes());
+  TORCH_CHECK_VALUE(slots.device() == values.device() && grads.device() == values.device(),
+                    "values, slots and grads of table ", t, " must be on one device");
+  TORCH_CHECK_VALUE(kind != OptimizerKind::kAdam || step >= 1, "steps[", t, "]=", step,
+                    ": Adam's step count must be >= 1");
+  return values.size(1);
+}
+
+inline void check_update_lists(size_t values, size_t slots, size_t grads, size_t dims,
+                               size_t steps) {
+  TORCH_CHECK_VALUE(values == slots && values == grads && values == dims && values == steps,
+                    "values, slots, grads, dims and steps need one entry per table, got ", values,
+                    ", ", slots, ", ", grads, ", ", dims, ", ", steps);
+}
+
+}  // namespace demb

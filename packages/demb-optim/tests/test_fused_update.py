@@ -1,0 +1,129 @@
+"""The fused CPU update (demb::optimizer_update) against the float64 references: every optimizer,
+hypothesis-drawn dims and hyper-parameters, several steps, rows first written at later steps
+(seeded with the spec's initial state), several tables of different dims in one call, and
+float32 / float16 / bfloat16 rows with float32 arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from demb_optim import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad, apply_update, reference_update
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+SPECS = st.one_of(
+    st.builds(SGD, learning_rate=st.floats(0.01, 0.5)),
+    st.builds(
+        Adam,
+        learning_rate=st.floats(0.001, 0.1),
+        beta1=st.floats(0.0, 0.95),
+        beta2=st.floats(0.9, 0.9999),
+        eps=st.floats(1e-8, 1e-4),
+        weight_decay=st.sampled_from([0.0, 0.01]),
+    ),
+    st.builds(
+        Adagrad,
+        learning_rate=st.floats(0.01, 0.5),
+        initial_accumulator_value=st.sampled_from([0.0, 0.1, 1.0]),
+    ),
+    st.builds(
+        RowWiseAdagrad,
+        learning_rate=st.floats(0.01, 0.5),
+        initial_accumulator_value=st.sampled_from([0.0, 0.1, 1.0]),
+    ),
+    st.builds(
+        FTRL,
+        learning_rate=st.floats(0.01, 0.5),
+        learning_rate_power=st.sampled_from([-0.5, -0.3, 0.0]),
+        ftrl_beta=st.sampled_from([0.0, 1.0]),
+        l1_reg=st.sampled_from([0.0, 0.01]),
+        l2_reg=st.sampled_from([0.0, 0.1]),
+        initial_accumulator_value=st.sampled_from([0.1, 1.0]),
+    ),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    spec=SPECS,
+    dims=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    dtype=st.sampled_from(list(TOLERANCE)),
+    seed=st.integers(0, 2**31),
+)
+def test_fused_update_equals_the_float64_reference(spec, dims, dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rows = 12
+    tables, refs = [], []
+    for dim in dims:
+        width = dim + spec.state_dim(dim, dtype)
+        buf = torch.zeros(rows, width, dtype=dtype)
+        tables.append(buf)
+        refs.append(torch.zeros(rows, width, dtype=torch.float64))
+    written = [torch.zeros(rows, dtype=torch.bool) for _ in dims]
+    for step in range(1, 6):
+        slot_lists, grad_lists = [], []
+        for t, dim in enumerate(dims):
+            slots = torch.randperm(rows, generator=gen)[
+                : int(torch.randint(1, rows, (1,), generator=gen))
+            ]
+            new = slots[~written[t][slots]]  # first written now: initial row and state
+            init = torch.cat(
+                [
+                    torch.randn(new.numel(), dim, generator=gen),
+                    spec.initial_state(dim, dtype).float().repeat(new.numel(), 1),
+                ],
+                dim=1,
+            )
+            tables[t][new] = init.to(dtype)
+            refs[t][new] = tables[t][new].to(torch.float64)
+            written[t][new] = True
+            grad = torch.randn(slots.numel(), dim, generator=gen) * 0.3
+            slots = torch.cat([slots, torch.tensor([-1])])  # -1 is skipped
+            grad = torch.cat([grad, torch.full((1, dim), 1e6)])
+            slot_lists.append(slots)
+            grad_lists.append(grad)
+        apply_update(spec, tables, slot_lists, grad_lists, dims, [step] * len(dims))
+        for t, dim in enumerate(dims):
+            s, g = slot_lists[t][:-1], grad_lists[t][:-1]
+            w_new, s_new = reference_update(
+                spec, refs[t][s, :dim], refs[t][s, dim:], g.to(torch.float64), step
+            )
+            refs[t][s] = torch.cat([w_new, s_new], dim=1).to(dtype).to(torch.float64)
+    tol = TOLERANCE[dtype]
+    for t in range(len(dims)):
+        torch.testing.assert_close(tables[t].to(torch.float64), refs[t], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "match"),
+    [
+        ("width", ValueError, r"values\[0\] rows have 6 columns; dims\[0\]=4 needs 12"),
+        ("dtype", TypeError, r"values\[0\] must be float32, float16 or bfloat16"),
+        ("grads", ValueError, r"grads\[0\] must be \(2, 4\)"),
+        ("slot", ValueError, "slots: 9 is out of range for 5 rows"),
+        ("step", ValueError, r"steps\[0\]=0: Adam's step count must be >= 1"),
+        ("lists", ValueError, "one entry per table"),
+    ],
+)
+def test_bad_arguments_are_named(case, error, match):
+    spec = Adam()
+    values = torch.zeros(5, 12)
+    slots = torch.tensor([0, 1])
+    grads = torch.zeros(2, 4)
+    dims, steps = [4], [1]
+    if case == "width":
+        values = torch.zeros(5, 6)
+    elif case == "dtype":
+        values = torch.zeros(5, 12, dtype=torch.float64)
+    elif case == "grads":
+        grads = torch.zeros(2, 5)
+    elif case == "slot":
+        slots = torch.tensor([0, 9])
+    elif case == "step":
+        steps = [0]
+    elif case == "lists":
+        dims = [4, 4]
+    with pytest.raises(error, match=match):
+        apply_update(spec, [values], [slots], [grads], dims, steps)
