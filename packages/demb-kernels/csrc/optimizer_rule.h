@@ -50,46 +50,36 @@ DEMB_HD float ftrl_rate(float n, float p) { return p == -0.5f ? sqrtf(n) : powf(
 // Updates element j of a row in place: `w` its weight, `s` the row's state, `g` its gradient.
 // Adam: `bias1` / `bias2` are 1 - beta^step for the table's step (this update included).
 // Row-wise Adagrad: `rowwise_rate` is lr / (sqrt(acc) + eps), from the row's accumulator the
-// caller already increased by mean(g^2).
+// caller already increased by mean(g^2). The optimizer is a template argument so that each
+// kernel's inner loop has no branch on it.
+template <OptimizerKind K>
 DEMB_HD void update_element(const OptimizerParams& o, float& w, float* s, int64_t dim, int64_t j,
                             float g, float bias1, float bias2, float rowwise_rate) {
   const float lr = o.learning_rate;
-  switch (o.kind) {
-    case OptimizerKind::kSgd:
-      w -= lr * g;
-      break;
-    case OptimizerKind::kAdam: {
-      float& m = s[j];
-      float& v = s[dim + j];
-      m = o.beta1 * m + (1 - o.beta1) * g;
-      v = o.beta2 * v + (1 - o.beta2) * g * g;
-      w -= lr * ((m / bias1) / (sqrtf(v / bias2) + o.eps) + o.weight_decay * w);
-      break;
-    }
-    case OptimizerKind::kAdagrad: {
-      float& acc = s[j];
-      acc += g * g;
-      w -= lr * g / (sqrtf(acc) + o.eps);
-      break;
-    }
-    case OptimizerKind::kRowwiseAdagrad:
-      w -= rowwise_rate * g;
-      break;
-    case OptimizerKind::kFtrl: {
-      float& z = s[j];
-      float& n = s[dim + j];
-      const float n_new = n + g * g;
-      const float rate_new = ftrl_rate(n_new, o.learning_rate_power);
-      z += g - (rate_new - ftrl_rate(n, o.learning_rate_power)) / lr * w;
-      n = n_new;
-      if (fabsf(z) <= o.l1_reg) {
-        w = 0.0f;
-      } else {
-        const float sign = z > 0 ? 1.0f : -1.0f;
-        w = (sign * o.l1_reg - z) / ((o.ftrl_beta + rate_new) / lr + o.l2_reg);
-      }
-      break;
-    }
+  if constexpr (K == OptimizerKind::kSgd) {
+    w -= lr * g;
+  } else if constexpr (K == OptimizerKind::kAdam) {
+    float& m = s[j];
+    float& v = s[dim + j];
+    m = o.beta1 * m + (1 - o.beta1) * g;
+    v = o.beta2 * v + (1 - o.beta2) * g * g;
+    w -= lr * ((m / bias1) / (sqrtf(v / bias2) + o.eps) + o.weight_decay * w);
+  } else if constexpr (K == OptimizerKind::kAdagrad) {
+    float& acc = s[j];
+    acc += g * g;
+    w -= lr * g / (sqrtf(acc) + o.eps);
+  } else if constexpr (K == OptimizerKind::kRowwiseAdagrad) {
+    w -= rowwise_rate * g;
+  } else {
+    float& z = s[j];
+    float& n = s[dim + j];
+    const float n_new = n + g * g;
+    const float rate_new = ftrl_rate(n_new, o.learning_rate_power);
+    z += g - (rate_new - ftrl_rate(n, o.learning_rate_power)) / lr * w;
+    n = n_new;
+    const float sign = z > 0 ? 1.0f : -1.0f;
+    const float solved = (sign * o.l1_reg - z) / ((o.ftrl_beta + rate_new) / lr + o.l2_reg);
+    w = fabsf(z) <= o.l1_reg ? 0.0f : solved;
   }
 }
 
