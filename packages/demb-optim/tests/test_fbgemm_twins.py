@@ -1,8 +1,8 @@
-"""The float64 references of SGD, Adagrad and row-wise Adagrad agree with FBGEMM's CPU TBE (the
-static tables TorchRec users compare against) over 10 steps, rows first touched at different
-steps, with and without gradient clipping (per occurrence, before duplicates are summed) and a
-seeded accumulator. FBGEMM's CPU TBE has no
-Adam ("Optimizer adam is not supported in CPU mode"), so Adam is not compared here."""
+"""The float64 references and the fused CPU update of SGD, Adagrad and row-wise Adagrad agree
+with FBGEMM's CPU TBE (the static tables TorchRec users compare against) over 10 steps, rows
+first touched at different steps, with and without gradient clipping (per occurrence, before
+duplicates are summed) and a seeded accumulator. FBGEMM's CPU TBE has no Adam ("Optimizer adam
+is not supported in CPU mode"), so Adam is compared with torch's AdamW instead."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ import warnings
 
 import pytest
 import torch
-from demb_optim import SGD, Adagrad, OptimizerSpec, RowWiseAdagrad, clip_gradient, reference_update
+from demb_optim import (
+    SGD,
+    Adagrad,
+    OptimizerSpec,
+    RowWiseAdagrad,
+    apply_update,
+    clip_gradient,
+    reference_update,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,6 +83,8 @@ def test_reference_equals_fbgemm_cpu_tbe(kind, dim, lr, clip, seed_acc, seed):
     tbe = fbgemm_table(spec, dim, weight)
     ref_w = weight.to(torch.float64)
     ref_s = spec.initial_state(dim, torch.float32).to(torch.float64).repeat(ROWS, 1)
+    # the fused CPU update on a value buffer [embedding | state]
+    fused = torch.cat([weight, spec.initial_state(dim).repeat(ROWS, 1)], dim=1).contiguous()
     for step in range(1, STEPS + 1):
         # rows [0, 4 * step) may appear: later rows are first touched at later steps
         n = int(torch.randint(1, 12, (1,), generator=gen))
@@ -88,9 +98,15 @@ def test_reference_equals_fbgemm_cpu_tbe(kind, dim, lr, clip, seed_acc, seed):
         grad = torch.zeros(rows.numel(), dim, dtype=torch.float64)
         per_occurrence = clip_gradient(spec, grad_out[bag_of].to(torch.float64))
         grad.index_add_(0, inverse, per_occurrence)
+        apply_update(spec, [fused], [rows], [grad.to(torch.float32)], [dim], [step])
         new_w, new_s = reference_update(spec, ref_w[rows], ref_s[rows], grad, step)
         ref_w[rows] = new_w
         ref_s[rows] = new_s
     got = tbe.split_embedding_weights()[0].to(torch.float64)
     torch.testing.assert_close(got, ref_w, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fbgemm_state(spec, tbe), ref_s, rtol=1e-5, atol=1e-6)
+    # and the fused update agrees with FBGEMM directly (weights and state)
+    torch.testing.assert_close(fused[:, :dim].to(torch.float64), got, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        fused[:, dim:].to(torch.float64), fbgemm_state(spec, tbe), rtol=1e-5, atol=1e-6
+    )
