@@ -127,3 +127,46 @@ def test_bad_arguments_are_named(case, error, match):
         dims = [4, 4]
     with pytest.raises(error, match=match):
         apply_update(spec, [values], [slots], [grads], dims, steps)
+
+
+@pytest.mark.cuda
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=SPECS,
+    dims=st.lists(st.integers(1, 200), min_size=1, max_size=3),
+    dtype=st.sampled_from(list(TOLERANCE)),
+    seed=st.integers(0, 2**31),
+)
+def test_cuda_update_equals_cpu_update(spec, dims, dtype, seed):
+    """Same rows, slots and gradients: the CUDA kernel gives the CPU kernel's rows (row-wise
+    Adagrad sums mean(g^2) in another order and FTRL's general power uses powf, so the
+    comparison allows float32 rounding)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 64
+    cpu_tables, slot_lists, grad_lists = [], [], []
+    for dim in dims:
+        init = torch.cat(
+            [
+                torch.randn(rows, dim, generator=gen),
+                spec.initial_state(dim, dtype).float().repeat(rows, 1),
+            ],
+            dim=1,
+        )
+        cpu_tables.append(init.to(dtype))
+        count = int(torch.randint(1, rows, (1,), generator=gen))
+        slot_lists.append(torch.randperm(rows, generator=gen)[:count])
+        grad_lists.append(torch.randn(count, dim, generator=gen))
+    gpu_tables = [t.cuda() for t in cpu_tables]
+    for step in (1, 2, 3):
+        apply_update(spec, cpu_tables, slot_lists, grad_lists, dims, [step] * len(dims))
+        apply_update(
+            spec,
+            gpu_tables,
+            [s.cuda() for s in slot_lists],
+            [g.cuda() for g in grad_lists],
+            dims,
+            [step] * len(dims),
+        )
+    for a, b in zip(cpu_tables, gpu_tables, strict=True):
+        tol = 1e-5 if dtype == torch.float32 else TOLERANCE[dtype]
+        torch.testing.assert_close(b.cpu().float(), a.float(), rtol=tol, atol=tol)
