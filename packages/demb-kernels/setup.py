@@ -60,8 +60,7 @@ def _extension() -> CppExtension:
     cxx = ["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter"]
     include_dirs = [str(CSRC)]
     if _want_cuda():
-        # --fmad=false: no multiply-add contraction, so float updates round as on the CPU.
-        nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "--fmad=false"]
+        nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
         return CUDAExtension(
             "demb_kernels._C",
             sources=_sources("*.cpp") + _sources("cpu/*.cpp") + _sources("cuda/*.cu"),

@@ -18,8 +18,8 @@ namespace {
 template <OptimizerKind K, typename T>
 void update_rows(const OptimizerParams& o, T* values, int64_t width, int64_t rows,
                  const int64_t* slots, const float* grads, int64_t n, int64_t dim, int64_t step) {
-  const float bias1 = K == OptimizerKind::kAdam ? adam_bias(o.beta1, step) : 1.0f;
-  const float bias2 = K == OptimizerKind::kAdam ? adam_bias(o.beta2, step) : 1.0f;
+  const float bias1 = K == OptimizerKind::kAdam ? 1.0f - std::pow(o.beta1, step) : 1.0f;
+  const float bias2 = K == OptimizerKind::kAdam ? 1.0f - std::pow(o.beta2, step) : 1.0f;
   const int64_t state_width = width - dim;
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK_VALUE(slots[i] >= -1 && slots[i] < rows, "slots: ", slots[i],
@@ -42,11 +42,8 @@ void update_rows(const OptimizerParams& o, T* values, int64_t width, int64_t row
         s[0] += sum_sq / static_cast<float>(dim);
         rowwise_rate = o.learning_rate / (std::sqrt(s[0]) + o.eps);
       }
-      float unused = 0.0f;
       for (int64_t j = 0; j < dim; ++j) {
-        float& s0 = element_state(K) ? s[j] : unused;
-        float& s1 = two_state_words(K) ? s[dim + j] : unused;
-        update_element<K>(o, w[j], s0, s1, g[j], bias1, bias2, rowwise_rate);
+        update_element<K>(o, w[j], s.data(), dim, j, g[j], bias1, bias2, rowwise_rate);
       }
       for (int64_t j = 0; j < dim; ++j) row[j] = static_cast<T>(w[j]);
       for (int64_t k = 0; k < state_width; ++k) row[dim + k] = static_cast<T>(s[k]);

@@ -1,7 +1,7 @@
 """The fused optimizer update: rows ``[embedding | state]`` of several tables updated in place.
 
-``apply_update`` calls ``demb::optimizer_update`` (C++ on the CPU, a CUDA kernel on GPUs) with
-a spec's hyper-parameters. Arithmetic is float32 whatever the rows' dtype
+``apply_update`` calls ``demb::optimizer_update`` (C++ on the CPU; the CUDA kernel is not
+written yet) with a spec's hyper-parameters. Arithmetic is float32 whatever the rows' dtype
 (float32, float16 or bfloat16); the state is stored in the rows' dtype.
 """
 
