@@ -38,6 +38,7 @@ __all__ = [
     "InsertStatus",
     "ScorePolicy",
     "TableIndex",
+    "as_batch",
     "clear",
     "erase",
     "export",
@@ -49,9 +50,15 @@ __all__ = [
 ]
 
 
-def _batch(
+def as_batch(
     index: TableIndex, keys: torch.Tensor, table_ids: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``keys`` and ``table_ids`` of a batch for ``index``, as every op takes them.
+
+    Raises:
+        TypeError: a dtype other than int64 / int32 (the message names the tensor).
+        ValueError: a tensor on another device than the index.
+    """
     for name, t in (("keys", keys), ("table_ids", table_ids)):
         if t.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"{name} must be int64 or int32, got {t.dtype}")
@@ -107,7 +114,7 @@ def lookup(
     Returns:
         ``(N,)`` int64 table-local slots, -1 for keys not in the table.
     """
-    keys, table_ids = _batch(index, keys, table_ids)
+    keys, table_ids = as_batch(index, keys, table_ids)
     _check_data(index, keys, table_ids, counts, check)
     slots: torch.Tensor = torch.ops.demb.table_lookup(
         *index._tensors(), keys, table_ids, score_args, counts
@@ -142,7 +149,7 @@ def find_or_insert(
     Returns:
         :class:`InsertResult`.
     """
-    keys, table_ids = _batch(index, keys, table_ids)
+    keys, table_ids = as_batch(index, keys, table_ids)
     _check_data(index, keys, table_ids, counts, check)
     out = torch.ops.demb.table_find_or_insert(
         *index._tensors(), index.sizes, keys, table_ids, score_args, counts
@@ -170,7 +177,7 @@ def insert_or_assign(
     Returns:
         :class:`InsertResult`; present keys are HIT.
     """
-    keys, table_ids = _batch(index, keys, table_ids)
+    keys, table_ids = as_batch(index, keys, table_ids)
     _check_data(index, keys, table_ids, None, check)
     out = torch.ops.demb.table_insert_or_assign(
         *index._tensors(), index.sizes, keys, table_ids, scores
@@ -193,7 +200,7 @@ def erase(
         ``(N,)`` int64 the freed slot of each erased key, -1 for absent keys and later
         duplicates.
     """
-    keys, table_ids = _batch(index, keys, table_ids)
+    keys, table_ids = as_batch(index, keys, table_ids)
     _check_data(index, keys, table_ids, None, check)
     freed: torch.Tensor = torch.ops.demb.table_erase(
         *index._tensors(), index.sizes, keys, table_ids

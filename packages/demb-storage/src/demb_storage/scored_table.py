@@ -69,14 +69,6 @@ class TableExport(NamedTuple):
     """``(n, width)`` the rows."""
 
 
-def _as_batch(keys: torch.Tensor, table_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int64 views of a batch's keys and table ids; other dtypes than int64/int32 are errors."""
-    for name, t in (("keys", keys), ("table_ids", table_ids)):
-        if t.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"{name} must be int64 or int32, got {t.dtype}")
-    return keys.to(torch.int64), table_ids.to(torch.int64)
-
-
 def _env_flag(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None:
@@ -212,7 +204,7 @@ class ScoredHashTable:
         Raises:
             InsertFailedError: keys failed in a table whose safe-check mode is ERROR.
         """
-        keys, table_ids = _as_batch(keys, table_ids)
+        keys, table_ids = ops.as_batch(self.index, keys, table_ids)
         self._grow_for(keys, table_ids)
         args = self._score_args()
         result = ops.find_or_insert(self.index, keys, table_ids, args, counts)
@@ -239,7 +231,7 @@ class ScoredHashTable:
             values: per table, ``(N_t, width_t)`` rows of that table's keys in batch order, or
                 None.
         """
-        keys, table_ids = _as_batch(keys, table_ids)
+        keys, table_ids = ops.as_batch(self.index, keys, table_ids)
         self._grow_for(keys, table_ids)
         result = ops.insert_or_assign(self.index, keys, table_ids, scores)
         self._safe_check(table_ids, result.status)
