@@ -164,13 +164,9 @@ class Adam(OptimizerSpec):
 
 
 @dataclass(frozen=True)
-class Adagrad(OptimizerSpec):
-    """Exact Adagrad: per-element ``acc += g^2``, ``w -= lr * g / (sqrt(acc) + eps)``.
+class _AdagradBase(OptimizerSpec):
+    """The hyper-parameters both Adagrads have: ``eps`` and the accumulator's seed."""
 
-    State ``[acc (dim)]``, seeded with ``initial_accumulator_value``.
-    """
-
-    kind: ClassVar[OptimizerKind] = OptimizerKind.ADAGRAD
     eps: float = 1.0e-8
     initial_accumulator_value: float = 0.0
 
@@ -178,6 +174,16 @@ class Adagrad(OptimizerSpec):
         super().__post_init__()
         _positive("eps", self.eps)
         _non_negative("initial_accumulator_value", self.initial_accumulator_value)
+
+
+@dataclass(frozen=True)
+class Adagrad(_AdagradBase):
+    """Exact Adagrad: per-element ``acc += g^2``, ``w -= lr * g / (sqrt(acc) + eps)``.
+
+    State ``[acc (dim)]``, seeded with ``initial_accumulator_value``.
+    """
+
+    kind: ClassVar[OptimizerKind] = OptimizerKind.ADAGRAD
 
     def state_dim(self, dim: int, dtype: torch.dtype = torch.float32) -> int:
         return dim
@@ -187,7 +193,7 @@ class Adagrad(OptimizerSpec):
 
 
 @dataclass(frozen=True)
-class RowWiseAdagrad(OptimizerSpec):
+class RowWiseAdagrad(_AdagradBase):
     """Exact row-wise Adagrad: ``acc += mean(g^2)``, ``w -= lr * g / (sqrt(acc) + eps)``.
 
     One scalar accumulator per row, seeded with ``initial_accumulator_value``, in a reserved
@@ -195,16 +201,9 @@ class RowWiseAdagrad(OptimizerSpec):
     """
 
     kind: ClassVar[OptimizerKind] = OptimizerKind.ROWWISE_ADAGRAD
-    eps: float = 1.0e-8
-    initial_accumulator_value: float = 0.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _positive("eps", self.eps)
-        _non_negative("initial_accumulator_value", self.initial_accumulator_value)
 
     def state_dim(self, dim: int, dtype: torch.dtype = torch.float32) -> int:
-        return ROWWISE_ADAGRAD_STATE_BYTES // torch.empty(0, dtype=dtype).element_size()
+        return ROWWISE_ADAGRAD_STATE_BYTES // dtype.itemsize
 
     def initial_state(self, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         state = torch.zeros(self.state_dim(dim, dtype), dtype=dtype)
