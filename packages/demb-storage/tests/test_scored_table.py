@@ -365,3 +365,21 @@ def test_deterministic_flag_reads_the_environment_once(monkeypatch):
     assert table.deterministic is True
     monkeypatch.delenv("DEMB_DETERMINISM_MODE")
     assert table.deterministic is True
+
+
+@pytest.mark.parametrize("table_id", [1, -1, True, 0.0])
+def test_table_ids_out_of_range_are_named(table_id):
+    table = one_table()
+    calls = [
+        lambda: table.capacity(table_id),
+        lambda: table.size(table_id),
+        lambda: table.set_score(table_id, 1),
+        lambda: table.read(table_id, torch.tensor([0])),
+        lambda: table.write(table_id, torch.tensor([0]), torch.zeros(1, 4)),
+        lambda: table.export(table_id),
+        lambda: table.expand(table_id),
+    ]
+    for call in calls:
+        with pytest.raises(TableConfigError, match="table_id="):
+            call()
+    assert table.capacity(0) == 256

@@ -136,13 +136,23 @@ class ScoredHashTable:
         """``T``."""
         return len(self.configs)
 
+    def _table(self, table_id: int) -> int:
+        """``table_id`` itself, checked: an integer in ``[0, num_tables)``."""
+        if isinstance(table_id, bool) or not isinstance(table_id, int):
+            raise TableConfigError("table_id", table_id, "must be an integer")
+        if not 0 <= table_id < self.num_tables:
+            raise TableConfigError(
+                "table_id", table_id, f"out of range for {self.num_tables} tables"
+            )
+        return table_id
+
     def capacity(self, table_id: int) -> int:
         """Slots (= value rows) of table ``table_id`` now."""
-        return self.index.capacities[table_id]
+        return self.index.capacities[self._table(table_id)]
 
     def size(self, table_id: int) -> int:
         """Keys in table ``table_id`` (one sync)."""
-        return int(self.index.sizes[table_id])
+        return int(self.index.sizes[self._table(table_id)])
 
     def load_factor(self, table_id: int) -> float:
         """``size / capacity`` of table ``table_id``."""
@@ -153,7 +163,7 @@ class ScoredHashTable:
 
         Warns when it is lower than the previous one (unless score checks are off).
         """
-        if self.index.policy_list[table_id] is not ScorePolicy.CUSTOMIZED:
+        if self.index.policy_list[self._table(table_id)] is not ScorePolicy.CUSTOMIZED:
             raise TableConfigError(
                 "score_strategy",
                 self.configs[table_id].score_strategy,
@@ -248,13 +258,13 @@ class ScoredHashTable:
 
     def read(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
         """``(n, width)`` rows of table ``table_id`` at ``slots``; rows of slot -1 are zeros."""
-        buf = self.values[table_id]
+        buf = self.values[self._table(table_id)]
         return gather_rows(buf, slots.to(buf.device))
 
     def write(self, table_id: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write ``rows`` ``(n, width)`` at ``slots`` of table ``table_id``; slot -1 is skipped.
         Rows are converted to the table's dtype."""
-        buf = self.values[table_id]
+        buf = self.values[self._table(table_id)]
         if rows.shape != (slots.shape[0], buf.shape[1]):
             raise TableConfigError(
                 "rows", tuple(rows.shape), f"expected ({slots.shape[0]}, {buf.shape[1]})"
@@ -271,7 +281,7 @@ class ScoredHashTable:
         """Keys, scores (user column order), slots and rows of table ``table_id`` in the slot
         range ``[begin, end)``; ``min_score`` filters on the first score column (for a compound
         strategy, its timestamp: what was touched since)."""
-        layout = self.configs[table_id].score_layout
+        layout = self.configs[self._table(table_id)].score_layout
         filter_word = layout.index_words[0]
         if layout.policy is ScorePolicy.TIMESTAMP_LFU:
             filter_word = 1
@@ -292,7 +302,7 @@ class ScoredHashTable:
             False (with a warning) when the new rows cannot be allocated or the keys do not fit;
             the table is then unchanged.
         """
-        old_cap = self.capacity(table_id)
+        old_cap = self.capacity(table_id)  # checks table_id
         cap = 2 * old_cap if new_capacity is None else new_capacity
         config = self.configs[table_id]
         try:
