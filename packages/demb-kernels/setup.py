@@ -57,10 +57,13 @@ LINK_ARGS = ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
 
 
 def _extension() -> CppExtension:
-    cxx = ["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+    # -ffp-contract=off (and nvcc --fmad=false below): no multiply-add contraction, so float
+    # updates round the same on the CPU and the GPU.
+    cxx = ["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-ffp-contract=off"]
     include_dirs = [str(CSRC)]
     if _want_cuda():
-        nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+        # --fmad=false: no multiply-add contraction, so float updates round as on the CPU.
+        nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo", "--fmad=false"]
         return CUDAExtension(
             "demb_kernels._C",
             sources=_sources("*.cpp") + _sources("cpu/*.cpp") + _sources("cuda/*.cu"),

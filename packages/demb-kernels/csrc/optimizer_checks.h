@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include "optimizer_rule.h"
 
@@ -17,6 +19,48 @@ inline OptimizerKind parse_optimizer(std::string_view name) {
   if (name == "ftrl") return OptimizerKind::kFtrl;
   TORCH_CHECK_VALUE(false, "optimizer='", name,
                     "': expected sgd, adam, adagrad, rowwise_adagrad or ftrl");
+}
+
+// The hyper-parameters of an optimizer_update call, in float32 as the kernels use them.
+inline OptimizerParams make_params(c10::string_view optimizer, double learning_rate, double eps,
+                                   double beta1, double beta2, double weight_decay,
+                                   double learning_rate_power, double ftrl_beta, double l1_reg,
+                                   double l2_reg) {
+  return OptimizerParams{parse_optimizer(std::string_view(optimizer.data(), optimizer.size())),
+                         static_cast<float>(learning_rate),
+                         static_cast<float>(eps),
+                         static_cast<float>(beta1),
+                         static_cast<float>(beta2),
+                         static_cast<float>(weight_decay),
+                         static_cast<float>(learning_rate_power),
+                         static_cast<float>(ftrl_beta),
+                         static_cast<float>(l1_reg),
+                         static_cast<float>(l2_reg)};
+}
+
+template <OptimizerKind K>
+using Kind = std::integral_constant<OptimizerKind, K>;
+
+// Calls fn(Kind<K>{}) with the runtime `kind` as a compile-time constant.
+template <typename Fn>
+void with_optimizer(OptimizerKind kind, Fn fn) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      fn(Kind<OptimizerKind::kSgd>{});
+      break;
+    case OptimizerKind::kAdam:
+      fn(Kind<OptimizerKind::kAdam>{});
+      break;
+    case OptimizerKind::kAdagrad:
+      fn(Kind<OptimizerKind::kAdagrad>{});
+      break;
+    case OptimizerKind::kRowwiseAdagrad:
+      fn(Kind<OptimizerKind::kRowwiseAdagrad>{});
+      break;
+    case OptimizerKind::kFtrl:
+      fn(Kind<OptimizerKind::kFtrl>{});
+      break;
+  }
 }
 
 // Bytes row-wise Adagrad reserves per row (demb_optim.ROWWISE_ADAGRAD_STATE_BYTES).
@@ -51,11 +95,23 @@ inline int64_t check_update_table(OptimizerKind kind, const at::Tensor& values,
   return values.size(1);
 }
 
-inline void check_update_lists(size_t values, size_t slots, size_t grads, size_t dims,
-                               size_t steps) {
-  TORCH_CHECK_VALUE(values == slots && values == grads && values == dims && values == steps,
-                    "values, slots, grads, dims and steps need one entry per table, got ", values,
-                    ", ", slots, ", ", grads, ", ", dims, ", ", steps);
+// Checks every table of an update before any row changes (a bad table t > 0 must not leave
+// tables 0..t-1 updated). Returns each table's row width.
+inline std::vector<int64_t> check_update(OptimizerKind kind, at::TensorList values,
+                                         at::TensorList slots, at::TensorList grads,
+                                         at::IntArrayRef dims, at::IntArrayRef steps) {
+  TORCH_CHECK_VALUE(values.size() == slots.size() && values.size() == grads.size() &&
+                        values.size() == dims.size() && values.size() == steps.size(),
+                    "values, slots, grads, dims and steps need one entry per table, got ",
+                    values.size(), ", ", slots.size(), ", ", grads.size(), ", ", dims.size(),
+                    ", ", steps.size());
+  std::vector<int64_t> widths;
+  widths.reserve(values.size());
+  for (size_t t = 0; t < values.size(); ++t) {
+    widths.push_back(
+        check_update_table(kind, values[t], slots[t], grads[t], dims[t], steps[t], t));
+  }
+  return widths;
 }
 
 }  // namespace demb

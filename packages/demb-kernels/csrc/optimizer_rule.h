@@ -1,5 +1,5 @@
 // The per-row optimizer updates of demb-optim's specs (demb_optim/specs.py), in float32, shared
-// by the CPU kernels and (later) the CUDA kernels. Plain C++, no torch headers.
+// by the CPU and CUDA kernels. Plain C++, no torch headers.
 //
 // A row is [embedding (dim) | state]; `w` and `s` are float32 copies of them, `g` the row's
 // reduced gradient (already clipped per occurrence by the caller).
@@ -44,43 +44,63 @@ DEMB_HD int64_t optimizer_state_dim(OptimizerKind kind, int64_t dim, int64_t row
   }
 }
 
-// x^(-p) for the FTRL rate; p = -0.5 takes the square root.
-DEMB_HD float ftrl_rate(float n, float p) { return p == -0.5f ? sqrtf(n) : powf(n, -p); }
+// Adam's bias correction 1 - beta^step, computed on the host the same way for every device.
+inline float adam_bias(float beta, int64_t step) {
+  return static_cast<float>(1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step)));
+}
 
-// Updates element j of a row in place: `w` its weight, `s` the row's state, `g` its gradient.
+// x^(-p) for the FTRL rate; p = -0.5 takes the square root. The general power goes through
+// double so that the CPU's and CUDA's pow (each within an ulp or two of a double) round to the
+// same float.
+DEMB_HD float ftrl_rate(float n, float p) {
+  return p == -0.5f ? sqrtf(n)
+                    : static_cast<float>(pow(static_cast<double>(n), -static_cast<double>(p)));
+}
+
+// Lanes of the CUDA warp that sums a row-wise Adagrad gradient; the CPU sums in the same order
+// (kRowwiseLanes lane-strided partial sums, then a halving tree) so both give the same float.
+constexpr int kRowwiseLanes = 32;
+
+// Updates one element of a row in place: `w` its weight, `g` its gradient, `s0` / `s1` its
+// state words (Adam m / v, Adagrad acc / unused, FTRL z / n; SGD and row-wise Adagrad none).
 // Adam: `bias1` / `bias2` are 1 - beta^step for the table's step (this update included).
 // Row-wise Adagrad: `rowwise_rate` is lr / (sqrt(acc) + eps), from the row's accumulator the
 // caller already increased by mean(g^2). The optimizer is a template argument so that each
 // kernel's inner loop has no branch on it.
 template <OptimizerKind K>
-DEMB_HD void update_element(const OptimizerParams& o, float& w, float* s, int64_t dim, int64_t j,
-                            float g, float bias1, float bias2, float rowwise_rate) {
+DEMB_HD void update_element(const OptimizerParams& o, float& w, float& s0, float& s1, float g,
+                            float bias1, float bias2, float rowwise_rate) {
   const float lr = o.learning_rate;
   if constexpr (K == OptimizerKind::kSgd) {
     w -= lr * g;
   } else if constexpr (K == OptimizerKind::kAdam) {
-    float& m = s[j];
-    float& v = s[dim + j];
-    m = o.beta1 * m + (1 - o.beta1) * g;
-    v = o.beta2 * v + (1 - o.beta2) * g * g;
-    w -= lr * ((m / bias1) / (sqrtf(v / bias2) + o.eps) + o.weight_decay * w);
+    s0 = o.beta1 * s0 + (1 - o.beta1) * g;
+    s1 = o.beta2 * s1 + (1 - o.beta2) * g * g;
+    w -= lr * ((s0 / bias1) / (sqrtf(s1 / bias2) + o.eps) + o.weight_decay * w);
   } else if constexpr (K == OptimizerKind::kAdagrad) {
-    float& acc = s[j];
-    acc += g * g;
-    w -= lr * g / (sqrtf(acc) + o.eps);
+    s0 += g * g;
+    w -= lr * g / (sqrtf(s0) + o.eps);
   } else if constexpr (K == OptimizerKind::kRowwiseAdagrad) {
     w -= rowwise_rate * g;
   } else {
-    float& z = s[j];
-    float& n = s[dim + j];
-    const float n_new = n + g * g;
+    const float n_new = s1 + g * g;
     const float rate_new = ftrl_rate(n_new, o.learning_rate_power);
-    z += g - (rate_new - ftrl_rate(n, o.learning_rate_power)) / lr * w;
-    n = n_new;
-    const float sign = z > 0 ? 1.0f : -1.0f;
-    const float solved = (sign * o.l1_reg - z) / ((o.ftrl_beta + rate_new) / lr + o.l2_reg);
-    w = fabsf(z) <= o.l1_reg ? 0.0f : solved;
+    s0 += g - (rate_new - ftrl_rate(s1, o.learning_rate_power)) / lr * w;
+    s1 = n_new;
+    const float sign = s0 > 0 ? 1.0f : -1.0f;
+    const float solved = (sign * o.l1_reg - s0) / ((o.ftrl_beta + rate_new) / lr + o.l2_reg);
+    w = fabsf(s0) <= o.l1_reg ? 0.0f : solved;
   }
+}
+
+// Whether element j keeps a second state word at s[dim + j] (Adam, FTRL).
+DEMB_HD constexpr bool two_state_words(OptimizerKind k) {
+  return k == OptimizerKind::kAdam || k == OptimizerKind::kFtrl;
+}
+
+// Whether element j keeps a state word at s[j] (Adam, Adagrad, FTRL).
+DEMB_HD constexpr bool element_state(OptimizerKind k) {
+  return k == OptimizerKind::kAdam || k == OptimizerKind::kAdagrad || k == OptimizerKind::kFtrl;
 }
 
 }  // namespace demb

@@ -102,7 +102,8 @@ def test_fused_update_equals_the_float64_reference(spec, dims, dtype, seed):
         ("width", ValueError, r"values\[0\] rows have 6 columns; dims\[0\]=4 needs 12"),
         ("dtype", TypeError, r"values\[0\] must be float32, float16 or bfloat16"),
         ("grads", ValueError, r"grads\[0\] must be \(2, 4\)"),
-        ("slot", ValueError, "slots: 9 is out of range for 5 rows"),
+        ("slot", ValueError, r"slots\[0\]: 9 is out of range for 5 rows"),
+        ("nan", ValueError, r"grads\[0\]: contains NaN or infinite values; no row was updated"),
         ("step", ValueError, r"steps\[0\]=0: Adam's step count must be >= 1"),
         ("lists", ValueError, "one entry per table"),
     ],
@@ -121,9 +122,78 @@ def test_bad_arguments_are_named(case, error, match):
         grads = torch.zeros(2, 5)
     elif case == "slot":
         slots = torch.tensor([0, 9])
+    elif case == "nan":
+        grads = torch.tensor([[0.0, 1.0, 2.0, 3.0], [0.0, float("inf"), 0.0, 0.0]])
     elif case == "step":
         steps = [0]
     elif case == "lists":
         dims = [4, 4]
     with pytest.raises(error, match=match):
         apply_update(spec, [values], [slots], [grads], dims, steps)
+
+
+@pytest.mark.parametrize("bad", ["width", "slot", "nan"])
+def test_a_bad_later_table_leaves_every_table_unchanged(bad):
+    """Every table is checked before any row changes: table 0 is good, table 1 is not."""
+    spec = Adagrad()
+    good = torch.ones(4, 6)
+    other = torch.ones(4, 6 if bad != "width" else 5)
+    slots = [torch.tensor([0, 1]), torch.tensor([2, 7 if bad == "slot" else 3])]
+    grads = [torch.ones(2, 3), torch.full((2, 3), float("nan") if bad == "nan" else 1.0)]
+    with pytest.raises(ValueError, match=r"\[1\]"):
+        apply_update(spec, [good, other], slots, grads, [3, 3])
+    assert torch.equal(good, torch.ones(4, 6))
+    assert torch.equal(other, torch.ones_like(other))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("bad", ["slot", "nan"])
+def test_cuda_bad_data_is_caught_before_any_row_changes(bad):
+    values = torch.ones(4, 6, device="cuda")
+    slots = torch.tensor([0, 4 if bad == "slot" else 1], device="cuda")
+    grads = torch.full((2, 3), float("nan") if bad == "nan" else 1.0, device="cuda")
+    with pytest.raises(ValueError, match=r"slots\[0\]: a slot is out of range|grads\[0\]"):
+        apply_update(Adagrad(), [values], [slots], [grads], [3])
+    assert torch.equal(values.cpu(), torch.ones(4, 6))
+
+
+@pytest.mark.cuda
+@settings(max_examples=40, deadline=None)
+@given(
+    spec=SPECS,
+    dims=st.lists(st.integers(1, 200), min_size=1, max_size=3),
+    dtype=st.sampled_from(list(TOLERANCE)),
+    seed=st.integers(0, 2**31),
+)
+def test_cuda_update_equals_cpu_update(spec, dims, dtype, seed):
+    """Same rows, slots and gradients: the CUDA kernel gives the CPU kernel's rows bit for bit
+    (no contracted multiply-adds on either side, row-wise Adagrad's sum in the warp's order on
+    both, FTRL's general power through double)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 64
+    cpu_tables, slot_lists, grad_lists = [], [], []
+    for dim in dims:
+        init = torch.cat(
+            [
+                torch.randn(rows, dim, generator=gen),
+                spec.initial_state(dim, dtype).float().repeat(rows, 1),
+            ],
+            dim=1,
+        )
+        cpu_tables.append(init.to(dtype))
+        count = int(torch.randint(1, rows, (1,), generator=gen))
+        slot_lists.append(torch.randperm(rows, generator=gen)[:count])
+        grad_lists.append(torch.randn(count, dim, generator=gen))
+    gpu_tables = [t.cuda() for t in cpu_tables]
+    for step in (1, 2, 3):
+        apply_update(spec, cpu_tables, slot_lists, grad_lists, dims, [step] * len(dims))
+        apply_update(
+            spec,
+            gpu_tables,
+            [s.cuda() for s in slot_lists],
+            [g.cuda() for g in grad_lists],
+            dims,
+            [step] * len(dims),
+        )
+    for a, b in zip(cpu_tables, gpu_tables, strict=True):
+        torch.testing.assert_close(b.cpu(), a, rtol=0, atol=0)

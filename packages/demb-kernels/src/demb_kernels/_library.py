@@ -6,7 +6,7 @@ import torch
 
 import demb_kernels._C  # noqa: F401  (registers the `demb` ops and their CPU/CUDA kernels)
 
-__all__ = ["CPU_ONLY_OPS", "OPS", "cuda_kernels_built", "has_kernel"]
+__all__ = ["OPS", "cuda_kernels_built", "has_kernel"]
 
 OPS = (
     "hash64",
@@ -19,11 +19,9 @@ OPS = (
     "table_timestamp",
     "gather_rows",
     "scatter_rows",
+    "optimizer_update",
 )
-"""The ops of the ``demb`` torch library with CPU and CUDA kernels."""
-
-CPU_ONLY_OPS = ("optimizer_update",)
-"""Ops with a CPU kernel only so far (their CUDA kernels are still to be written)."""
+"""Every op of the ``demb`` torch library (each has CPU and CUDA kernels)."""
 
 
 def has_kernel(op: str, dispatch_key: str) -> bool:

@@ -1,7 +1,7 @@
 """The fused optimizer update: rows ``[embedding | state]`` of several tables updated in place.
 
-``apply_update`` calls ``demb::optimizer_update`` (C++ on the CPU; the CUDA kernel is not
-written yet) with a spec's hyper-parameters. Arithmetic is float32 whatever the rows' dtype
+``apply_update`` calls ``demb::optimizer_update`` (C++ on the CPU, a CUDA kernel on GPUs) with
+a spec's hyper-parameters. Arithmetic is float32 whatever the rows' dtype
 (float32, float16 or bfloat16); the state is stored in the rows' dtype.
 """
 
@@ -17,6 +17,29 @@ from demb_optim.specs import FTRL, Adagrad, Adam, OptimizerSpec, RowWiseAdagrad
 __all__ = ["apply_update"]
 
 
+def _check_data(
+    values: Sequence[torch.Tensor], slots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]
+) -> None:
+    """Non-finite gradients and (off the CPU) out-of-range slots, with one sync for all tables."""
+    flags: list[torch.Tensor] = []
+    for v, s, g in zip(values, slots, grads, strict=False):
+        bad_slot = torch.zeros((), dtype=torch.bool, device=g.device)
+        if s.device.type != "cpu" and s.numel() > 0 and v.dim() > 0:
+            bad_slot = ((s < -1) | (s >= v.shape[0])).any().to(g.device)
+        flags.append(torch.stack([~torch.isfinite(g).all(), bad_slot]))
+    if not flags:
+        return
+    found = torch.stack([f.to(flags[0].device) for f in flags]).tolist()
+    for t, (bad_grad, bad_slot) in enumerate(found):
+        if bad_grad:
+            raise ValueError(f"grads[{t}]: contains NaN or infinite values; no row was updated")
+        if bad_slot:
+            raise ValueError(
+                f"slots[{t}]: a slot is out of range for {values[t].shape[0]} rows "
+                "(-1 skips a row); no row was updated"
+            )
+
+
 def apply_update(
     spec: OptimizerSpec,
     values: Sequence[torch.Tensor],
@@ -24,6 +47,8 @@ def apply_update(
     grads: Sequence[torch.Tensor],
     dims: Sequence[int],
     steps: Sequence[int] | None = None,
+    *,
+    check: bool = True,
 ) -> None:
     """Update the rows ``slots[t]`` of every table ``t`` in place with ``spec``.
 
@@ -37,10 +62,16 @@ def apply_update(
         dims: per table, the embedding width.
         steps: per table, the number of updates including this one (Adam's bias correction);
             default 1 each.
+        check: before any row changes, check that every gradient is finite and (on a GPU,
+            where the kernel would skip them) every slot is in ``[-1, rows)``: one
+            synchronizing reduction on CUDA. The CPU kernel always checks slots.
 
     Raises:
-        ValueError / TypeError: a shape, dtype or slot is wrong (the message names it).
+        ValueError / TypeError: a shape, dtype, slot or non-finite gradient (the message names
+            the table); no row is changed then.
     """
+    if check:
+        _check_data(values, slots, grads)
     eps = spec.eps if isinstance(spec, Adam | Adagrad | RowWiseAdagrad) else 0.0
     adam = spec if isinstance(spec, Adam) else None
     ftrl = spec if isinstance(spec, FTRL) else None

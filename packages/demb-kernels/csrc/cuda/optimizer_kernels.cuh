@@ -1,0 +1,99 @@
+// CUDA kernel of optimizer_update; plain CUDA, no torch headers. One warp per updated row; each
+// lane loads kUpdateChunk of its elements (weights, state words, gradients) before updating and
+// storing any of them, so a row's loads are all in flight at once. The element rule is
+// optimizer_rule.h, as on the CPU.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "optimizer_rule.h"
+
+namespace demb {
+namespace cuda {
+
+constexpr int kUpdateWarp = kRowwiseLanes;
+constexpr int kUpdateThreads = 256;
+// Elements per lane loaded together: D=128 is one chunk.
+constexpr int kUpdateChunk = 4;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Row-wise Adagrad: adds mean(g^2) to the row's accumulator row[dim] and returns the row's
+// rate lr / (sqrt(acc) + eps). Every lane reads the accumulator before lane 0 writes it.
+template <typename T>
+__device__ float rowwise_rate(const OptimizerParams& o, T* row, const float* g, int64_t dim,
+                              int lane) {
+  float sum_sq = 0.0f;
+  for (int64_t j = lane; j < dim; j += kUpdateWarp) sum_sq += g[j] * g[j];
+  const float acc_old = to_float(row[dim]);
+  for (int offset = kUpdateWarp / 2; offset > 0; offset /= 2) {
+    sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
+  }
+  const float acc = acc_old + sum_sq / static_cast<float>(dim);
+  __syncwarp();
+  if (lane == 0) row[dim] = from_float<T>(acc);
+  return o.learning_rate / (sqrtf(acc) + o.eps);
+}
+
+// Rows `slots[i]` of `values` (rows x width, [embedding (dim) | state]) updated with grads[i];
+// slots out of [0, rows) are skipped (the Python caller checks them beforehand).
+template <OptimizerKind K, typename T>
+__global__ void __launch_bounds__(kUpdateThreads)
+    optimizer_update_kernel(OptimizerParams o, T* __restrict__ values, int64_t width,
+                            int64_t rows, const int64_t* __restrict__ slots,
+                            const float* __restrict__ grads, int64_t n, int64_t dim,
+                            float bias1, float bias2) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kUpdateWarp;
+  if (i >= n) return;  // whole warps leave together: i is the same for a warp's lanes
+  const int lane = static_cast<int>(threadIdx.x % kUpdateWarp);
+  const int64_t slot = slots[i];
+  if (slot < 0 || slot >= rows) return;
+  T* row = values + slot * width;
+  const float* g = grads + i * dim;
+  float rate = 0.0f;
+  if constexpr (K == OptimizerKind::kRowwiseAdagrad) rate = rowwise_rate(o, row, g, dim, lane);
+  for (int64_t base = lane; base < dim; base += kUpdateWarp * kUpdateChunk) {
+    float w[kUpdateChunk], s0[kUpdateChunk], s1[kUpdateChunk], gj[kUpdateChunk];
+#pragma unroll
+    for (int u = 0; u < kUpdateChunk; ++u) {
+      const int64_t j = base + u * kUpdateWarp;
+      if (j >= dim) break;
+      w[u] = to_float(row[j]);
+      gj[u] = g[j];
+      s0[u] = element_state(K) ? to_float(row[dim + j]) : 0.0f;
+      s1[u] = two_state_words(K) ? to_float(row[2 * dim + j]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUpdateChunk; ++u) {
+      const int64_t j = base + u * kUpdateWarp;
+      if (j >= dim) break;
+      update_element<K>(o, w[u], s0[u], s1[u], gj[u], bias1, bias2, rate);
+      row[j] = from_float<T>(w[u]);
+      if (element_state(K)) row[dim + j] = from_float<T>(s0[u]);
+      if (two_state_words(K)) row[2 * dim + j] = from_float<T>(s1[u]);
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace demb
