@@ -26,7 +26,9 @@ inline OptimizerParams make_params(c10::string_view optimizer, double learning_r
                                    double beta1, double beta2, double weight_decay,
                                    double learning_rate_power, double ftrl_beta, double l1_reg,
                                    double l2_reg) {
-  return OptimizerParams{parse_optimizer(std::string_view(optimizer.data(), optimizer.size())),
+  OptimizerKind kind = parse_optimizer(std::string_view(optimizer.data(), optimizer.size()));
+  if (kind == OptimizerKind::kFtrl && learning_rate_power == -0.5) kind = OptimizerKind::kFtrlSqrt;
+  return OptimizerParams{kind,
                          static_cast<float>(learning_rate),
                          static_cast<float>(eps),
                          static_cast<float>(beta1),
@@ -59,6 +61,9 @@ void with_optimizer(OptimizerKind kind, Fn fn) {
       break;
     case OptimizerKind::kFtrl:
       fn(Kind<OptimizerKind::kFtrl>{});
+      break;
+    case OptimizerKind::kFtrlSqrt:
+      fn(Kind<OptimizerKind::kFtrlSqrt>{});
       break;
   }
 }

@@ -18,7 +18,13 @@ enum class OptimizerKind : int32_t {
   kAdagrad = 2,
   kRowwiseAdagrad = 3,
   kFtrl = 4,
+  // FTRL with learning_rate_power = -0.5: the rate is a square root (make_params picks it).
+  kFtrlSqrt = 5,
 };
+
+DEMB_HD constexpr bool is_ftrl(OptimizerKind k) {
+  return k == OptimizerKind::kFtrl || k == OptimizerKind::kFtrlSqrt;
+}
 
 struct OptimizerParams {
   OptimizerKind kind;
@@ -49,12 +55,16 @@ inline float adam_bias(float beta, int64_t step) {
   return static_cast<float>(1.0 - std::pow(static_cast<double>(beta), static_cast<double>(step)));
 }
 
-// x^(-p) for the FTRL rate; p = -0.5 takes the square root. The general power goes through
-// double so that the CPU's and CUDA's pow (each within an ulp or two of a double) round to the
-// same float.
+// n^(-p), the FTRL rate; kFtrlSqrt (p = -0.5) takes the square root. The general power goes
+// through double so that the CPU's and CUDA's pow (each within an ulp or two of a double)
+// round to the same float.
+template <OptimizerKind K>
 DEMB_HD float ftrl_rate(float n, float p) {
-  return p == -0.5f ? sqrtf(n)
-                    : static_cast<float>(pow(static_cast<double>(n), -static_cast<double>(p)));
+  if constexpr (K == OptimizerKind::kFtrlSqrt) {
+    return sqrtf(n);
+  } else {
+    return static_cast<float>(pow(static_cast<double>(n), -static_cast<double>(p)));
+  }
 }
 
 // Lanes of the CUDA warp that sums a row-wise Adagrad gradient; the CPU sums in the same order
@@ -84,8 +94,8 @@ DEMB_HD void update_element(const OptimizerParams& o, float& w, float& s0, float
     w -= rowwise_rate * g;
   } else {
     const float n_new = s1 + g * g;
-    const float rate_new = ftrl_rate(n_new, o.learning_rate_power);
-    s0 += g - (rate_new - ftrl_rate(s1, o.learning_rate_power)) / lr * w;
+    const float rate_new = ftrl_rate<K>(n_new, o.learning_rate_power);
+    s0 += g - (rate_new - ftrl_rate<K>(s1, o.learning_rate_power)) / lr * w;
     s1 = n_new;
     const float sign = s0 > 0 ? 1.0f : -1.0f;
     const float solved = (sign * o.l1_reg - s0) / ((o.ftrl_beta + rate_new) / lr + o.l2_reg);
@@ -95,12 +105,12 @@ DEMB_HD void update_element(const OptimizerParams& o, float& w, float& s0, float
 
 // Whether element j keeps a second state word at s[dim + j] (Adam, FTRL).
 DEMB_HD constexpr bool two_state_words(OptimizerKind k) {
-  return k == OptimizerKind::kAdam || k == OptimizerKind::kFtrl;
+  return k == OptimizerKind::kAdam || is_ftrl(k);
 }
 
 // Whether element j keeps a state word at s[j] (Adam, Adagrad, FTRL).
 DEMB_HD constexpr bool element_state(OptimizerKind k) {
-  return k == OptimizerKind::kAdam || k == OptimizerKind::kAdagrad || k == OptimizerKind::kFtrl;
+  return k == OptimizerKind::kAdam || k == OptimizerKind::kAdagrad || is_ftrl(k);
 }
 
 }  // namespace demb

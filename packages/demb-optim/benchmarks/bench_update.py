@@ -4,10 +4,12 @@ copy bandwidth; prints a table and writes JSON.
 Shape from issue 4: Adam and FTRL at D=128 over 350,000 unique rows of a larger table, float32
 rows. Bytes counted per updated row: the row read and written (embedding + state), its
 gradient row read and its slot read. Median of ``--iters`` calls after a warm-up (CUDA events
-on a GPU, wall clock on the CPU).
+on a GPU, wall clock on the CPU). The headline figure is the update itself
+(``apply_update(check=False)``, what a trainer that produced the slots and gradients calls);
+the time with ``check=True`` (finite gradients, slots in range: one sync) is printed beside it.
 
 Usage: ``python bench_update.py [--device cuda|cpu] [--rows 350000] [--table-rows 2000000]
-[--dim 128] [--out results.json]``.
+[--dim 128] [--dtype float32|float16|bfloat16] [--out results.json]``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=350_000)
     parser.add_argument("--table-rows", type=int, default=2_000_000)
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--out", default="bench_update.json")
     args = parser.parse_args()
@@ -77,34 +80,43 @@ def main() -> None:
     slots = torch.randperm(args.table_rows, generator=gen)[: args.rows].to(device)
     grads = torch.randn(args.rows, args.dim, generator=gen).to(device)
     for spec in specs:
-        width = args.dim + spec.state_dim(args.dim)
-        values = torch.rand(args.table_rows, width, device=device)
+        dtype = getattr(torch, args.dtype)
+        width = args.dim + spec.state_dim(args.dim, dtype)
+        values = torch.rand(args.table_rows, width, device=device).to(dtype)
 
         count = [1]
 
         def step(
-            values: torch.Tensor = values, spec: OptimizerSpec = spec, count: list[int] = count
+            values: torch.Tensor = values,
+            spec: OptimizerSpec = spec,
+            count: list[int] = count,
+            check: bool = False,
         ) -> None:
             count[0] += 1
-            apply_update(spec, [values], [slots], [grads], [args.dim], count)
+            apply_update(spec, [values], [slots], [grads], [args.dim], count, check=check)
 
         step()
         seconds = timed(step, device, args.iters)
-        moved = args.rows * (2 * width * 4 + args.dim * 4 + 8)
+        checked_seconds = timed(lambda step=step: step(check=True), device, args.iters)
+        moved = args.rows * (2 * width * values.element_size() + args.dim * 4 + 8)
         row = {
             "optimizer": str(spec.kind),
             "dim": args.dim,
+            "dtype": args.dtype,
             "rows": args.rows,
             "row_width": width,
             "seconds": seconds,
+            "seconds_with_check": checked_seconds,
             "bytes": moved,
             "gb_per_s": moved / seconds / 1e9,
             "fraction_of_copy_bandwidth": moved / seconds / copy_bw,
         }
         results.append(row)
         print(
-            f"  {row['optimizer']:16s} D={args.dim} rows={args.rows}: {seconds * 1e3:8.2f} ms  "
-            f"{row['gb_per_s']:7.1f} GB/s = {row['fraction_of_copy_bandwidth']:.0%} of copy"
+            f"  {row['optimizer']:16s} {args.dtype} D={args.dim} rows={args.rows}: "
+            f"{seconds * 1e3:8.2f} ms  "
+            f"{row['gb_per_s']:7.1f} GB/s = {row['fraction_of_copy_bandwidth']:.0%} of copy  "
+            f"(with check=True: {checked_seconds * 1e3:.2f} ms)"
         )
         del values
     with open(args.out, "w") as f:

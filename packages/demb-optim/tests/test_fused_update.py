@@ -197,3 +197,42 @@ def test_cuda_update_equals_cpu_update(spec, dims, dtype, seed):
         )
     for a, b in zip(cpu_tables, gpu_tables, strict=True):
         torch.testing.assert_close(b.cpu(), a, rtol=0, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lr=st.floats(0.01, 0.5),
+    beta=st.sampled_from([0.0, 1.0]),
+    l1=st.sampled_from([0.0, 0.01]),
+    n0=st.sampled_from([0.1, 1.0]),
+    seed=st.integers(0, 2**31),
+)
+def test_fused_ftrl_sqrt_path_equals_its_general_path(lr, beta, l1, n0, seed):
+    """learning_rate_power = -0.5 runs the square-root kernel; a power that differs from -0.5
+    only in double (the kernel's float power is the same -0.5) runs the general pow path."""
+    gen = torch.Generator().manual_seed(seed)
+    dim = 16
+    tables = []
+    for power in (-0.5, -0.5 - 1e-12):
+        spec = FTRL(
+            learning_rate=lr,
+            learning_rate_power=power,
+            ftrl_beta=beta,
+            l1_reg=l1,
+            initial_accumulator_value=n0,
+        )
+        init = torch.cat([torch.ones(8, dim), spec.initial_state(dim).repeat(8, 1)], dim=1)
+        tables.append(init)
+    for step in range(1, 4):
+        slots = torch.arange(8)
+        grads = torch.randn(8, dim, generator=gen)
+        for table, power in zip(tables, (-0.5, -0.5 - 1e-12), strict=True):
+            spec = FTRL(
+                learning_rate=lr,
+                learning_rate_power=power,
+                ftrl_beta=beta,
+                l1_reg=l1,
+                initial_accumulator_value=n0,
+            )
+            apply_update(spec, [table], [slots], [grads], [dim], [step])
+    torch.testing.assert_close(tables[0], tables[1], rtol=1e-6, atol=1e-7)

@@ -26,6 +26,28 @@ float rowwise_sum_sq(const float* g, int64_t dim) {
   return lanes[0];
 }
 
+// update_element over a row's float32 copy: weights w[0, dim), state s (s[j], s[dim + j]).
+// Written as plain loops over arrays so that the compiler vectorizes them.
+template <OptimizerKind K>
+void update_elements(const OptimizerParams& o, float* w, float* s, const float* g, int64_t dim,
+                     float bias1, float bias2, float rowwise_rate) {
+  float unused0 = 0.0f;
+  float unused1 = 0.0f;
+  if constexpr (two_state_words(K)) {
+    for (int64_t j = 0; j < dim; ++j) {
+      update_element<K>(o, w[j], s[j], s[dim + j], g[j], bias1, bias2, rowwise_rate);
+    }
+  } else if constexpr (element_state(K)) {
+    for (int64_t j = 0; j < dim; ++j) {
+      update_element<K>(o, w[j], s[j], unused1, g[j], bias1, bias2, rowwise_rate);
+    }
+  } else {
+    for (int64_t j = 0; j < dim; ++j) {
+      update_element<K>(o, w[j], unused0, unused1, g[j], bias1, bias2, rowwise_rate);
+    }
+  }
+}
+
 template <OptimizerKind K, typename T>
 void update_rows(const OptimizerParams& o, T* values, int64_t width, int64_t rows,
                  const int64_t* slots, const float* grads, int64_t n, int64_t dim, int64_t step) {
@@ -47,12 +69,7 @@ void update_rows(const OptimizerParams& o, T* values, int64_t width, int64_t row
         s[0] += rowwise_sum_sq(g, dim) / static_cast<float>(dim);
         rowwise_rate = o.learning_rate / (std::sqrt(s[0]) + o.eps);
       }
-      float unused = 0.0f;
-      for (int64_t j = 0; j < dim; ++j) {
-        float& s0 = element_state(K) ? s[j] : unused;
-        float& s1 = two_state_words(K) ? s[dim + j] : unused;
-        update_element<K>(o, w[j], s0, s1, g[j], bias1, bias2, rowwise_rate);
-      }
+      update_elements<K>(o, w.data(), s.data(), g, dim, bias1, bias2, rowwise_rate);
       for (int64_t j = 0; j < dim; ++j) row[j] = static_cast<T>(w[j]);
       for (int64_t k = 0; k < state_width; ++k) row[dim + k] = static_cast<T>(s[k]);
     }

@@ -23,10 +23,13 @@ def _check_data(
     """Non-finite gradients and (off the CPU) out-of-range slots, with one sync for all tables."""
     flags: list[torch.Tensor] = []
     for v, s, g in zip(values, slots, grads, strict=False):
-        bad_slot = torch.zeros((), dtype=torch.bool, device=g.device)
+        bad_grad = bad_slot = torch.zeros((), dtype=torch.bool, device=g.device)
+        if g.numel() > 0 and g.is_floating_point():
+            # One read of the gradients: NaN propagates through min/max, and an infinity is one.
+            bad_grad = ~torch.isfinite(torch.stack(torch.aminmax(g))).all()
         if s.device.type != "cpu" and s.numel() > 0 and v.dim() > 0:
             bad_slot = ((s < -1) | (s >= v.shape[0])).any().to(g.device)
-        flags.append(torch.stack([~torch.isfinite(g).all(), bad_slot]))
+        flags.append(torch.stack([bad_grad, bad_slot]))
     if not flags:
         return
     found = torch.stack([f.to(flags[0].device) for f in flags]).tolist()
