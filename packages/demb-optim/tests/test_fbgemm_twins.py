@@ -17,6 +17,7 @@ from demb_optim import (
     RowWiseAdagrad,
     apply_update,
     clip_gradient,
+    reduce_gradients,
     reference_update,
 )
 from hypothesis import given, settings
@@ -98,7 +99,9 @@ def test_reference_equals_fbgemm_cpu_tbe(kind, dim, lr, clip, seed_acc, seed):
         grad = torch.zeros(rows.numel(), dim, dtype=torch.float64)
         per_occurrence = clip_gradient(spec, grad_out[bag_of].to(torch.float64))
         grad.index_add_(0, inverse, per_occurrence)
-        apply_update(spec, [fused], [rows], [grad.to(torch.float32)], [dim], [step])
+        # the fused path: float32 occurrences clipped and summed by reduce_gradients
+        reduced = reduce_gradients(spec, grad_out[bag_of], inverse, rows.numel())
+        apply_update(spec, [fused], [rows], [reduced], [dim], [step])
         new_w, new_s = reference_update(spec, ref_w[rows], ref_s[rows], grad, step)
         ref_w[rows] = new_w
         ref_s[rows] = new_s

@@ -2,11 +2,13 @@
 
 :mod:`demb_optim.specs` has the specs (SGD, Adam, Adagrad, row-wise Adagrad, FTRL);
 :mod:`demb_optim.reference` the float64 reference updates the fused kernels are tested against;
+:mod:`demb_optim.gradients` clips and sums per-occurrence gradients;
 :func:`demb_optim.apply_update` runs the fused update (``demb::optimizer_update``).
 """
 
 from demb_optim._errors import OptimizerConfigError
-from demb_optim.reference import clip_gradient, reference_update
+from demb_optim.gradients import clip_gradient, reduce_gradients
+from demb_optim.reference import reference_update
 from demb_optim.specs import (
     FTRL,
     ROWWISE_ADAGRAD_STATE_BYTES,
@@ -35,5 +37,6 @@ __all__ = [
     "apply_update",
     "clip_gradient",
     "optimizer_state_bytes",
+    "reduce_gradients",
     "reference_update",
 ]

@@ -4,7 +4,7 @@ The tests compare the fused updates and FBGEMM's CPU TBE against these. One call
 rows of one step: ``weight (n, dim)``, ``state (n, state_dim)``, ``grad (n, dim)`` (one reduced
 gradient row per unique key), ``step`` the table's update count including this one (Adam).
 Gradient clipping is not applied here: it applies to each occurrence's gradient before the
-occurrences of a key are summed (:func:`clip_gradient`), as FBGEMM does.
+occurrences of a key are summed (:mod:`demb_optim.gradients`), as FBGEMM does.
 """
 
 from __future__ import annotations
@@ -13,15 +13,7 @@ import torch
 
 from demb_optim.specs import FTRL, SGD, Adagrad, Adam, OptimizerSpec, RowWiseAdagrad
 
-__all__ = ["clip_gradient", "reference_update"]
-
-
-def clip_gradient(spec: OptimizerSpec, grad: torch.Tensor) -> torch.Tensor:
-    """``grad`` (per-occurrence gradient rows) clamped to ``[-max_gradient, max_gradient]``
-    elementwise when ``spec.gradient_clipping`` is on, else unchanged."""
-    if spec.gradient_clipping:
-        return grad.clamp(-spec.max_gradient, spec.max_gradient)
-    return grad
+__all__ = ["reference_update"]
 
 
 def _ftrl(
