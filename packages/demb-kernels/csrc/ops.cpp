@@ -32,6 +32,10 @@ TORCH_LIBRARY(demb, m) {
   // Value rows addressed by slot (-1: none).
   m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
   m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");
+  // Initial value rows from their keys: a counter-based generator (init_rule.h).
+  m.def(
+      "init_rows(Tensor(a!) values, Tensor slots, Tensor keys, int dim, int seed, str mode, "
+      "float mean, float std_dev, float lower, float upper, float value, Tensor? state) -> ()");
   // Optimizer updates of value rows [embedding | state] in place (demb_optim's specs).
   m.def(
       "optimizer_update(Tensor(a!)[] values, Tensor[] slots, Tensor[] grads, int[] dims, "

@@ -1,4 +1,5 @@
-"""Fake (meta) kernels of the table and optimizer ops, for tracing and torch.compile."""
+"""Fake (meta) kernels of the table, optimizer and row-initializer ops, for tracing and
+torch.compile."""
 
 from __future__ import annotations
 
@@ -57,4 +58,9 @@ def _timestamp_fake(like: torch.Tensor) -> torch.Tensor:
 
 @torch.library.register_fake("demb::optimizer_update")  # type: ignore[untyped-decorator]
 def _optimizer_update_fake(*args: object) -> None:
+    return None
+
+
+@torch.library.register_fake("demb::init_rows")  # type: ignore[untyped-decorator]
+def _init_rows_fake(*args: object) -> None:
     return None

@@ -19,6 +19,7 @@ OPS = (
     "table_timestamp",
     "gather_rows",
     "scatter_rows",
+    "init_rows",
     "optimizer_update",
 )
 """Every op of the ``demb`` torch library (each has CPU and CUDA kernels)."""

@@ -5,6 +5,12 @@
 """
 
 from demb_storage._errors import InsertFailedError, StorageError, TableConfigError
+from demb_storage.initializers import (
+    InitializerArgs,
+    InitializerMode,
+    initialize_rows,
+    table_seed,
+)
 from demb_storage.options import (
     VALUE_DTYPES,
     SafeCheckMode,
@@ -18,6 +24,8 @@ from demb_storage.scored_table import EvictedRows, InsertOutcome, ScoredHashTabl
 __all__ = [
     "VALUE_DTYPES",
     "EvictedRows",
+    "InitializerArgs",
+    "InitializerMode",
     "InsertFailedError",
     "InsertOutcome",
     "SafeCheckMode",
@@ -28,5 +36,7 @@ __all__ = [
     "TableConfig",
     "TableConfigError",
     "TableExport",
+    "initialize_rows",
     "resolve_score_strategy",
+    "table_seed",
 ]

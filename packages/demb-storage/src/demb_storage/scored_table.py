@@ -185,11 +185,14 @@ class ScoredHashTable:
         *,
         update_scores: bool = False,
         counts: torch.Tensor | None = None,
+        check: bool = True,
     ) -> torch.Tensor:
         """``(N,)`` int64 slot of each key or -1; with ``update_scores``, found keys are touched
-        (a forward: STEP tables advance one step)."""
+        (a forward: STEP tables advance one step). ``check=False`` skips the data checks of a
+        CUDA batch (:func:`demb_kernels.table.lookup`) for callers that made them."""
         args = self._score_args() if update_scores else None
-        return ops.lookup(self.index, keys, table_ids, args, counts if update_scores else None)
+        counts = counts if update_scores else None
+        return ops.lookup(self.index, keys, table_ids, args, counts, check=check)
 
     def find_or_insert(
         self,
@@ -198,18 +201,24 @@ class ScoredHashTable:
         *,
         counts: torch.Tensor | None = None,
         return_evicted: bool = False,
+        zero_new_rows: bool = True,
+        check: bool = True,
     ) -> InsertOutcome:
         """Find each key or insert it (a forward: STEP tables advance one step).
 
         Tables grow first if the batch could take them above their load factor. New rows
-        (INSERTED or EVICTED slots) are zeroed; the caller writes their initial values. Keys
-        that cannot be inserted get slot -1 and are handled per the table's safe-check mode.
+        (INSERTED or EVICTED slots) are zeroed unless ``zero_new_rows=False`` (a caller that
+        writes every column of them itself). Keys that cannot be inserted get slot -1 and are
+        handled per the table's safe-check mode.
 
         Args:
             keys: ``(N,)`` int64 keys.
             table_ids: ``(N,)`` int64 table of each key.
             counts: ``(N,)`` int64 per-key frequencies for LFU scores (default 1 each).
             return_evicted: also return the evicted keys, scores and rows.
+            zero_new_rows: zero the rows of new keys.
+            check: check a CUDA batch's data (table ids in range, no empty key, counts >= 0;
+                one sync); callers that checked it pass False.
 
         Raises:
             InsertFailedError: keys failed in a table whose safe-check mode is ERROR.
@@ -217,11 +226,12 @@ class ScoredHashTable:
         keys, table_ids = ops.as_batch(self.index, keys, table_ids)
         self._grow_for(keys, table_ids)
         args = self._score_args()
-        result = ops.find_or_insert(self.index, keys, table_ids, args, counts)
+        result = ops.find_or_insert(self.index, keys, table_ids, args, counts, check=check)
         slots, status = result.slots, result.status
         evicted = self._evicted(result, table_ids) if return_evicted else None
         slots, status = self._retry_no_eviction(keys, table_ids, counts, args, slots, status)
-        self._zero_new_rows(table_ids, slots, status)
+        if zero_new_rows:
+            self._zero_new_rows(table_ids, slots, status)
         self._safe_check(table_ids, status)
         return InsertOutcome(slots, status, evicted)
 
