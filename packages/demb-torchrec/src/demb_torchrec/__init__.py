@@ -1,3 +1,37 @@
-"""demb-torchrec: dynamic embedding tables in TorchRec (table module, sharding, model APIs)."""
+"""demb-torchrec: dynamic embedding tables in TorchRec (table module, sharding, model APIs).
 
-__all__: list[str] = []
+The spec's public names are exported here with the spec's signatures; demb's own names
+(``DynamicEmbeddingTables``, ...) are the same objects.
+"""
+
+from demb_torchrec.batched_tables import (
+    BatchedDynamicEmbeddingTablesV2,
+    DynamicEmbeddingTables,
+    optimizer_spec,
+)
+from demb_torchrec.options import (
+    DynamicEmbCheckMode,
+    DynamicEmbEvictStrategy,
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    DynamicEmbOptimType,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+    EvictedItemMode,
+)
+
+__all__ = [
+    "BatchedDynamicEmbeddingTablesV2",
+    "DynamicEmbCheckMode",
+    "DynamicEmbEvictStrategy",
+    "DynamicEmbInitializerArgs",
+    "DynamicEmbInitializerMode",
+    "DynamicEmbOptimType",
+    "DynamicEmbPoolingMode",
+    "DynamicEmbScoreStrategy",
+    "DynamicEmbTableOptions",
+    "DynamicEmbeddingTables",
+    "EvictedItemMode",
+    "optimizer_spec",
+]

@@ -1,4 +1,5 @@
-"""The ``demb`` command. Until the main job exists it reports the environment."""
+"""The ``demb`` command: ``demb`` (or ``demb env``) reports the environment; ``demb bench
+module`` runs the table module's reference workload."""
 
 from __future__ import annotations
 
@@ -59,12 +60,63 @@ def environment_report() -> list[tuple[str, str]]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``demb``: print the environment report."""
-    parser = argparse.ArgumentParser(
-        prog="demb", description="demb: dynamic embedding tables. Prints the environment."
+def _bench_module(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from demb_torchrec.bench.module_bench import run
+    from demb_torchrec.bench.workload import Workload
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.01)
+    w = Workload(pooling=args.pooling, optimizer=args.optimizer).scaled(scale)
+    overrides = {k: getattr(args, k) for k in ("tables", "dim", "rows", "samples")}
+    w = Workload(**{**w.as_dict(), **{k: v for k, v in overrides.items() if v is not None}})
+    report = run(w, device, args.steps, args.warmup, baseline=not args.no_baseline)
+    report["command"] = "demb " + " ".join(args.argv)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="demb", description="demb: dynamic embedding tables.")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("env", help="print the environment (also what a bare `demb` does)")
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    module = bench.add_parser(
+        "module",
+        help="the table module on the reference workload (10 tables, D=128, power-law ids)",
     )
-    parser.parse_args(argv)
+    module.add_argument("--device", help="cuda or cpu (default: cuda when visible)")
+    module.add_argument(
+        "--scale",
+        type=float,
+        help="rows and samples times this (default 1 on a GPU, 0.01 on the CPU)",
+    )
+    module.add_argument("--pooling", choices=["none", "sum"], default="none")
+    module.add_argument(
+        "--optimizer", choices=["adam", "sgd", "adagrad", "rowwise_adagrad"], default="adam"
+    )
+    for name in ("tables", "dim", "rows", "samples"):
+        module.add_argument(f"--{name}", type=int, help=f"override the workload's {name}")
+    module.add_argument("--steps", type=int, default=20, help="timed steps")
+    module.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    module.add_argument("--no-baseline", action="store_true", help="skip the TorchRec baseline")
+    module.add_argument("--out", help="write the report as JSON here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``demb``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    args.argv = argv
+    if args.command == "bench":
+        return _bench_module(args)
     for name, value in environment_report():
         print(f"{name:<20} {value}")
     return 0

@@ -1,0 +1,89 @@
+"""How a training forward hooks the fused optimizer update into ``loss.backward()``.
+
+The looked-up rows leave the forward through :class:`TrainedRows`, an identity whose backward
+receives their gradients, reduces them to one row per unique key and table, and updates the
+tables in place with demb-optim's fused update. The rows are plain tensors, not parameters: the
+only tensor that requires grad going in is a zero-size trigger, so no dense gradient of a table
+ever exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+from demb_optim import OptimizerSpec, apply_update
+from torch.autograd.function import FunctionCtx
+
+__all__ = ["TrainStep", "TrainedRows", "Updatable", "trained_rows"]
+
+
+class Updatable(Protocol):
+    """What the update needs of the module."""
+
+    optimizer: OptimizerSpec
+    dims: list[int]
+    steps: list[int]
+    check_gradients: bool
+
+    def value_buffers(self) -> list[torch.Tensor]: ...
+
+
+class TrainStep:
+    """One training forward's rows and what its backward does with their gradients.
+
+    Args:
+        module: the tables.
+        rows: the tensors the forward hands autograd.
+        slots: per table, ``(U_t,)`` int64 slot of each unique key (-1: not in the table).
+        reduce: from the gradients of ``rows`` to per table ``(U_t, D_t)`` summed gradients.
+    """
+
+    def __init__(
+        self,
+        module: Updatable,
+        rows: list[torch.Tensor],
+        slots: list[torch.Tensor],
+        reduce: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]],
+    ) -> None:
+        self.module = module
+        self.rows = rows
+        self.slots = slots
+        self.reduce = reduce
+
+    def update(self, grads: Sequence[torch.Tensor]) -> None:
+        m = self.module
+        reduced = [g.to(torch.float32).contiguous() for g in self.reduce(grads)]
+        m.steps = [s + 1 for s in m.steps]
+        apply_update(
+            m.optimizer,
+            m.value_buffers(),
+            self.slots,
+            reduced,
+            m.dims,
+            m.steps,
+            check=m.check_gradients,
+        )
+
+
+class TrainedRows(torch.autograd.Function):
+    """Identity on a step's rows; its backward runs the step's update."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, trigger: torch.Tensor, step: TrainStep
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.step = step  # type: ignore[attr-defined]
+        return tuple(step.rows)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, *grads: torch.Tensor) -> tuple[None, None]:
+        ctx.step.update(grads)  # type: ignore[attr-defined]
+        return None, None
+
+
+def trained_rows(trigger: torch.Tensor, step: TrainStep) -> tuple[torch.Tensor, ...]:
+    """``step.rows`` wired to the update (``TrainedRows.apply`` with types)."""
+    out: tuple[torch.Tensor, ...] = TrainedRows.apply(trigger, step)  # type: ignore[no-untyped-call]
+    return out

@@ -1,0 +1,91 @@
+"""A batch's keys deduplicated per table: what the table module looks up once per step."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["DedupedBatch", "dedup"]
+
+
+class DedupedBatch(NamedTuple):
+    """The unique (table, key) pairs of a batch, grouped by table."""
+
+    keys: torch.Tensor
+    """``(U,)`` int64 unique keys, sorted by table, then key."""
+    tables: torch.Tensor
+    """``(U,)`` int64 table of each unique key."""
+    inverse: torch.Tensor
+    """``(N,)`` int64 position in ``keys`` of each index."""
+    counts: torch.Tensor
+    """``(U,)`` int64 occurrences of each unique key (or its summed frequency counters)."""
+    table_bounds: list[int]
+    """``T + 1`` host offsets: table ``t``'s unique keys are ``keys[b[t]:b[t+1]]``."""
+    feature_bounds: list[int]
+    """``F + 1`` host offsets: feature ``f``'s indices are ``indices[b[f]:b[f+1]]``."""
+
+
+def dedup(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    feature_tables: torch.Tensor,
+    num_tables: int,
+    batch_size: int,
+    frequency_counters: torch.Tensor | None = None,
+) -> DedupedBatch:
+    """Deduplicate a TBE-layout batch per table, with one host sync.
+
+    Args:
+        indices: ``(N,)`` int64 keys, feature-major (feature ``f``'s bags come before
+            ``f + 1``'s).
+        offsets: ``(F * B + 1,)`` int64 bag offsets into ``indices``.
+        feature_tables: ``(F,)`` int64 table of each feature.
+        num_tables: ``T``.
+        batch_size: ``B`` (>= 1).
+        frequency_counters: ``(N,)`` int64 per-index counts summed into ``counts`` (default 1).
+    """
+    n = indices.numel()
+    device = indices.device
+    positions = torch.arange(n, device=device)
+    bags = offsets.numel() - 1
+    bag_of = (torch.searchsorted(offsets, positions, right=True) - 1).clamp(0, bags - 1)
+    tables = feature_tables[bag_of // batch_size]
+    order = torch.argsort(indices, stable=True)
+    order = order[torch.argsort(tables[order], stable=True)]
+    sorted_keys, sorted_tables = indices[order], tables[order]
+    first = torch.ones(n, dtype=torch.bool, device=device)
+    first[1:] = (sorted_keys[1:] != sorted_keys[:-1]) | (sorted_tables[1:] != sorted_tables[:-1])
+    rank = torch.cumsum(first, 0) - 1
+    inverse = torch.empty_like(rank)
+    inverse[order] = rank
+    per_table = torch.zeros(num_tables, dtype=torch.int64, device=device)
+    per_table.index_add_(0, sorted_tables, first.to(torch.int64))
+    weights = (
+        torch.ones(n, dtype=torch.int64, device=device)
+        if frequency_counters is None
+        else frequency_counters.to(torch.int64)
+    )
+    flags = torch.stack(
+        [(offsets[1:] < offsets[:-1]).sum(), (indices == -1).sum(), (weights < 0).sum()]
+    )
+    host = torch.cat([per_table, flags, offsets[::batch_size]]).tolist()  # the one sync
+    sizes, feature_bounds = host[:num_tables], host[num_tables + 3 :]
+    if host[num_tables + 1]:
+        raise ValueError("indices: contains -1, the empty-key sentinel, which is never a key")
+    if host[num_tables + 2]:
+        raise ValueError("frequency_counters: contains a negative count")
+    if host[num_tables] or feature_bounds[0] != 0 or feature_bounds[-1] != n:
+        raise ValueError(
+            f"offsets: must start at 0, never decrease and end at {n} (the number of indices); "
+            f"got {feature_bounds[0]} ... {feature_bounds[-1]} with {host[num_tables]} decreases"
+        )
+    unique = sum(sizes)
+    at = torch.nonzero_static(first, size=unique).squeeze(1)
+    counts = torch.zeros(unique, dtype=torch.int64, device=device).index_add_(0, inverse, weights)
+    table_bounds = [0]
+    for size in sizes:
+        table_bounds.append(table_bounds[-1] + size)
+    return DedupedBatch(
+        sorted_keys[at], sorted_tables[at], inverse, counts, table_bounds, feature_bounds
+    )

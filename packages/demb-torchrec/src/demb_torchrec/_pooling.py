@@ -1,0 +1,90 @@
+"""Pooling of looked-up rows into the table module's output (differentiable torch ops)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.nn import functional
+
+from demb_torchrec.options import DynamicEmbPoolingMode
+
+__all__ = ["pool", "pool_uniform"]
+
+_BAG_MODE = {DynamicEmbPoolingMode.SUM: "sum", DynamicEmbPoolingMode.MEAN: "mean"}
+
+
+def pool(
+    rows: Sequence[torch.Tensor],
+    feature_index: Sequence[torch.Tensor],
+    offsets: torch.Tensor,
+    batch_size: int,
+    feature_bounds: Sequence[int],
+    mode: DynamicEmbPoolingMode,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """The module output from each feature's rows.
+
+    Args:
+        rows: per feature ``f``, ``(R_f, D_f)`` float rows its indices point into.
+        feature_index: per feature, ``(n_f,)`` int64 row of each of its indices.
+        offsets: ``(F * B + 1,)`` int64 bag offsets into the batch's indices.
+        batch_size: ``B``.
+        feature_bounds: ``F + 1`` host offsets of each feature's indices.
+        mode: SUM / MEAN: ``(B, sum of D_f)``; NONE: ``(N, D)``, features stacked in order.
+        weights: ``(N,)`` float32 per-index weights (SUM only) or None.
+    """
+    outputs = []
+    for f, (source, index) in enumerate(zip(rows, feature_index, strict=True)):
+        if mode is DynamicEmbPoolingMode.NONE:
+            outputs.append(source.index_select(0, index))
+            continue
+        begin = feature_bounds[f]
+        bags = offsets[f * batch_size : (f + 1) * batch_size + 1] - begin
+        w = None if weights is None else weights[begin : feature_bounds[f + 1]]
+        outputs.append(
+            functional.embedding_bag(
+                index,
+                source,
+                bags,
+                mode=_BAG_MODE[mode],
+                per_sample_weights=w,
+                include_last_offset=True,
+            )
+        )
+    return torch.cat(outputs, dim=0 if mode is DynamicEmbPoolingMode.NONE else 1)
+
+
+def pool_uniform(
+    rows: torch.Tensor,
+    index: torch.Tensor | None,
+    offsets: torch.Tensor,
+    batch_size: int,
+    features: int,
+    mode: DynamicEmbPoolingMode,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """The module output when every feature has one dim: one gather or one bag op for all.
+
+    Args:
+        rows: ``(R, D)`` float rows.
+        index: ``(N,)`` int64 row of each index, or None when row ``i`` is index ``i``'s.
+        offsets: ``(F * B + 1,)`` int64 bag offsets.
+        batch_size: ``B``; features: ``F``.
+        mode: SUM / MEAN: ``(B, F * D)``; NONE: ``(N, D)``.
+        weights: ``(N,)`` float32 SUM weights or None.
+    """
+    if mode is DynamicEmbPoolingMode.NONE:
+        return rows if index is None else rows.index_select(0, index)
+    if index is None:
+        index = torch.arange(rows.shape[0], device=rows.device)
+    bags = functional.embedding_bag(
+        index,
+        rows,
+        offsets,
+        mode=_BAG_MODE[mode],
+        per_sample_weights=weights,
+        include_last_offset=True,
+    )
+    dim = rows.shape[1]
+    return bags.view(features, batch_size, dim).transpose(0, 1).reshape(batch_size, -1)

@@ -1,0 +1,446 @@
+"""The table module: several dynamic tables, fused, looked up and trained as one layer.
+
+:class:`DynamicEmbeddingTables` (exported under the spec's name
+``BatchedDynamicEmbeddingTablesV2``) takes a TBE-layout batch (``indices`` feature-major,
+``offsets`` of ``F * B`` bags) and returns pooled rows ``(B, sum of dims)`` or, without
+pooling, one row per index ``(N, D)``. A training forward deduplicates each table's keys, finds
+or inserts them (new rows initialized from ``initializer_args`` and the optimizer's initial
+state, scores per ``score_strategy``), then pools; ``loss.backward()`` sums each unique key's
+gradient (clipping each occurrence first when the optimizer clips) and runs demb-optim's fused
+update on the table rows in place. No dense gradient of a table exists at any point. An eval
+forward (``module.eval()``) inserts nothing: missing keys read ``eval_initializer_args``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+from demb_kernels.table import InsertStatus
+from demb_optim import SPEC_TYPES, OptimizerKind, OptimizerSpec, reduce_gradients
+from demb_storage import (
+    InitializerArgs,
+    InitializerMode,
+    ScoredHashTable,
+    TableConfigError,
+    initialize_rows,
+    table_seed,
+)
+
+from demb_torchrec._autograd import TrainStep, trained_rows
+from demb_torchrec._dedup import DedupedBatch, dedup
+from demb_torchrec._pooling import pool, pool_uniform
+from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
+
+__all__ = ["BatchedDynamicEmbeddingTablesV2", "DynamicEmbeddingTables", "optimizer_spec"]
+
+_OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def optimizer_spec(optimizer: object, hyper_parameters: dict[str, float | bool]) -> OptimizerSpec:
+    """The demb-optim spec of ``optimizer`` (an ``OptimizerSpec``, FBGEMM's ``EmbOptimType``,
+    ``DynamicEmbOptimType`` or a name) with FBGEMM-style keyword hyper-parameters.
+
+    Raises:
+        TypeError: a keyword that is not a hyper-parameter of this optimizer (never ignored).
+        ValueError: a bad value (:class:`demb_optim.OptimizerConfigError`).
+    """
+    if isinstance(optimizer, OptimizerSpec):
+        if hyper_parameters:
+            raise TypeError(
+                f"optimizer is an OptimizerSpec; pass no more hyper-parameters, got "
+                f"{sorted(hyper_parameters)}"
+            )
+        return optimizer
+    spec_type = SPEC_TYPES[OptimizerKind.parse(optimizer)]
+    known = [f.name for f in dataclasses.fields(spec_type)]
+    unknown = sorted(set(hyper_parameters) - set(known))
+    if unknown:
+        raise TypeError(
+            f"{', '.join(unknown)}: not hyper-parameters of {spec_type.kind} "
+            f"(it takes {', '.join(known)})"
+        )
+    return spec_type(**cast(dict[str, Any], hyper_parameters))
+
+
+class DynamicEmbeddingTables(torch.nn.Module):
+    """``T`` dynamic tables fused into one layer (the spec's ``BatchedDynamicEmbeddingTablesV2``).
+
+    Args:
+        table_options: one :class:`DynamicEmbTableOptions` per table (``dim`` and
+            ``max_capacity`` set). ``initializer_args`` bounds left None complete to
+            ``+-1/sqrt(max_capacity)`` (the planner completes them from ``num_embeddings``).
+        table_names: unique names (default ``table_0``, ...).
+        feature_table_map: the table of each feature (default one feature per table).
+        pooling_mode: SUM / MEAN (mixed dims allowed) or NONE (all features of one dim).
+        output_dtype: float32, float16 or bfloat16.
+        device: where tables and batches live (default: ``device_id`` of the options, else
+            the current CUDA device if any, else the CPU).
+        optimizer: FBGEMM ``EmbOptimType``, ``DynamicEmbOptimType``, a name, or a demb-optim
+            ``OptimizerSpec``.
+        seed: seeds every table's initializer (a key's initial row depends on the seed, its
+            table and the key only).
+        check_gradients: before each update, reject NaN/inf gradients (one sync).
+        **optimizer_kwargs: the optimizer's hyper-parameters (``learning_rate``, ``eps``,
+            ``beta1``, ``weight_decay``, ``initial_accumulator_value``, ``gradient_clipping``,
+            ``max_gradient``, FTRL's ...); an unknown one raises ``TypeError``.
+    """
+
+    def __init__(
+        self,
+        table_options: Sequence[DynamicEmbTableOptions],
+        table_names: Sequence[str] | None = None,
+        feature_table_map: Sequence[int] | None = None,
+        pooling_mode: DynamicEmbPoolingMode = DynamicEmbPoolingMode.SUM,
+        output_dtype: torch.dtype = torch.float32,
+        device: torch.device | str | int | None = None,
+        optimizer: object = "sgd",
+        *,
+        seed: int = 0,
+        check_gradients: bool = True,
+        **optimizer_kwargs: float | bool,
+    ) -> None:
+        super().__init__()
+        options = list(table_options)
+        if not options:
+            raise TableConfigError("table_options", options, "needs at least one table")
+        names = list(table_names or [f"table_{t}" for t in range(len(options))])
+        if len(names) != len(options) or len(set(names)) != len(names):
+            raise TableConfigError("table_names", names, "must be unique, one per table")
+        ftm = list(range(len(options)) if feature_table_map is None else feature_table_map)
+        if not ftm or any(not isinstance(t, int) or not 0 <= t < len(options) for t in ftm):
+            raise TableConfigError("feature_table_map", ftm, "must be table indices")
+        if output_dtype not in _OUTPUT_DTYPES:
+            raise TableConfigError("output_dtype", output_dtype, "float32, float16 or bfloat16")
+        self.pooling_mode = DynamicEmbPoolingMode(pooling_mode)
+        self.output_dtype = output_dtype
+        self.table_names = names
+        self.feature_table_map = ftm
+        self.device = _resolve_device(device, options)
+        self.optimizer = optimizer_spec(optimizer, optimizer_kwargs)
+        self.check_gradients = check_gradients
+        configs = []
+        for name, o in zip(names, options, strict=True):
+            dtype = o.embedding_dtype or torch.float32
+            state = self.optimizer.state_dim(o.dim, dtype) if o.dim else 0
+            configs.append(table_config(o, state, name))
+        self.options = options
+        self.dims = [c.dim for c in configs]
+        self.trainable = [o.training for o in options]
+        if self.pooling_mode is DynamicEmbPoolingMode.NONE and len({self.dims[t] for t in ftm}) > 1:
+            raise TableConfigError(
+                "pooling_mode", self.pooling_mode, "NONE needs every feature's table of one dim"
+            )
+        self.tables = ScoredHashTable(configs, self.device)
+        self.init_args = [
+            _complete(o.initializer_args, c.max_capacity)
+            for o, c in zip(options, configs, strict=True)
+        ]
+        self.eval_args = [
+            _complete(o.eval_initializer_args, c.max_capacity)
+            for o, c in zip(options, configs, strict=True)
+        ]
+        self.seeds = [table_seed(seed, t) for t in range(len(configs))]
+        self.initial_states = [
+            self.optimizer.initial_state(c.dim, c.dtype).float().to(self.device)
+            if c.state_dim
+            else None
+            for c in configs
+        ]
+        self.steps = [0] * len(configs)
+        self.features_of_table = [
+            [f for f, t in enumerate(ftm) if t == tt] for tt in range(len(configs))
+        ]
+        self._feature_tables = torch.tensor(ftm, dtype=torch.int64, device=self.device)
+        self._trigger = torch.zeros((), device=self.device, requires_grad=True)
+
+    @property
+    def num_tables(self) -> int:
+        """``T``."""
+        return len(self.dims)
+
+    def set_score(self, table_name: str, score: int) -> None:
+        """The score a CUSTOMIZED table gives the keys of the next forwards."""
+        self.tables.set_score(self.table_names.index(table_name), score)
+
+    # ------------------------------------------------------------------------------ forward
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        pooling_weights: torch.Tensor | None = None,
+        frequency_counters: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Look up a batch.
+
+        Args:
+            indices: ``(N,)`` int64/int32 keys, feature-major.
+            offsets: ``(F * B + 1,)`` int64/int32 bag offsets (``offsets[0] = 0``,
+                non-decreasing, ``offsets[-1] = N``).
+            pooling_weights: ``(N,)`` float32 weights of a weighted SUM (not differentiable).
+            frequency_counters: ``(N,)`` integer per-index counts for LFU scores (default:
+                each occurrence counts 1).
+
+        Returns:
+            SUM / MEAN: ``(B, sum of the features' dims)``; NONE: ``(N, D)``;
+            ``output_dtype``.
+        """
+        indices, offsets, batch_size = self._check_batch(indices, offsets)
+        self._check_weights(indices, pooling_weights, frequency_counters)
+        grad = self.training and torch.is_grad_enabled()
+        if grad and not all(self.trainable[t] for t in self.feature_table_map):
+            frozen = [n for n, ok in zip(self.table_names, self.trainable, strict=True) if not ok]
+            raise RuntimeError(
+                f"tables {frozen} were built with training=False (no optimizer state): use "
+                "module.eval() or torch.no_grad() to look them up"
+            )
+        if indices.numel() == 0 or batch_size == 0:
+            return self._empty(batch_size, grad)
+        batch = dedup(
+            indices, offsets, self._feature_tables, self.num_tables, batch_size, frequency_counters
+        )
+        slots = self._find_or_insert(batch) if self.training else self._find(batch)
+        rows, whole = self._rows(batch, slots, missing_from_eval=not self.training)
+        args = (offsets, batch_size)
+        if whole is not None:
+            out = self._forward_uniform(batch, slots, whole, grad, args, pooling_weights)
+        else:
+            out = self._forward_mixed(batch, slots, rows, grad, args, pooling_weights)
+        return out.to(self.output_dtype)
+
+    def value_buffers(self) -> list[torch.Tensor]:
+        """Per table, the ``(capacity, dim + state)`` value rows."""
+        return self.tables.values
+
+    # ------------------------------------------------------------------------------ internals
+    def _slots(self, batch: DedupedBatch, slots: torch.Tensor) -> list[torch.Tensor]:
+        b = batch.table_bounds
+        return [slots[b[t] : b[t + 1]] for t in range(self.num_tables)]
+
+    def _split(self, batch: DedupedBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        b = batch.table_bounds
+        return [rows[b[t] : b[t + 1]] for t in range(self.num_tables)]
+
+    def _forward_uniform(
+        self,
+        batch: DedupedBatch,
+        slots: torch.Tensor,
+        whole: torch.Tensor,
+        grad: bool,
+        args: tuple[torch.Tensor, int],
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Every feature of one dim: rows of all tables in one ``(U, D)`` tensor."""
+        offsets, batch_size = args
+        features = len(self.feature_table_map)
+        index: torch.Tensor | None = batch.inverse
+        if grad and self.optimizer.gradient_clipping:  # one row per occurrence: clipped first
+            occurrences = whole.index_select(0, batch.inverse)
+            unique = whole.shape[0]
+
+            def reduce_occurrences(g: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+                summed = reduce_gradients(self.optimizer, g[0], batch.inverse, unique)
+                return self._split(batch, summed)
+
+            step = TrainStep(self, [occurrences], self._slots(batch, slots), reduce_occurrences)
+            (whole,) = trained_rows(self._trigger, step)
+            index = None
+        elif grad:
+            step = TrainStep(
+                self, [whole], self._slots(batch, slots), lambda g: self._split(batch, g[0])
+            )
+            (whole,) = trained_rows(self._trigger, step)
+        return pool_uniform(whole, index, offsets, batch_size, features, self.pooling_mode, weights)
+
+    def _forward_mixed(
+        self,
+        batch: DedupedBatch,
+        slots: torch.Tensor,
+        rows: list[torch.Tensor],
+        grad: bool,
+        args: tuple[torch.Tensor, int],
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Tables of several dims: per-feature pooling over per-table rows."""
+        offsets, batch_size = args
+        ftm, bounds = self.feature_table_map, batch.feature_bounds
+        local = [
+            batch.inverse[bounds[f] : bounds[f + 1]] - batch.table_bounds[t]
+            for f, t in enumerate(ftm)
+        ]
+        sources = [rows[t] for t in ftm]
+        if grad and self.optimizer.gradient_clipping:
+            per_feature = [rows[t].index_select(0, i) for t, i in zip(ftm, local, strict=True)]
+            at_occurrence = list(local)
+
+            def reduce_occurrences(g: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+                summed = []
+                for t, feats in enumerate(self.features_of_table):
+                    count = batch.table_bounds[t + 1] - batch.table_bounds[t]
+                    if not feats:
+                        summed.append(torch.zeros(count, self.dims[t], device=self.device))
+                        continue
+                    occ = torch.cat([g[f] for f in feats])
+                    at = torch.cat([at_occurrence[f] for f in feats])
+                    summed.append(reduce_gradients(self.optimizer, occ, at, count))
+                return summed
+
+            step = TrainStep(self, per_feature, self._slots(batch, slots), reduce_occurrences)
+            sources = list(trained_rows(self._trigger, step))
+            local = [torch.arange(s.shape[0], device=self.device) for s in sources]
+        elif grad:
+            step = TrainStep(self, rows, self._slots(batch, slots), list)
+            outs = trained_rows(self._trigger, step)
+            sources = [outs[t] for t in ftm]
+        return pool(sources, local, offsets, batch_size, bounds, self.pooling_mode, weights)
+
+    def _check_batch(
+        self, indices: torch.Tensor, offsets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        for name, t in (("indices", indices), ("offsets", offsets)):
+            if t.dtype not in (torch.int64, torch.int32) or t.dim() != 1:
+                raise TypeError(
+                    f"{name} must be a 1-D int64 or int32 tensor, got {t.dtype} {tuple(t.shape)}"
+                )
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}, the module on {self.device}")
+        features = len(self.feature_table_map)
+        if offsets.numel() < 1 or (offsets.numel() - 1) % features:
+            raise ValueError(
+                f"offsets: {offsets.numel()} entries; expected F * B + 1 with F={features} features"
+            )
+        return indices.to(torch.int64), offsets.to(torch.int64), (offsets.numel() - 1) // features
+
+    def _check_weights(
+        self, indices: torch.Tensor, weights: torch.Tensor | None, counters: torch.Tensor | None
+    ) -> None:
+        if counters is not None and (
+            counters.shape != indices.shape or counters.is_floating_point()
+        ):
+            raise ValueError("frequency_counters: must be an integer tensor shaped like indices")
+        if weights is None:
+            return
+        if self.pooling_mode is not DynamicEmbPoolingMode.SUM:
+            raise ValueError(
+                f"pooling_weights: only SUM pooling takes weights, not {self.pooling_mode.name}"
+            )
+        if weights.dtype != torch.float32:
+            raise ValueError(f"pooling_weights: must be float32, got {weights.dtype}")
+        if weights.numel() != indices.numel():
+            raise ValueError(
+                f"pooling_weights: {weights.numel()} weights for {indices.numel()} indices"
+            )
+        if weights.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                "pooling_weights: requires grad, but weights are not differentiable (detach them, "
+                "or look up under torch.no_grad())"
+            )
+        if counters is not None:
+            raise ValueError(
+                "pooling_weights and frequency_counters: pass one of them (both ride the one "
+                "KJT weights channel)"
+            )
+
+    def _empty(self, batch_size: int, grad: bool) -> torch.Tensor:
+        """The output of a batch without indices; in training it still takes part in
+        backward (a step with no rows: Adam's step count advances, as in FBGEMM)."""
+        if self.pooling_mode is DynamicEmbPoolingMode.NONE:
+            shape = (0, self.dims[self.feature_table_map[0]])
+        else:
+            shape = (batch_size, sum(self.dims[t] for t in self.feature_table_map))
+        out = torch.zeros(shape, device=self.device)
+        if grad:
+            empty = [torch.zeros(0, d, device=self.device) for d in self.dims]
+            none = [torch.zeros(0, dtype=torch.int64, device=self.device) for _ in self.dims]
+            (out,) = trained_rows(self._trigger, TrainStep(self, [out], none, lambda g: empty))
+        return out.to(self.output_dtype)
+
+    def _find_or_insert(self, batch: DedupedBatch) -> torch.Tensor:
+        outcome = self.tables.find_or_insert(
+            batch.keys, batch.tables, counts=batch.counts, zero_new_rows=False, check=False
+        )
+        new = (outcome.status == InsertStatus.INSERTED) | (outcome.status == InsertStatus.EVICTED)
+        b = batch.table_bounds
+        for t in range(self.num_tables):
+            if b[t + 1] == b[t]:
+                continue
+            fresh = torch.where(new[b[t] : b[t + 1]], outcome.slots[b[t] : b[t + 1]], -1)
+            initialize_rows(
+                self.tables.values[t],
+                fresh,
+                batch.keys[b[t] : b[t + 1]],
+                self.dims[t],
+                self.init_args[t],
+                self.seeds[t],
+                self.initial_states[t],
+                check=False,
+            )
+        return outcome.slots
+
+    def _find(self, batch: DedupedBatch) -> torch.Tensor:
+        return self.tables.find(batch.keys, batch.tables, check=False)
+
+    def _rows(
+        self, batch: DedupedBatch, slots: torch.Tensor, *, missing_from_eval: bool
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Per table, ``(U_t, D_t)`` float32 rows of its unique keys (missing keys: zeros, or
+        ``eval_initializer_args`` in eval); when all tables have one dim they are views of one
+        ``(U, D)`` tensor, returned too."""
+        b = batch.table_bounds
+        uniform = len(set(self.dims)) == 1
+        whole = (
+            torch.empty(b[-1], self.dims[0], device=self.device, dtype=torch.float32)
+            if uniform
+            else None
+        )
+        rows = []
+        for t in range(self.num_tables):
+            s = slots[b[t] : b[t + 1]]
+            values = self.tables.values[t][:, : self.dims[t]]
+            missing = s < 0
+            if whole is not None and values.dtype == torch.float32:
+                r = torch.index_select(values, 0, s.clamp_min(0), out=whole[b[t] : b[t + 1]])
+            else:
+                r = values.index_select(0, s.clamp_min(0)).float()
+                if whole is not None:
+                    whole[b[t] : b[t + 1]] = r
+                    r = whole[b[t] : b[t + 1]]
+            r.masked_fill_(missing[:, None], 0.0)
+            args = self.eval_args[t]
+            if missing_from_eval and not _is_zero(args) and s.numel():
+                fill = torch.zeros(s.numel(), self.dims[t], device=self.device)
+                where = torch.where(missing, torch.arange(s.numel(), device=self.device), -1)
+                keys = batch.keys[b[t] : b[t + 1]]
+                initialize_rows(fill, where, keys, self.dims[t], args, self.seeds[t], check=False)
+                r.copy_(torch.where(missing[:, None], fill, r))
+            rows.append(r)
+        return rows, whole
+
+
+def _is_zero(args: InitializerArgs) -> bool:
+    return args.mode is InitializerMode.CONSTANT and args.value == 0.0
+
+
+def _complete(args: InitializerArgs, num_embeddings: int) -> InitializerArgs:
+    return args.complete(num_embeddings)
+
+
+def _resolve_device(
+    device: torch.device | str | int | None, options: Sequence[DynamicEmbTableOptions]
+) -> torch.device:
+    if device is not None:
+        return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    ids = {o.device_id for o in options if o.device_id is not None}
+    if len(ids) > 1:
+        raise TableConfigError("device_id", sorted(ids), "tables of one module share a device")
+    if ids:
+        return torch.device(f"cuda:{ids.pop()}")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+BatchedDynamicEmbeddingTablesV2 = DynamicEmbeddingTables
+"""The spec's name of :class:`DynamicEmbeddingTables`."""

@@ -1,0 +1,3 @@
+"""Benchmarks run by the ``demb bench`` command."""
+
+__all__: list[str] = []

@@ -1,0 +1,275 @@
+"""``demb bench module``: the table module on the reference workload, timed per phase.
+
+Prints forward / backward / train (forward + backward with the fused update) / eval ms, each
+the median of the timed steps after warm-up, beside the bytes a step must move and the same
+run's copy bandwidth; on the CPU also TorchRec's static ``EmbeddingCollection`` on FBGEMM's
+fused CPU TBE (DistributedModelParallel, one gloo rank) on the same batches. Writes JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import statistics
+from functools import partial
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from demb_torchrec.batched_tables import DynamicEmbeddingTables
+from demb_torchrec.bench.workload import (
+    Workload,
+    copy_bandwidth,
+    floor_bytes,
+    make_batches,
+    timed,
+)
+from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
+
+__all__ = ["REFERENCE_H200", "TARGETS_H200", "run"]
+
+REFERENCE_H200 = {"train_ms": 2.014, "forward_ms": 1.356, "backward_ms": 0.658, "eval_ms": 0.721}
+"""The reference system on the H200 (issue 5, measured 2026-11-29), Adam, NONE pooling."""
+TARGETS_H200 = {"train_ms": 1.0, "eval_ms": 0.35}
+
+_BASELINE_OPTIMIZERS = {"sgd", "adagrad", "rowwise_adagrad"}  # what FBGEMM's CPU TBE runs
+
+
+def _capacity(rows: int, bucket: int = 128) -> int:
+    """Slots for ``rows`` keys at load factor <= 0.5: a power of two, >= one bucket."""
+    cap = bucket
+    while cap < 2 * rows:
+        cap *= 2
+    return cap
+
+
+def build(w: Workload, device: torch.device) -> DynamicEmbeddingTables:
+    cap = _capacity(w.rows)
+    options = [
+        DynamicEmbTableOptions(dim=w.dim, max_capacity=cap, bucket_capacity=128)
+        for _ in range(w.tables)
+    ]
+    mode = DynamicEmbPoolingMode.NONE if w.pooling == "none" else DynamicEmbPoolingMode.SUM
+    return DynamicEmbeddingTables(
+        options, pooling_mode=mode, device=device, optimizer=w.optimizer, learning_rate=0.01
+    )
+
+
+def prefill(module: DynamicEmbeddingTables, w: Workload, chunk: int = 1 << 20) -> None:
+    """Insert every row key of every table (initialized rows), chunk by chunk."""
+    module.train()
+    with torch.no_grad():
+        for start in range(0, w.rows, chunk):
+            keys = torch.arange(start, min(start + chunk, w.rows), device=module.device)
+            indices = keys.repeat(w.tables)
+            offsets = torch.arange(indices.numel() + 1, device=module.device)
+            module(indices, offsets)
+
+
+def _unique(batch: tuple[torch.Tensor, torch.Tensor], w: Workload) -> int:
+    indices, offsets = batch
+    bounds = offsets[:: w.samples].tolist()
+    total = 0
+    for t in range(w.tables):
+        total += int(torch.unique(indices[bounds[t] : bounds[t + 1]]).numel())
+    return total
+
+
+def _median_ms(times: list[float]) -> float:
+    return statistics.median(times) * 1e3
+
+
+def _record(phases: dict[str, list[float]], times: tuple[float, float, float]) -> None:
+    fwd, bwd, ev = times
+    for name, t in (("forward", fwd), ("backward", bwd), ("train", fwd + bwd), ("eval", ev)):
+        phases[name].append(t)
+
+
+def _demb_step(
+    module: DynamicEmbeddingTables, batch: tuple[torch.Tensor, torch.Tensor], grad: torch.Tensor
+) -> tuple[float, float, float]:
+    """Seconds of a training forward, its backward, and an eval forward of ``batch``."""
+    device = module.device
+    module.train()
+    box: list[torch.Tensor] = []
+    fwd = timed(lambda: box.append(module(*batch)), device)
+    bwd = timed(lambda: torch.autograd.backward([box[0]], [grad]), device)
+    module.eval()
+    with torch.no_grad():
+        ev = timed(lambda: module(*batch), device)
+    return fwd, bwd, ev
+
+
+def time_demb(w: Workload, device: torch.device, steps: int, warmup: int) -> dict[str, Any]:
+    module = build(w, device)
+    prefill(module, w)
+    batches = make_batches(w, 4, device)
+    state_dim = module.tables.configs[0].state_dim
+    phases: dict[str, list[float]] = {"forward": [], "backward": [], "train": [], "eval": []}
+    with torch.no_grad():
+        grad = torch.randn_like(module(*batches[0])) * 1e-3
+    for i in tqdm(range(warmup + steps), desc=f"demb {w.optimizer}", leave=False):
+        times = _demb_step(module, batches[i % len(batches)], grad)
+        if i >= warmup:
+            _record(phases, times)
+    lookups = int(batches[0][0].numel())
+    unique = _unique(batches[0], w)
+    return {
+        **{f"{k}_ms": _median_ms(v) for k, v in phases.items()},
+        "lookups": lookups,
+        "unique": unique,
+        "bytes_train": floor_bytes(w, lookups, unique, state_dim, train=True),
+        "bytes_eval": floor_bytes(w, lookups, unique, state_dim, train=False),
+    }
+
+
+def time_torchrec(w: Workload, steps: int, warmup: int) -> dict[str, Any]:
+    """TorchRec's EmbeddingCollection (NONE pooling) or EmbeddingBagCollection (SUM) on FBGEMM's
+    fused CPU TBE, through DistributedModelParallel with one gloo rank."""
+    import torch.distributed as dist
+
+    logging.disable(logging.WARNING)
+    from torchrec import (
+        EmbeddingBagCollection,
+        EmbeddingBagConfig,
+        EmbeddingCollection,
+        EmbeddingConfig,
+        KeyedJaggedTensor,
+    )
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    logging.disable(logging.NOTSET)
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29541")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    names = [f"f{t}" for t in range(w.tables)]
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+    collection: torch.nn.Module
+    if w.pooling == "none":
+        configs = [
+            EmbeddingConfig(
+                name=f"t{t}", embedding_dim=w.dim, num_embeddings=w.rows, feature_names=[names[t]]
+            )
+            for t in range(w.tables)
+        ]
+        collection = EmbeddingCollection(tables=configs, device=meta)
+    else:
+        bag_configs = [
+            EmbeddingBagConfig(
+                name=f"t{t}", embedding_dim=w.dim, num_embeddings=w.rows, feature_names=[names[t]]
+            )
+            for t in range(w.tables)
+        ]
+        collection = EmbeddingBagCollection(tables=bag_configs, device=meta)
+    from torchrec.optim import RowWiseAdagrad
+
+    optims: dict[str, type[torch.optim.Optimizer]] = {
+        "sgd": torch.optim.SGD,
+        "adagrad": torch.optim.Adagrad,
+        "rowwise_adagrad": RowWiseAdagrad,
+    }
+    optim = optims[w.optimizer]
+    apply_optimizer_in_backward(optim, collection.parameters(), {"lr": 0.01})
+    model = DistributedModelParallel(collection, device=torch.device("cpu"))
+    batches = make_batches(w, 4, torch.device("cpu"))
+    kjts = [
+        KeyedJaggedTensor.from_offsets_sync(keys=names, values=i, offsets=o) for i, o in batches
+    ]
+
+    def forward(kjt: KeyedJaggedTensor) -> torch.Tensor:
+        out = model(kjt)
+        if w.pooling == "none":
+            return torch.cat([out[n].values() for n in names])
+        values: torch.Tensor = out.values()
+        return values
+
+    def train_step(kjt: KeyedJaggedTensor) -> tuple[float, float]:
+        model.train()
+        box: list[torch.Tensor] = []
+        fwd = timed(lambda: box.append(forward(kjt)), cpu)
+        bwd = timed(lambda: torch.autograd.backward([box[0].sum()]), cpu)
+        return fwd, bwd
+
+    phases: dict[str, list[float]] = {"forward": [], "backward": [], "train": [], "eval": []}
+    for i in tqdm(range(warmup + steps), desc="torchrec", leave=False):
+        kjt = kjts[i % len(kjts)]
+        fwd, bwd = train_step(kjt)
+        model.eval()
+        with torch.no_grad():
+            ev = timed(partial(forward, kjt), cpu)
+        if i >= warmup:
+            _record(phases, (fwd, bwd, ev))
+    return {f"{k}_ms": _median_ms(v) for k, v in phases.items()}
+
+
+def _phases(r: dict[str, Any]) -> str:
+    return "  ".join(f"{p} {r[p + '_ms']:.3f} ms" for p in ("forward", "backward", "train", "eval"))
+
+
+def _print_demb(
+    w: Workload, report: dict[str, Any], demb: dict[str, Any], device: torch.device
+) -> None:
+    copy = report["copy_bandwidth_bytes_per_s"]
+    print(f"workload: {w.as_dict()} on {report['gpu'] or device}")
+    print(
+        f"lookups/step {demb['lookups']:,}  unique {demb['unique']:,}  "
+        f"copy bandwidth {copy / 1e9:.0f} GB/s"
+    )
+    print(f"demb {w.optimizer}: {_phases(demb)}")
+    print(
+        f"  a train step must move {demb['bytes_train'] / 1e6:.0f} MB: floor "
+        f"{demb['floor_train_ms']:.3f} ms, train is "
+        f"{demb['train_ms'] / demb['floor_train_ms']:.1f}x "
+        f"it; eval {demb['bytes_eval'] / 1e6:.0f} MB: floor {demb['floor_eval_ms']:.3f} ms, "
+        f"{demb['eval_ms'] / demb['floor_eval_ms']:.1f}x"
+    )
+    if device.type == "cuda":
+        report["targets_h200"] = TARGETS_H200
+        report["reference_h200"] = REFERENCE_H200
+        print(
+            f"  targets (H200): train <= {TARGETS_H200['train_ms']} ms, eval <= "
+            f"{TARGETS_H200['eval_ms']} ms; reference system (H200): train "
+            f"{REFERENCE_H200['train_ms']} ms, eval {REFERENCE_H200['eval_ms']} ms"
+        )
+
+
+def run(
+    w: Workload, device: torch.device, steps: int, warmup: int, baseline: bool
+) -> dict[str, Any]:
+    """Time the workload (and, on the CPU, the TorchRec baseline); print and return a report."""
+    copy = copy_bandwidth(device)
+    report: dict[str, Any] = {
+        "workload": w.as_dict(),
+        "device": str(device),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "steps": steps,
+        "warmup": warmup,
+        "copy_bandwidth_bytes_per_s": copy,
+    }
+    demb = time_demb(w, device, steps, warmup)
+    demb["floor_train_ms"] = demb["bytes_train"] / copy * 1e3
+    demb["floor_eval_ms"] = demb["bytes_eval"] / copy * 1e3
+    report["demb"] = demb
+    _print_demb(w, report, demb, device)
+    if baseline and device.type == "cpu":
+        if w.optimizer in _BASELINE_OPTIMIZERS:
+            base = time_torchrec(w, steps, warmup)
+            report["torchrec"] = base
+            report["train_ratio_to_torchrec"] = demb["train_ms"] / base["train_ms"]
+            report["eval_ratio_to_torchrec"] = demb["eval_ms"] / base["eval_ms"]
+            print(
+                f"torchrec {w.optimizer} (FBGEMM CPU TBE): {_phases(base)}; demb / torchrec: "
+                f"train {report['train_ratio_to_torchrec']:.2f}x, "
+                f"eval {report['eval_ratio_to_torchrec']:.2f}x (target <= 1.5)"
+            )
+        else:
+            print(f"torchrec baseline: n/a ({w.optimizer} is not in FBGEMM's CPU TBE)")
+    return report

@@ -1,0 +1,108 @@
+"""The reference workload of ``demb bench module`` (issue 5): its shape, its batches, the
+bytes a step must move, and the device's copy bandwidth."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Workload", "copy_bandwidth", "floor_bytes", "make_batches", "power_law_ids", "timed"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """10 tables of 1,677,721 pre-filled fp32 rows of D=128; per table 104,857 samples of one
+    id each (NONE pooling: 1,048,570 lookups a step) or bags of 1-10 ids (SUM), ids drawn from
+    a power law with exponent ``alpha`` over each table's rows."""
+
+    tables: int = 10
+    dim: int = 128
+    rows: int = 1_677_721
+    samples: int = 104_857
+    alpha: float = 1.05
+    pooling: str = "none"
+    max_bag: int = 10
+    optimizer: str = "adam"
+
+    def scaled(self, scale: float) -> Workload:
+        """Rows and samples times ``scale`` (tables, dim and the rest unchanged)."""
+        return Workload(
+            self.tables,
+            self.dim,
+            max(1, round(self.rows * scale)),
+            max(1, round(self.samples * scale)),
+            self.alpha,
+            self.pooling,
+            self.max_bag,
+            self.optimizer,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def power_law_ids(gen: torch.Generator, n: int, rows: int, alpha: float) -> torch.Tensor:
+    """``(n,)`` int64 ids in ``[0, rows)``: rank ``r`` (1-based) drawn with probability
+    ``~ r^-alpha`` (inverse CDF of the continuous power law on ``[1, rows + 1)``), then
+    scattered over the rows by a fixed odd multiplier so hot ids are not adjacent."""
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    a = 1.0 - alpha
+    top = float(rows + 1) ** a
+    rank = ((top - 1.0) * u + 1.0) ** (1.0 / a)
+    rank = rank.floor().to(torch.int64).clamp(1, rows) - 1
+    ids: torch.Tensor = (rank * 2_654_435_761) % rows
+    return ids
+
+
+def make_batches(
+    w: Workload, count: int, device: torch.device, seed: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``count`` batches ``(indices, offsets)`` in the module's layout (feature-major)."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(count):
+        if w.pooling == "none":
+            lengths = torch.ones(w.tables * w.samples, dtype=torch.int64)
+        else:
+            lengths = torch.randint(1, w.max_bag + 1, (w.tables * w.samples,), generator=gen)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+        per_table = lengths.view(w.tables, w.samples).sum(1).tolist()
+        indices = torch.cat([power_law_ids(gen, n, w.rows, w.alpha) for n in per_table])
+        batches.append((indices.to(device), offsets.to(device)))
+    return batches
+
+
+def floor_bytes(w: Workload, lookups: int, unique: int, state_dim: int, train: bool) -> int:
+    """Bytes a step cannot avoid moving: the ids, each unique row read, the output written;
+    training also reads the output gradient and reads and writes each unique row with its
+    optimizer state."""
+    row = w.dim * 4
+    out_rows = lookups if w.pooling == "none" else w.samples * w.tables
+    moved = lookups * 8 + unique * row + out_rows * row
+    if train:
+        moved += out_rows * row + 2 * unique * (w.dim + state_dim) * 4
+    return moved
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds ``fn`` takes, synchronizing the device before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def copy_bandwidth(device: torch.device, mib: int = 512) -> float:
+    """Bytes/s of a device copy (read + write counted), median of 5."""
+    src = torch.empty(mib * 2**18, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = sorted(timed(lambda: dst.copy_(src), device) for _ in range(5))
+    return 2 * src.numel() * 4 / times[2]

@@ -1,0 +1,201 @@
+"""The table module's modes and edge cases: eval inserts nothing, empty batches, evicted keys,
+scores, frozen tables, the weighted-SUM error paths and bad configurations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from demb_optim import Adam
+from demb_torchrec import (
+    DynamicEmbeddingTables,
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+
+CONST = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=0.5)
+
+
+def tables(mode=DynamicEmbPoolingMode.SUM, optimizer="sgd", **options):
+    opts = {"dim": 4, "max_capacity": 256, "bucket_capacity": 128, "initializer_args": CONST}
+    opts.update(options)
+    extra = {"learning_rate": 0.1} if isinstance(optimizer, str) else {}
+    return DynamicEmbeddingTables(
+        [DynamicEmbTableOptions(**opts)],
+        pooling_mode=mode,
+        device="cpu",
+        optimizer=optimizer,
+        **extra,
+    )
+
+
+def keys_in(module):
+    return sorted(module.tables.export(0).keys.tolist())
+
+
+def test_eval_inserts_nothing_and_reads_eval_initializer_args():
+    module = tables(
+        eval_initializer_args=DynamicEmbInitializerArgs(
+            mode=DynamicEmbInitializerMode.CONSTANT, value=-2.0
+        )
+    )
+    module(torch.tensor([1, 2]), torch.tensor([0, 2]))  # training: inserts 1 and 2
+    module.eval()
+    out = module(torch.tensor([1, 3]), torch.tensor([0, 1, 2]))
+    assert keys_in(module) == [1, 2]
+    torch.testing.assert_close(out, torch.tensor([[0.5] * 4, [-2.0] * 4]))
+
+
+def test_eval_default_reads_zeros_for_missing_keys():
+    module = tables()
+    module.eval()
+    out = module(torch.tensor([3, 4]), torch.tensor([0, 2]))
+    assert keys_in(module) == []
+    torch.testing.assert_close(out, torch.zeros(1, 4))
+
+
+@pytest.mark.parametrize("mode", list(DynamicEmbPoolingMode))
+def test_empty_batches(mode):
+    module = tables(mode)
+    out = module(torch.zeros(0, dtype=torch.int64), torch.zeros(4, dtype=torch.int64))
+    expected = (0, 4) if mode is DynamicEmbPoolingMode.NONE else (3, 4)
+    assert out.shape == expected
+    assert not out.any()
+    out = module(torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    assert out.shape[0] == 0
+
+
+def test_evicted_keys_come_back_with_a_fresh_row_and_state():
+    module = tables(
+        optimizer="adagrad",
+        max_capacity=16,
+        bucket_capacity=16,
+        score_strategy=DynamicEmbScoreStrategy.STEP,
+    )
+    first = torch.arange(16)
+    out = module(first, torch.tensor([0, 16]))
+    out.backward(torch.ones_like(out))
+    trained = module.tables.read(0, module.tables.find(torch.tensor([0]), torch.tensor([0])))
+    assert not torch.equal(trained[0, :4], torch.full((4,), 0.5))
+    # one bucket of 16: 16 new keys evict all the old ones (lowest STEP score first)
+    module(torch.arange(100, 116), torch.tensor([0, 16]))
+    assert keys_in(module) == list(range(100, 116))
+    module(torch.tensor([0]), torch.tensor([0, 1]))
+    row = module.tables.read(0, module.tables.find(torch.tensor([0]), torch.tensor([0])))
+    torch.testing.assert_close(row[0], torch.tensor([0.5] * 4 + [0.0] * 4))
+
+
+def test_lfu_scores_count_occurrences_or_frequency_counters():
+    module = tables(score_strategy=DynamicEmbScoreStrategy.LFU)
+    module(torch.tensor([1, 1, 2]), torch.tensor([0, 3]))
+    module(torch.tensor([1, 2]), torch.tensor([0, 2]), frequency_counters=torch.tensor([5, 1]))
+    ex = module.tables.export(0)
+    scores = dict(zip(ex.keys.tolist(), ex.scores[:, 0].tolist(), strict=True))
+    assert scores == {1: 7, 2: 2}
+
+
+def test_step_scores_advance_per_forward():
+    module = tables(score_strategy=DynamicEmbScoreStrategy.STEP)
+    module(torch.tensor([1]), torch.tensor([0, 1]))
+    module(torch.tensor([2]), torch.tensor([0, 1]))
+    module(torch.tensor([1]), torch.tensor([0, 1]))
+    ex = module.tables.export(0)
+    assert dict(zip(ex.keys.tolist(), ex.scores[:, 0].tolist(), strict=True)) == {1: 3, 2: 2}
+
+
+def test_customized_scores_come_from_set_score():
+    module = tables(score_strategy=DynamicEmbScoreStrategy.CUSTOMIZED)
+    module.set_score("table_0", 42)
+    module(torch.tensor([1]), torch.tensor([0, 1]))
+    assert module.tables.export(0).scores[:, 0].tolist() == [42]
+
+
+def test_a_table_built_with_training_false_has_no_state_and_cannot_train():
+    module = tables(optimizer=Adam(), training=False)
+    assert module.tables.values[0].shape[1] == 4
+    with pytest.raises(RuntimeError, match="training=False"):
+        module(torch.tensor([1]), torch.tensor([0, 1]))
+    with torch.no_grad():
+        module(torch.tensor([1]), torch.tensor([0, 1]))
+    module.eval()
+    module(torch.tensor([1]), torch.tensor([0, 1]))
+
+
+def test_a_nan_gradient_is_rejected_and_no_row_changes():
+    module = tables()
+    out = module(torch.tensor([1, 2]), torch.tensor([0, 2]))
+    before = module.tables.values[0].clone()
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        out.backward(torch.full_like(out, float("nan")))
+    assert torch.equal(module.tables.values[0], before)
+
+
+@pytest.mark.parametrize(
+    ("case", "match"),
+    [
+        ("mean", "only SUM pooling takes weights"),
+        ("dtype", "must be float32"),
+        ("numel", "3 weights for 2 indices"),
+        ("grad", "not differentiable"),
+        ("counters", "pass one of them"),
+    ],
+)
+def test_weighted_sum_errors(case, match):
+    mode = DynamicEmbPoolingMode.MEAN if case == "mean" else DynamicEmbPoolingMode.SUM
+    module = tables(mode)
+    weights = torch.ones(
+        3 if case == "numel" else 2, dtype=torch.float64 if case == "dtype" else torch.float32
+    )
+    weights.requires_grad_(case == "grad")
+    counters = torch.ones(2, dtype=torch.int64) if case == "counters" else None
+    with pytest.raises(ValueError, match=match):
+        module(
+            torch.tensor([1, 2]),
+            torch.tensor([0, 2]),
+            pooling_weights=weights,
+            frequency_counters=counters,
+        )
+
+
+def test_weights_that_require_grad_are_fine_under_no_grad():
+    module = tables()
+    weights = torch.tensor([1.0, 2.0], requires_grad=True)
+    with torch.no_grad():
+        out = module(torch.tensor([1, 2]), torch.tensor([0, 2]), pooling_weights=weights)
+    torch.testing.assert_close(out, torch.full((1, 4), 1.5))
+
+
+def test_bad_configurations_are_named():
+    one = [DynamicEmbTableOptions(dim=4, max_capacity=128)]
+    with pytest.raises(TypeError, match="beta1: not hyper-parameters of sgd"):
+        DynamicEmbeddingTables(one, device="cpu", beta1=0.9)
+    with pytest.raises(ValueError, match="learning_rate"):
+        DynamicEmbeddingTables(one, device="cpu", learning_rate=-1.0)
+    with pytest.raises(NotImplementedError, match="caching"):
+        tables(caching=True)
+    with pytest.raises(NotImplementedError, match="score_function"):
+        tables(score_function=lambda s, now: 0.0)
+    with pytest.raises(ValueError, match="max_capacity"):
+        DynamicEmbeddingTables([DynamicEmbTableOptions(dim=4)], device="cpu")
+    with pytest.raises(ValueError, match="NONE needs"):
+        DynamicEmbeddingTables(
+            [*one, DynamicEmbTableOptions(dim=8, max_capacity=128)],
+            pooling_mode=DynamicEmbPoolingMode.NONE,
+            device="cpu",
+        )
+
+
+def test_bad_batches_are_named():
+    module = tables()
+    with pytest.raises(TypeError, match="indices must be a 1-D int64 or int32"):
+        module(torch.tensor([1.0]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="offsets: must start at 0, never decrease and end at 2"):
+        module(torch.tensor([1, 2]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="indices: contains -1"):
+        module(torch.tensor([1, -1]), torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="frequency_counters: contains a negative count"):
+        module(torch.tensor([1, 2]), torch.tensor([0, 2]), frequency_counters=torch.tensor([1, -2]))
+    with pytest.raises(ValueError, match="with 1 decreases"):
+        module(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 1, 3]))
