@@ -430,16 +430,21 @@ def _complete(args: InitializerArgs, num_embeddings: int) -> InitializerArgs:
 def _resolve_device(
     device: torch.device | str | int | None, options: Sequence[DynamicEmbTableOptions]
 ) -> torch.device:
-    if device is not None:
-        return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
-    ids = {o.device_id for o in options if o.device_id is not None}
-    if len(ids) > 1:
-        raise TableConfigError("device_id", sorted(ids), "tables of one module share a device")
-    if ids:
-        return torch.device(f"cuda:{ids.pop()}")
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    """The module's device, with its index (``cuda`` means the current CUDA device)."""
+    if device is None:
+        ids = {o.device_id for o in options if o.device_id is not None}
+        if len(ids) > 1:
+            raise TableConfigError("device_id", sorted(ids), "tables of one module share a device")
+        if ids:
+            device = ids.pop()
+        elif torch.cuda.is_available():
+            device = "cuda"
+        else:
+            device = "cpu"
+    resolved = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+    if str(resolved) == "cuda":  # no index: the current device
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
 
 
 BatchedDynamicEmbeddingTablesV2 = DynamicEmbeddingTables
