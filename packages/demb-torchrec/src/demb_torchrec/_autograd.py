@@ -16,7 +16,11 @@ import torch
 from demb_optim import OptimizerSpec, apply_update
 from torch.autograd.function import FunctionCtx
 
-__all__ = ["TrainStep", "TrainedRows", "Updatable", "trained_rows"]
+__all__ = ["Reduced", "TrainStep", "TrainedRows", "Updatable", "trained_rows"]
+
+Reduced = tuple[list[torch.Tensor], list[torch.Tensor]]
+"""Per table ``(U_t, D_t)`` summed gradients, and tensors that hold all of them (checked for
+NaN/inf in one pass each)."""
 
 
 class Updatable(Protocol):
@@ -37,7 +41,8 @@ class TrainStep:
         module: the tables.
         rows: the tensors the forward hands autograd.
         slots: per table, ``(U_t,)`` int64 slot of each unique key (-1: not in the table).
-        reduce: from the gradients of ``rows`` to per table ``(U_t, D_t)`` summed gradients.
+        reduce: from the gradients of ``rows`` to per table ``(U_t, D_t)`` summed gradients
+            (and the tensors to check, see :data:`Reduced`).
     """
 
     def __init__(
@@ -45,7 +50,7 @@ class TrainStep:
         module: Updatable,
         rows: list[torch.Tensor],
         slots: list[torch.Tensor],
-        reduce: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]],
+        reduce: Callable[[Sequence[torch.Tensor]], Reduced],
     ) -> None:
         self.module = module
         self.rows = rows
@@ -54,7 +59,15 @@ class TrainStep:
 
     def update(self, grads: Sequence[torch.Tensor]) -> None:
         m = self.module
-        reduced = [g.to(torch.float32).contiguous() for g in self.reduce(grads)]
+        per_table, holders = self.reduce(grads)
+        if m.check_gradients and holders:
+            found = [torch.stack(torch.aminmax(h)) for h in holders if h.numel()]
+            if found and not bool(torch.isfinite(torch.cat(found)).all()):  # the one sync
+                raise ValueError(
+                    "grads: the embedding gradients contain NaN or infinite values; no row "
+                    "was updated"
+                )
+        reduced = [g.to(torch.float32).contiguous() for g in per_table]
         m.steps = [s + 1 for s in m.steps]
         apply_update(
             m.optimizer,
@@ -63,7 +76,7 @@ class TrainStep:
             reduced,
             m.dims,
             m.steps,
-            check=m.check_gradients,
+            check=False,  # slots come from the table; gradients were checked above
         )
 
 

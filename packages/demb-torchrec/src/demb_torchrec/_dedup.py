@@ -52,25 +52,27 @@ def dedup(
     bag_of = (torch.searchsorted(offsets, positions, right=True) - 1).clamp(0, bags - 1)
     tables = feature_tables[bag_of // batch_size]
     order = torch.argsort(indices, stable=True)
-    order = order[torch.argsort(tables[order], stable=True)]
+    order = order[torch.argsort(tables[order].to(torch.int32), stable=True)]
     sorted_keys, sorted_tables = indices[order], tables[order]
     first = torch.ones(n, dtype=torch.bool, device=device)
     first[1:] = (sorted_keys[1:] != sorted_keys[:-1]) | (sorted_tables[1:] != sorted_tables[:-1])
     rank = torch.cumsum(first, 0) - 1
     inverse = torch.empty_like(rank)
     inverse[order] = rank
-    per_table = torch.zeros(num_tables, dtype=torch.int64, device=device)
-    per_table.index_add_(0, sorted_tables, first.to(torch.int64))
-    weights = (
-        torch.ones(n, dtype=torch.int64, device=device)
-        if frequency_counters is None
-        else frequency_counters.to(torch.int64)
+    # Unique keys up to the end of each table (no atomics: the pairs are sorted by table).
+    ends = torch.searchsorted(
+        sorted_tables,
+        torch.arange(num_tables, device=device, dtype=sorted_tables.dtype),
+        right=True,
     )
+    through = torch.where(ends > 0, rank[(ends - 1).clamp_min(0)] + 1, 0)
+    weights = None if frequency_counters is None else frequency_counters.to(torch.int64)
+    negative = (weights < 0).sum() if weights is not None else torch.zeros((), device=device)
     flags = torch.stack(
-        [(offsets[1:] < offsets[:-1]).sum(), (indices == -1).sum(), (weights < 0).sum()]
+        [(offsets[1:] < offsets[:-1]).sum(), (indices == -1).sum(), negative.to(torch.int64)]
     )
-    host = torch.cat([per_table, flags, offsets[::batch_size]]).tolist()  # the one sync
-    sizes, feature_bounds = host[:num_tables], host[num_tables + 3 :]
+    host = torch.cat([through, flags, offsets[::batch_size]]).tolist()  # the one sync
+    bounds, feature_bounds = host[:num_tables], host[num_tables + 3 :]
     if host[num_tables + 1]:
         raise ValueError("indices: contains -1, the empty-key sentinel, which is never a key")
     if host[num_tables + 2]:
@@ -80,12 +82,18 @@ def dedup(
             f"offsets: must start at 0, never decrease and end at {n} (the number of indices); "
             f"got {feature_bounds[0]} ... {feature_bounds[-1]} with {host[num_tables]} decreases"
         )
-    unique = sum(sizes)
-    at = torch.nonzero_static(first, size=unique).squeeze(1)
-    counts = torch.zeros(unique, dtype=torch.int64, device=device).index_add_(0, inverse, weights)
     table_bounds = [0]
-    for size in sizes:
-        table_bounds.append(table_bounds[-1] + size)
+    for end in bounds:  # a table without keys ends where the previous one did
+        table_bounds.append(max(end, table_bounds[-1]))
+    unique = table_bounds[-1]
+    at = torch.nonzero_static(first, size=unique).squeeze(1)
+    # Occurrences (or summed counters) per unique key: segment sums over the sorted order.
+    segment_end = torch.cat([at[1:], torch.full((1,), n, device=device, dtype=at.dtype)])
+    if weights is None:
+        counts = segment_end - at
+    else:
+        summed = torch.cumsum(weights[order], 0)
+        counts = summed[segment_end - 1] - summed[at] + weights[order[at]]
     return DedupedBatch(
         sorted_keys[at], sorted_tables[at], inverse, counts, table_bounds, feature_bounds
     )

@@ -1,4 +1,7 @@
-"""Pooling of looked-up rows into the table module's output (differentiable torch ops)."""
+"""Pooling of looked-up rows into the table module's output (differentiable torch ops).
+
+Gathers use ``embedding`` / ``embedding_bag``: their backward sums each row's gradients by
+sorting the indices, so a hot key's many occurrences do not serialize on atomics."""
 
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ def pool(
     outputs = []
     for f, (source, index) in enumerate(zip(rows, feature_index, strict=True)):
         if mode is DynamicEmbPoolingMode.NONE:
-            outputs.append(source.index_select(0, index))
+            outputs.append(functional.embedding(index, source))
             continue
         begin = feature_bounds[f]
         bags = offsets[f * batch_size : (f + 1) * batch_size + 1] - begin
@@ -75,7 +78,7 @@ def pool_uniform(
         weights: ``(N,)`` float32 SUM weights or None.
     """
     if mode is DynamicEmbPoolingMode.NONE:
-        return rows if index is None else rows.index_select(0, index)
+        return rows if index is None else functional.embedding(index, rows)
     if index is None:
         index = torch.arange(rows.shape[0], device=rows.device)
     bags = functional.embedding_bag(

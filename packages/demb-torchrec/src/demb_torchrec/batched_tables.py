@@ -28,8 +28,9 @@ from demb_storage import (
     initialize_rows,
     table_seed,
 )
+from torch.nn import functional
 
-from demb_torchrec._autograd import TrainStep, trained_rows
+from demb_torchrec._autograd import Reduced, TrainStep, trained_rows
 from demb_torchrec._dedup import DedupedBatch, dedup
 from demb_torchrec._pooling import pool, pool_uniform
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
@@ -201,8 +202,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
         batch = dedup(
             indices, offsets, self._feature_tables, self.num_tables, batch_size, frequency_counters
         )
-        slots = self._find_or_insert(batch) if self.training else self._find(batch)
-        rows, whole = self._rows(batch, slots, missing_from_eval=not self.training)
+        slots, missing = self._find_or_insert(batch) if self.training else self._find(batch)
+        rows, whole = self._rows(batch, slots, missing, missing_from_eval=not self.training)
         args = (offsets, batch_size)
         if whole is not None:
             out = self._forward_uniform(batch, slots, whole, grad, args, pooling_weights)
@@ -237,19 +238,22 @@ class DynamicEmbeddingTables(torch.nn.Module):
         features = len(self.feature_table_map)
         index: torch.Tensor | None = batch.inverse
         if grad and self.optimizer.gradient_clipping:  # one row per occurrence: clipped first
-            occurrences = whole.index_select(0, batch.inverse)
+            occurrences = functional.embedding(batch.inverse, whole)
             unique = whole.shape[0]
 
-            def reduce_occurrences(g: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            def reduce_occurrences(g: Sequence[torch.Tensor]) -> Reduced:
                 summed = reduce_gradients(self.optimizer, g[0], batch.inverse, unique)
-                return self._split(batch, summed)
+                return self._split(batch, summed), [summed]
 
             step = TrainStep(self, [occurrences], self._slots(batch, slots), reduce_occurrences)
             (whole,) = trained_rows(self._trigger, step)
             index = None
         elif grad:
             step = TrainStep(
-                self, [whole], self._slots(batch, slots), lambda g: self._split(batch, g[0])
+                self,
+                [whole],
+                self._slots(batch, slots),
+                lambda g: (self._split(batch, g[0]), [g[0]]),
             )
             (whole,) = trained_rows(self._trigger, step)
         return pool_uniform(whole, index, offsets, batch_size, features, self.pooling_mode, weights)
@@ -272,10 +276,12 @@ class DynamicEmbeddingTables(torch.nn.Module):
         ]
         sources = [rows[t] for t in ftm]
         if grad and self.optimizer.gradient_clipping:
-            per_feature = [rows[t].index_select(0, i) for t, i in zip(ftm, local, strict=True)]
+            per_feature = [
+                functional.embedding(i, rows[t]) for t, i in zip(ftm, local, strict=True)
+            ]
             at_occurrence = list(local)
 
-            def reduce_occurrences(g: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            def reduce_occurrences(g: Sequence[torch.Tensor]) -> Reduced:
                 summed = []
                 for t, feats in enumerate(self.features_of_table):
                     count = batch.table_bounds[t + 1] - batch.table_bounds[t]
@@ -285,13 +291,13 @@ class DynamicEmbeddingTables(torch.nn.Module):
                     occ = torch.cat([g[f] for f in feats])
                     at = torch.cat([at_occurrence[f] for f in feats])
                     summed.append(reduce_gradients(self.optimizer, occ, at, count))
-                return summed
+                return summed, summed
 
             step = TrainStep(self, per_feature, self._slots(batch, slots), reduce_occurrences)
             sources = list(trained_rows(self._trigger, step))
             local = [torch.arange(s.shape[0], device=self.device) for s in sources]
         elif grad:
-            step = TrainStep(self, rows, self._slots(batch, slots), list)
+            step = TrainStep(self, rows, self._slots(batch, slots), lambda g: (list(g), list(g)))
             outs = trained_rows(self._trigger, step)
             sources = [outs[t] for t in ftm]
         return pool(sources, local, offsets, batch_size, bounds, self.pooling_mode, weights)
@@ -354,36 +360,60 @@ class DynamicEmbeddingTables(torch.nn.Module):
         if grad:
             empty = [torch.zeros(0, d, device=self.device) for d in self.dims]
             none = [torch.zeros(0, dtype=torch.int64, device=self.device) for _ in self.dims]
-            (out,) = trained_rows(self._trigger, TrainStep(self, [out], none, lambda g: empty))
+            (out,) = trained_rows(
+                self._trigger, TrainStep(self, [out], none, lambda g: (empty, []))
+            )
         return out.to(self.output_dtype)
 
-    def _find_or_insert(self, batch: DedupedBatch) -> torch.Tensor:
+    def _find_or_insert(self, batch: DedupedBatch) -> tuple[torch.Tensor, list[int]]:
+        """Slots of the batch's unique keys, inserting missing ones (new rows initialized);
+        also the number of keys per table that got no slot."""
         outcome = self.tables.find_or_insert(
             batch.keys, batch.tables, counts=batch.counts, zero_new_rows=False, check=False
         )
+        slots = outcome.slots
         new = (outcome.status == InsertStatus.INSERTED) | (outcome.status == InsertStatus.EVICTED)
+        new_counts, missing = self._per_table(batch, new, slots < 0)
         b = batch.table_bounds
         for t in range(self.num_tables):
-            if b[t + 1] == b[t]:
+            if not new_counts[t]:
                 continue
-            fresh = torch.where(new[b[t] : b[t + 1]], outcome.slots[b[t] : b[t + 1]], -1)
+            fresh = torch.nonzero_static(new[b[t] : b[t + 1]], size=new_counts[t]).squeeze(1)
+            fresh += b[t]
             initialize_rows(
                 self.tables.values[t],
-                fresh,
-                batch.keys[b[t] : b[t + 1]],
+                slots[fresh],
+                batch.keys[fresh],
                 self.dims[t],
                 self.init_args[t],
                 self.seeds[t],
                 self.initial_states[t],
                 check=False,
             )
-        return outcome.slots
+        return slots, missing
 
-    def _find(self, batch: DedupedBatch) -> torch.Tensor:
-        return self.tables.find(batch.keys, batch.tables, check=False)
+    def _find(self, batch: DedupedBatch) -> tuple[torch.Tensor, list[int]]:
+        slots = self.tables.find(batch.keys, batch.tables, check=False)
+        return slots, self._per_table(batch, slots < 0)[0]
+
+    def _per_table(self, batch: DedupedBatch, *masks: torch.Tensor) -> list[list[int]]:
+        """For each ``(U,)`` bool mask, how many of each table's unique keys it holds (one
+        sync for all masks; no atomics: the keys are grouped by table)."""
+        ends = torch.tensor(batch.table_bounds, device=self.device)
+        cols = []
+        for mask in masks:
+            through = torch.cat([mask.new_zeros(1, dtype=torch.int64), torch.cumsum(mask, 0)])
+            cols.append(through[ends])
+        host = torch.stack(cols).tolist()
+        return [[row[t + 1] - row[t] for t in range(self.num_tables)] for row in host]
 
     def _rows(
-        self, batch: DedupedBatch, slots: torch.Tensor, *, missing_from_eval: bool
+        self,
+        batch: DedupedBatch,
+        slots: torch.Tensor,
+        missing_counts: list[int],
+        *,
+        missing_from_eval: bool,
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """Per table, ``(U_t, D_t)`` float32 rows of its unique keys (missing keys: zeros, or
         ``eval_initializer_args`` in eval); when all tables have one dim they are views of one
@@ -400,16 +430,20 @@ class DynamicEmbeddingTables(torch.nn.Module):
             s = slots[b[t] : b[t + 1]]
             values = self.tables.values[t][:, : self.dims[t]]
             missing = s < 0
+            at = s.clamp_min(0) if missing_counts[t] else s
             if whole is not None and values.dtype == torch.float32:
-                r = torch.index_select(values, 0, s.clamp_min(0), out=whole[b[t] : b[t + 1]])
+                r = torch.index_select(values, 0, at, out=whole[b[t] : b[t + 1]])
             else:
-                r = values.index_select(0, s.clamp_min(0)).float()
+                r = values.index_select(0, at).float()
                 if whole is not None:
                     whole[b[t] : b[t + 1]] = r
                     r = whole[b[t] : b[t + 1]]
+            if not missing_counts[t]:
+                rows.append(r)
+                continue
             r.masked_fill_(missing[:, None], 0.0)
             args = self.eval_args[t]
-            if missing_from_eval and not _is_zero(args) and s.numel():
+            if missing_from_eval and not _is_zero(args):
                 fill = torch.zeros(s.numel(), self.dims[t], device=self.device)
                 where = torch.where(missing, torch.arange(s.numel(), device=self.device), -1)
                 keys = batch.keys[b[t] : b[t + 1]]
