@@ -435,11 +435,8 @@ class ScoredHashTable:
             scatter_rows(buf, target, zeros, check=False)
 
     def _safe_check(self, table_ids: torch.Tensor, status: torch.Tensor) -> None:
-        # A histogram over the few tables (shared-memory bins on CUDA), not per-key atomics
-        # on T addresses.
-        failed = (status == InsertStatus.FAILED).to(torch.float64)
-        per_table = torch.bincount(table_ids, weights=failed, minlength=self.num_tables)
-        per_table = per_table.to(torch.int64)
+        failed = (status == InsertStatus.FAILED).to(torch.int64)
+        per_table = torch.zeros_like(self.failed_inserts).index_add_(0, table_ids, failed)
         self.failed_inserts += per_table  # no sync: IGNORE tables pay nothing more
         modes = [c.safe_check_mode for c in self.configs]
         if all(m is SafeCheckMode.IGNORE for m in modes):

@@ -18,15 +18,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
-from demb_kernels.rows import gather_rows
 from demb_kernels.table import InsertStatus
-from demb_optim import (
-    SPEC_TYPES,
-    OptimizerKind,
-    OptimizerSpec,
-    clip_gradient,
-    reduce_gradients,
-)
+from demb_optim import SPEC_TYPES, OptimizerKind, OptimizerSpec, reduce_gradients
 from demb_storage import (
     InitializerArgs,
     InitializerMode,
@@ -240,34 +233,30 @@ class DynamicEmbeddingTables(torch.nn.Module):
         args: tuple[torch.Tensor, int],
         weights: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Every feature of one dim: rows of all tables in one ``(U, D)`` tensor. Without
-        pooling, or with clipping, the output gathers one row per occurrence and the backward
-        sums each key's occurrences in ``batch.order`` (sorted by the dedup, so no atomics)."""
+        """Every feature of one dim: rows of all tables in one ``(U, D)`` tensor."""
         offsets, batch_size = args
         features = len(self.feature_table_map)
-        slots_per_table = self._slots(batch, slots)
-        clip = self.optimizer.gradient_clipping
-        if self.pooling_mode is DynamicEmbPoolingMode.NONE or (grad and clip):
-            occurrences = gather_rows(whole, batch.inverse, check=False)
-            if grad:
+        index: torch.Tensor | None = batch.inverse
+        if grad and self.optimizer.gradient_clipping:  # one row per occurrence: clipped first
+            occurrences = functional.embedding(batch.inverse, whole)
+            unique = whole.shape[0]
 
-                def per_key(g: Sequence[torch.Tensor]) -> Reduced:
-                    summed = _sum_per_key(clip_gradient(self.optimizer, g[0]), batch)
-                    return self._split(batch, summed), [summed]
+            def reduce_occurrences(g: Sequence[torch.Tensor]) -> Reduced:
+                summed = reduce_gradients(self.optimizer, g[0], batch.inverse, unique)
+                return self._split(batch, summed), [summed]
 
-                step = TrainStep(self, [occurrences], slots_per_table, per_key)
-                (occurrences,) = trained_rows(self._trigger, step)
-            return pool_uniform(
-                occurrences, None, offsets, batch_size, features, self.pooling_mode, weights
-            )
-        if grad:
+            step = TrainStep(self, [occurrences], self._slots(batch, slots), reduce_occurrences)
+            (whole,) = trained_rows(self._trigger, step)
+            index = None
+        elif grad:
             step = TrainStep(
-                self, [whole], slots_per_table, lambda g: (self._split(batch, g[0]), [g[0]])
+                self,
+                [whole],
+                self._slots(batch, slots),
+                lambda g: (self._split(batch, g[0]), [g[0]]),
             )
             (whole,) = trained_rows(self._trigger, step)
-        return pool_uniform(
-            whole, batch.inverse, offsets, batch_size, features, self.pooling_mode, weights
-        )
+        return pool_uniform(whole, index, offsets, batch_size, features, self.pooling_mode, weights)
 
     def _forward_mixed(
         self,
@@ -462,12 +451,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 r.copy_(torch.where(missing[:, None], fill, r))
             rows.append(r)
         return rows, whole
-
-
-def _sum_per_key(grads: torch.Tensor, batch: DedupedBatch) -> torch.Tensor:
-    """``(U, D)`` sum of the ``(N, D)`` occurrence rows of each unique key: a segment sum over
-    the dedup's sorted order (``embedding_bag``'s forward, no atomics)."""
-    return functional.embedding_bag(batch.order, grads, batch.starts, mode="sum")
 
 
 def _is_zero(args: InitializerArgs) -> bool:
