@@ -26,7 +26,11 @@ SPECS = [
     RowWiseAdagrad(learning_rate=0.1, initial_accumulator_value=0.2),
     FTRL(learning_rate=0.1, initial_accumulator_value=0.1, l1_reg=0.001),
     SGD(learning_rate=0.1, gradient_clipping=True, max_gradient=0.05),
-    Adagrad(learning_rate=0.1, gradient_clipping=True, max_gradient=0.05),
+    # A seeded accumulator: with 0, a key whose clipped gradients cancel exactly in float64
+    # but leave a float32 residue of ~1e-9 moves by lr * g / (|g| + eps), about lr.
+    Adagrad(
+        learning_rate=0.1, initial_accumulator_value=0.1, gradient_clipping=True, max_gradient=0.05
+    ),
     FTRL(
         learning_rate=0.1, initial_accumulator_value=0.1, gradient_clipping=True, max_gradient=0.05
     ),
