@@ -24,20 +24,12 @@ from demb_kernels import (
     _fakes,  # noqa: F401  (registers the fake kernels)
     _library,  # noqa: F401  (loads the native ops)
 )
+from demb_kernels._checks import check_slot_range
 
 __all__ = ["INIT_MODES", "init_rows"]
 
 INIT_MODES = ("uniform", "normal", "truncated_normal", "constant", "debug")
 """The ``mode`` values ``init_rows`` accepts."""
-
-
-def _check_range(values: torch.Tensor, slots: torch.Tensor, check: bool) -> None:
-    """Data check for non-CPU devices (the CPU kernel checks for free); one sync."""
-    if not check or values.device.type == "cpu" or slots.numel() == 0:
-        return
-    bad = bool(((slots < -1) | (slots >= values.shape[0])).any())
-    if bad:
-        raise ValueError(f"slots: out of range for {values.shape[0]} rows (-1 means none)")
 
 
 def init_rows(
@@ -85,7 +77,7 @@ def init_rows(
     Raises:
         ValueError: a bad mode, shape, ``dim``, device or slot (TypeError: a bad dtype).
     """
-    _check_range(values, slots, check)
+    check_slot_range(values, slots, check)
     torch.ops.demb.init_rows(
         values, slots, keys, dim, seed, mode, mean, std_dev, lower, upper, value, state
     )

@@ -10,17 +10,9 @@ from __future__ import annotations
 import torch
 
 from demb_kernels import _library  # noqa: F401  (loads the native ops)
+from demb_kernels._checks import check_slot_range
 
 __all__ = ["gather_rows", "scatter_rows"]
-
-
-def _check_range(values: torch.Tensor, slots: torch.Tensor, check: bool) -> None:
-    """Data check for non-CPU devices (the CPU kernels check for free); one sync."""
-    if not check or values.device.type == "cpu" or slots.numel() == 0:
-        return
-    bad = bool(((slots < -1) | (slots >= values.shape[0])).any())
-    if bad:
-        raise ValueError(f"slots: out of range for {values.shape[0]} rows (-1 means none)")
 
 
 def gather_rows(values: torch.Tensor, slots: torch.Tensor, *, check: bool = True) -> torch.Tensor:
@@ -35,7 +27,7 @@ def gather_rows(values: torch.Tensor, slots: torch.Tensor, *, check: bool = True
     Returns:
         ``(n, D)`` values dtype.
     """
-    _check_range(values, slots, check)
+    check_slot_range(values, slots, check)
     rows: torch.Tensor = torch.ops.demb.gather_rows(values, slots)
     return rows
 
@@ -52,7 +44,7 @@ def scatter_rows(
         check: check the slot range on CUDA (one sync); unchecked, out-of-range slots are
             skipped.
     """
-    _check_range(values, slots, check)
+    check_slot_range(values, slots, check)
     torch.ops.demb.scatter_rows(values, slots, rows)
 
 
