@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from demb_optim import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad, reduce_gradients
+from demb_optim import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad, nonfinite, reduce_gradients
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,3 +57,17 @@ def test_cuda_reduce_gradients_equals_cpu():
     gpu = reduce_gradients(spec, grads.cuda(), inverse.cuda(), 700)
     assert gpu.device.type == "cuda"
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("values", "bad"),
+    [
+        ([1.0, -2.0], False),
+        ([1.0, float("nan")], True),
+        ([float("inf"), 0.0], True),
+        ([0.0, float("-inf")], True),
+        ([], False),
+    ],
+)
+def test_nonfinite_finds_nan_and_infinities(values, bad):
+    assert bool(nonfinite(torch.tensor(values))) is bad

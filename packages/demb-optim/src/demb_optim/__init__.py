@@ -7,7 +7,7 @@
 """
 
 from demb_optim._errors import OptimizerConfigError
-from demb_optim.gradients import clip_gradient, reduce_gradients
+from demb_optim.gradients import clip_gradient, nonfinite, reduce_gradients
 from demb_optim.reference import reference_update
 from demb_optim.specs import (
     FTRL,
@@ -36,6 +36,7 @@ __all__ = [
     "RowWiseAdagrad",
     "apply_update",
     "clip_gradient",
+    "nonfinite",
     "optimizer_state_bytes",
     "reduce_gradients",
     "reference_update",

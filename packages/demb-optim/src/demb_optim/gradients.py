@@ -11,7 +11,7 @@ import torch
 
 from demb_optim.specs import OptimizerSpec
 
-__all__ = ["clip_gradient", "reduce_gradients"]
+__all__ = ["clip_gradient", "nonfinite", "reduce_gradients"]
 
 
 def clip_gradient(spec: OptimizerSpec, grad: torch.Tensor) -> torch.Tensor:
@@ -21,6 +21,14 @@ def clip_gradient(spec: OptimizerSpec, grad: torch.Tensor) -> torch.Tensor:
     if spec.gradient_clipping:
         return grad.clamp(-spec.max_gradient, spec.max_gradient)
     return grad
+
+
+def nonfinite(grad: torch.Tensor) -> torch.Tensor:
+    """``()`` bool on ``grad``'s device, no sync: whether ``grad`` holds a NaN or an infinity.
+    One read: NaN propagates through min/max, and an infinity is one of them."""
+    if grad.numel() == 0 or not grad.is_floating_point():
+        return torch.zeros((), dtype=torch.bool, device=grad.device)
+    return ~torch.isfinite(torch.stack(torch.aminmax(grad))).all()
 
 
 def reduce_gradients(

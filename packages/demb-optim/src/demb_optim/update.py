@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 from demb_kernels import _library  # noqa: F401  (loads the native ops)
 
+from demb_optim.gradients import nonfinite
 from demb_optim.specs import FTRL, Adagrad, Adam, OptimizerSpec, RowWiseAdagrad
 
 __all__ = ["apply_update"]
@@ -23,10 +24,8 @@ def _check_data(
     """Non-finite gradients and (off the CPU) out-of-range slots, with one sync for all tables."""
     flags: list[torch.Tensor] = []
     for v, s, g in zip(values, slots, grads, strict=False):
-        bad_grad = bad_slot = torch.zeros((), dtype=torch.bool, device=g.device)
-        if g.numel() > 0 and g.is_floating_point():
-            # One read of the gradients: NaN propagates through min/max, and an infinity is one.
-            bad_grad = ~torch.isfinite(torch.stack(torch.aminmax(g))).all()
+        bad_grad = nonfinite(g)
+        bad_slot = torch.zeros((), dtype=torch.bool, device=g.device)
         if s.device.type != "cpu" and s.numel() > 0 and v.dim() > 0:
             bad_slot = ((s < -1) | (s >= v.shape[0])).any().to(g.device)
         flags.append(torch.stack([bad_grad, bad_slot]))

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
-from demb_optim import OptimizerSpec, apply_update
+from demb_optim import OptimizerSpec, apply_update, nonfinite
 from torch.autograd.function import FunctionCtx
 
 __all__ = ["Reduced", "TrainStep", "TrainedRows", "Updatable", "trained_rows"]
@@ -60,13 +60,11 @@ class TrainStep:
     def update(self, grads: Sequence[torch.Tensor]) -> None:
         m = self.module
         per_table, holders = self.reduce(grads)
-        if m.check_gradients and holders:
-            found = [torch.stack(torch.aminmax(h)) for h in holders if h.numel()]
-            if found and not bool(torch.isfinite(torch.cat(found)).all()):  # the one sync
-                raise ValueError(
-                    "grads: the embedding gradients contain NaN or infinite values; no row "
-                    "was updated"
-                )
+        checked = m.check_gradients and holders
+        if checked and bool(torch.stack([nonfinite(h) for h in holders]).any()):  # one sync
+            raise ValueError(
+                "grads: the embedding gradients contain NaN or infinite values; no row was updated"
+            )
         reduced = [g.to(torch.float32).contiguous() for g in per_table]
         m.steps = [s + 1 for s in m.steps]
         apply_update(
