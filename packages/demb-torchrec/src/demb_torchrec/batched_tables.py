@@ -135,14 +135,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 "pooling_mode", self.pooling_mode, "NONE needs every feature's table of one dim"
             )
         self.tables = ScoredHashTable(configs, self.device)
-        self.init_args = [
-            _complete(o.initializer_args, c.max_capacity)
-            for o, c in zip(options, configs, strict=True)
-        ]
-        self.eval_args = [
-            _complete(o.eval_initializer_args, c.max_capacity)
-            for o, c in zip(options, configs, strict=True)
-        ]
+        pairs = list(zip(options, configs, strict=True))
+        self.init_args = [o.initializer_args.complete(c.max_capacity) for o, c in pairs]
+        self.eval_args = [o.eval_initializer_args.complete(c.max_capacity) for o, c in pairs]
         self.seeds = [table_seed(seed, t) for t in range(len(configs))]
         self.initial_states = [
             self.optimizer.initial_state(c.dim, c.dtype).float().to(self.device)
@@ -455,10 +450,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
 
 def _is_zero(args: InitializerArgs) -> bool:
     return args.mode is InitializerMode.CONSTANT and args.value == 0.0
-
-
-def _complete(args: InitializerArgs, num_embeddings: int) -> InitializerArgs:
-    return args.complete(num_embeddings)
 
 
 def _resolve_device(
