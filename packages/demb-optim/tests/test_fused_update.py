@@ -45,6 +45,12 @@ SPECS = st.one_of(
 )
 
 
+def first_rows(spec, n, dim, dtype, gen):
+    """``n`` rows as a key's first write makes them: random embedding, the initial state."""
+    state = spec.initial_state(dim, dtype).float().repeat(n, 1)
+    return torch.cat([torch.randn(n, dim, generator=gen), state], dim=1).to(dtype)
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     spec=SPECS,
@@ -69,14 +75,7 @@ def test_fused_update_equals_the_float64_reference(spec, dims, dtype, seed):
                 : int(torch.randint(1, rows, (1,), generator=gen))
             ]
             new = slots[~written[t][slots]]  # first written now: initial row and state
-            init = torch.cat(
-                [
-                    torch.randn(new.numel(), dim, generator=gen),
-                    spec.initial_state(dim, dtype).float().repeat(new.numel(), 1),
-                ],
-                dim=1,
-            )
-            tables[t][new] = init.to(dtype)
+            tables[t][new] = first_rows(spec, new.numel(), dim, dtype, gen)
             refs[t][new] = tables[t][new].to(torch.float64)
             written[t][new] = True
             grad = torch.randn(slots.numel(), dim, generator=gen) * 0.3
@@ -173,14 +172,7 @@ def test_cuda_update_equals_cpu_update(spec, dims, dtype, seed):
     rows = 64
     cpu_tables, slot_lists, grad_lists = [], [], []
     for dim in dims:
-        init = torch.cat(
-            [
-                torch.randn(rows, dim, generator=gen),
-                spec.initial_state(dim, dtype).float().repeat(rows, 1),
-            ],
-            dim=1,
-        )
-        cpu_tables.append(init.to(dtype))
+        cpu_tables.append(first_rows(spec, rows, dim, dtype, gen))
         count = int(torch.randint(1, rows, (1,), generator=gen))
         slot_lists.append(torch.randperm(rows, generator=gen)[:count])
         grad_lists.append(torch.randn(count, dim, generator=gen))
