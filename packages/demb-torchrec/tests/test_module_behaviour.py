@@ -187,6 +187,22 @@ def test_bad_configurations_are_named():
         )
 
 
+def test_index_type_is_what_indices_must_be():
+    module = tables(index_type=torch.int32)
+    out = module(torch.tensor([1, 2], dtype=torch.int32), torch.tensor([0, 2]))
+    assert out.shape == (1, 4)
+    with pytest.raises(TypeError, match=r"indices are torch\.int64, but the tables' index_type"):
+        module(torch.tensor([1, 2]), torch.tensor([0, 2]))
+    with pytest.raises(ValueError, match="index_type"):
+        DynamicEmbeddingTables(
+            [
+                DynamicEmbTableOptions(dim=4, max_capacity=128, index_type=torch.int32),
+                DynamicEmbTableOptions(dim=4, max_capacity=128, index_type=torch.int64),
+            ],
+            device="cpu",
+        )
+
+
 def test_bad_batches_are_named():
     module = tables()
     with pytest.raises(TypeError, match="indices must be a 1-D int64 or int32"):

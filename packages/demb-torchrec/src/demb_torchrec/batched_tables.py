@@ -128,6 +128,14 @@ class DynamicEmbeddingTables(torch.nn.Module):
             state = self.optimizer.state_dim(o.dim, dtype) if o.dim else 0
             configs.append(table_config(o, state, name))
         self.options = options
+        index_types = {o.index_type for o in options if o.index_type is not None}
+        if len(index_types) > 1:
+            raise TableConfigError(
+                "index_type", sorted(map(str, index_types)), "tables of one module share it"
+            )
+        self.index_type: torch.dtype | None = index_types.pop() if index_types else None
+        """The dtype ``indices`` must have when an option sets ``index_type`` (else int64 or
+        int32)."""
         self.dims = [c.dim for c in configs]
         self.trainable = [o.training for o in options]
         if self.pooling_mode is DynamicEmbPoolingMode.NONE and len({self.dims[t] for t in ftm}) > 1:
@@ -307,6 +315,10 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 )
             if t.device != self.device:
                 raise ValueError(f"{name} is on {t.device}, the module on {self.device}")
+        if self.index_type is not None and indices.dtype != self.index_type:
+            raise TypeError(
+                f"indices are {indices.dtype}, but the tables' index_type is {self.index_type}"
+            )
         features = len(self.feature_table_map)
         if offsets.numel() < 1 or (offsets.numel() - 1) % features:
             raise ValueError(
