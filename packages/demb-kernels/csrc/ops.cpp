@@ -36,6 +36,12 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "init_rows(Tensor(a!) values, Tensor slots, Tensor keys, int dim, int seed, str mode, "
       "float mean, float std_dev, float lower, float upper, float value, Tensor? state) -> ()");
+  // A table module step: rows of several tables gathered per occurrence, and gradients summed
+  // per unique key in a fixed order (lookup_rule.h).
+  m.def(
+      "gather_table_rows(Tensor[] values, Tensor slots, Tensor tables, Tensor inverse, int dim) "
+      "-> Tensor");
+  m.def("segment_sum_rows(Tensor grads, Tensor order, Tensor starts) -> Tensor");
   // Optimizer updates of value rows [embedding | state] in place (demb_optim's specs).
   m.def(
       "optimizer_update(Tensor(a!)[] values, Tensor[] slots, Tensor[] grads, int[] dims, "

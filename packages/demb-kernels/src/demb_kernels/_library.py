@@ -21,6 +21,8 @@ OPS = (
     "scatter_rows",
     "init_rows",
     "optimizer_update",
+    "gather_table_rows",
+    "segment_sum_rows",
 )
 """Every op of the ``demb`` torch library (each has CPU and CUDA kernels)."""
 

@@ -24,6 +24,11 @@ class DedupedBatch(NamedTuple):
     """``T + 1`` host offsets: table ``t``'s unique keys are ``keys[b[t]:b[t+1]]``."""
     feature_bounds: list[int]
     """``F + 1`` host offsets: feature ``f``'s indices are ``indices[b[f]:b[f+1]]``."""
+    order: torch.Tensor
+    """``(N,)`` int64 the indices' positions sorted by (table, key): unique key ``u``'s
+    occurrences are ``order[starts[u]:starts[u+1]]``."""
+    starts: torch.Tensor
+    """``(U,)`` int64 where each unique key's occurrences start in ``order``."""
 
 
 def dedup(
@@ -95,5 +100,12 @@ def dedup(
         summed = torch.cumsum(weights[order], 0)
         counts = summed[segment_end - 1] - summed[at] + weights[order[at]]
     return DedupedBatch(
-        sorted_keys[at], sorted_tables[at], inverse, counts, table_bounds, feature_bounds
+        sorted_keys[at],
+        sorted_tables[at],
+        inverse,
+        counts,
+        table_bounds,
+        feature_bounds,
+        order,
+        at,
     )

@@ -18,8 +18,15 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
+from demb_kernels.lookup import MAX_GATHER_TABLES, gather_table_rows, segment_sum_rows
 from demb_kernels.table import InsertStatus
-from demb_optim import SPEC_TYPES, OptimizerKind, OptimizerSpec, reduce_gradients
+from demb_optim import (
+    SPEC_TYPES,
+    OptimizerKind,
+    OptimizerSpec,
+    clip_gradient,
+    reduce_gradients,
+)
 from demb_storage import (
     InitializerArgs,
     InitializerMode,
@@ -158,6 +165,12 @@ class DynamicEmbeddingTables(torch.nn.Module):
             [f for f, t in enumerate(ftm) if t == tt] for tt in range(len(configs))
         ]
         self._feature_tables = torch.tensor(ftm, dtype=torch.int64, device=self.device)
+        # One-launch gathers (demb::gather_table_rows) need one dim, one dtype, <= 64 tables.
+        self._fused_gather = (
+            len(set(self.dims)) == 1
+            and len({c.dtype for c in configs}) == 1
+            and len(configs) <= MAX_GATHER_TABLES
+        )
         self._trigger = torch.zeros((), device=self.device, requires_grad=True)
 
     @property
@@ -206,6 +219,10 @@ class DynamicEmbeddingTables(torch.nn.Module):
             indices, offsets, self._feature_tables, self.num_tables, batch_size, frequency_counters
         )
         slots, missing = self._find_or_insert(batch) if self.training else self._find(batch)
+        fills = not self.training and any(missing)
+        fills = fills and not all(_is_zero(a) for a in self.eval_args)
+        if self._fused_gather and self.pooling_mode is DynamicEmbPoolingMode.NONE and not fills:
+            return self._forward_none(batch, slots, grad).to(self.output_dtype)
         rows, whole = self._rows(batch, slots, missing, missing_from_eval=not self.training)
         args = (offsets, batch_size)
         if whole is not None:
@@ -226,6 +243,25 @@ class DynamicEmbeddingTables(torch.nn.Module):
     def _split(self, batch: DedupedBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         b = batch.table_bounds
         return [rows[b[t] : b[t + 1]] for t in range(self.num_tables)]
+
+    def _forward_none(self, batch: DedupedBatch, slots: torch.Tensor, grad: bool) -> torch.Tensor:
+        """No pooling: each occurrence's row read straight from its table (one launch), and
+        in backward each key's occurrence gradients summed in the dedup's sorted order."""
+        out = gather_table_rows(
+            self.tables.values, slots, batch.tables, batch.inverse, self.dims[0], check=False
+        )
+        if not grad:
+            return out
+
+        def per_key(g: Sequence[torch.Tensor]) -> Reduced:
+            clipped = clip_gradient(self.optimizer, g[0])
+            summed = segment_sum_rows(clipped, batch.order, batch.starts, check=False)
+            return self._split(batch, summed), [summed]
+
+        (out,) = trained_rows(
+            self._trigger, TrainStep(self, [out], self._slots(batch, slots), per_key)
+        )
+        return out
 
     def _forward_uniform(
         self,
@@ -432,9 +468,20 @@ class DynamicEmbeddingTables(torch.nn.Module):
             if uniform
             else None
         )
+        if whole is not None and self._fused_gather:
+            every = torch.arange(b[-1], device=self.device)
+            whole = gather_table_rows(
+                self.tables.values, slots, batch.tables, every, self.dims[0], check=False
+            )
         rows = []
         for t in range(self.num_tables):
             s = slots[b[t] : b[t + 1]]
+            if whole is not None and self._fused_gather:
+                r = whole[b[t] : b[t + 1]]
+                if missing_counts[t] and missing_from_eval and not _is_zero(self.eval_args[t]):
+                    self._fill_missing(batch, t, s, r)
+                rows.append(r)
+                continue
             values = self.tables.values[t][:, : self.dims[t]]
             missing = s < 0
             at = s.clamp_min(0) if missing_counts[t] else s
@@ -449,15 +496,24 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 rows.append(r)
                 continue
             r.masked_fill_(missing[:, None], 0.0)
-            args = self.eval_args[t]
-            if missing_from_eval and not _is_zero(args):
-                fill = torch.zeros(s.numel(), self.dims[t], device=self.device)
-                where = torch.where(missing, torch.arange(s.numel(), device=self.device), -1)
-                keys = batch.keys[b[t] : b[t + 1]]
-                initialize_rows(fill, where, keys, self.dims[t], args, self.seeds[t], check=False)
-                r.copy_(torch.where(missing[:, None], fill, r))
+            if missing_from_eval and not _is_zero(self.eval_args[t]):
+                self._fill_missing(batch, t, s, r)
             rows.append(r)
         return rows, whole
+
+    def _fill_missing(
+        self, batch: DedupedBatch, t: int, slots: torch.Tensor, rows: torch.Tensor
+    ) -> None:
+        """Rows of table ``t``'s missing keys (slot -1) from ``eval_initializer_args``."""
+        b = batch.table_bounds
+        missing = slots < 0
+        fill = torch.zeros(slots.numel(), self.dims[t], device=self.device)
+        where = torch.where(missing, torch.arange(slots.numel(), device=self.device), -1)
+        keys = batch.keys[b[t] : b[t + 1]]
+        initialize_rows(
+            fill, where, keys, self.dims[t], self.eval_args[t], self.seeds[t], check=False
+        )
+        rows.copy_(torch.where(missing[:, None], fill, rows))
 
 
 def _is_zero(args: InitializerArgs) -> bool:

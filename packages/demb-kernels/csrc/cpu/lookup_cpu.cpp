@@ -1,0 +1,106 @@
+// CPU kernels of gather_table_rows and segment_sum_rows (lookup_rule.h), parallel over rows.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "lookup_checks.h"
+
+namespace demb {
+namespace {
+
+at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots_in,
+                                 const at::Tensor& tables_in, const at::Tensor& inverse_in,
+                                 int64_t dim) {
+  const GatherTables g = check_gather_tables(values, slots_in, tables_in, inverse_in, dim);
+  const at::Tensor slots = slots_in.contiguous();
+  const at::Tensor tables = tables_in.contiguous();
+  const at::Tensor inverse = inverse_in.contiguous();
+  const int64_t* s = slots.const_data_ptr<int64_t>();
+  const int64_t* t = tables.const_data_ptr<int64_t>();
+  const int64_t* inv = inverse.const_data_ptr<int64_t>();
+  const int64_t unique = slots.numel();
+  const int64_t n = inverse.numel();
+  for (int64_t u = 0; u < unique; ++u) {
+    TORCH_CHECK_VALUE(t[u] >= 0 && t[u] < g.count, "tables: ", t[u], " is out of range for ",
+                      g.count, " tables");
+    TORCH_CHECK_VALUE(s[u] >= -1 && s[u] < g.rows[t[u]], "slots: ", s[u],
+                      " is out of range for table ", t[u], " of ", g.rows[t[u]], " rows");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(inv[i] >= 0 && inv[i] < unique, "inverse: ", inv[i],
+                      " is out of range for ", unique, " unique keys");
+  }
+  at::Tensor out = at::empty({n, dim}, slots.options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, values[0].scalar_type(), "demb::gather_table_rows", [&] {
+        at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const int64_t u = inv[i];
+            float* row = o + i * dim;
+            if (s[u] < 0) {
+              for (int64_t j = 0; j < dim; ++j) row[j] = 0.0f;
+              continue;
+            }
+            const auto* src = static_cast<const scalar_t*>(g.base[t[u]]) + s[u] * g.width[t[u]];
+            for (int64_t j = 0; j < dim; ++j) row[j] = static_cast<float>(src[j]);
+          }
+        });
+      });
+  return out;
+}
+
+at::Tensor segment_sum_rows_cpu(const at::Tensor& grads_in, const at::Tensor& order_in,
+                                const at::Tensor& starts_in) {
+  check_segment_sum(grads_in, order_in, starts_in);
+  const at::Tensor grads = grads_in.contiguous();
+  const at::Tensor order = order_in.contiguous();
+  const at::Tensor starts = starts_in.contiguous();
+  const int64_t n = grads.size(0);
+  const int64_t d = grads.size(1);
+  const int64_t unique = starts.numel();
+  const int64_t* ord = order.const_data_ptr<int64_t>();
+  const int64_t* st = starts.const_data_ptr<int64_t>();
+  for (int64_t k = 0; k < n; ++k) {
+    TORCH_CHECK_VALUE(ord[k] >= 0 && ord[k] < n, "order: ", ord[k], " is out of range for ", n,
+                      " rows");
+  }
+  for (int64_t u = 0; u < unique; ++u) {
+    const int64_t prev = u == 0 ? 0 : st[u - 1];
+    TORCH_CHECK_VALUE(st[u] >= prev && st[u] <= n && (u > 0 || st[0] == 0),
+                      "starts: must begin at 0, never decrease and stay <= ", n, ", got ", st[u],
+                      " at ", u);
+  }
+  at::Tensor out = at::zeros({unique, d}, grads.options());
+  const float* g = grads.const_data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, unique, 64, [&](int64_t begin, int64_t end) {
+    std::vector<float> partial(static_cast<size_t>(d));
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t stop = u + 1 < unique ? st[u + 1] : n;
+      float* total = o + u * d;
+      for (int64_t c = st[u]; c < stop; c += kSegmentChunk) {
+        for (int64_t j = 0; j < d; ++j) partial[j] = 0.0f;
+        const int64_t chunk_end = c + kSegmentChunk < stop ? c + kSegmentChunk : stop;
+        for (int64_t k = c; k < chunk_end; ++k) {
+          const float* row = g + ord[k] * d;
+          for (int64_t j = 0; j < d; ++j) partial[j] += row[j];
+        }
+        for (int64_t j = 0; j < d; ++j) total[j] += partial[j];
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(demb, CPU, m) {
+  m.impl("gather_table_rows", &gather_table_rows_cpu);
+  m.impl("segment_sum_rows", &segment_sum_rows_cpu);
+}
+
+}  // namespace demb

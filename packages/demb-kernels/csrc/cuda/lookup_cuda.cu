@@ -1,0 +1,88 @@
+// CUDA bindings of gather_table_rows and segment_sum_rows: the checks of lookup_checks.h, then
+// one launch (gather) or two (the chunk sums, then each segment's chunks in order). No sync:
+// the chunk buffer is sized by the bound U + N / kSegmentChunk + 1 on the number of chunks.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "cuda/lookup_kernels.cuh"
+#include "lookup_checks.h"
+
+namespace demb {
+namespace {
+
+unsigned warp_blocks(int64_t warps) {
+  return static_cast<unsigned>((warps * cuda::kLookupWarp + cuda::kLookupThreads - 1) /
+                               cuda::kLookupThreads);
+}
+
+at::Tensor gather_table_rows_cuda(at::TensorList values, const at::Tensor& slots_in,
+                                  const at::Tensor& tables_in, const at::Tensor& inverse_in,
+                                  int64_t dim) {
+  const GatherTables g = check_gather_tables(values, slots_in, tables_in, inverse_in, dim);
+  const c10::cuda::CUDAGuard guard(values[0].device());
+  const at::Tensor slots = slots_in.contiguous();
+  const at::Tensor tables = tables_in.contiguous();
+  const at::Tensor inverse = inverse_in.contiguous();
+  const int64_t n = inverse.numel();
+  at::Tensor out = at::empty({n, dim}, slots.options().dtype(at::kFloat));
+  if (n == 0) return out;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const auto launch = [&](auto zero) {
+    using T = decltype(zero);
+    cuda::gather_table_rows_kernel<T><<<warp_blocks(n), cuda::kLookupThreads, 0, stream>>>(
+        g, slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(),
+        inverse.const_data_ptr<int64_t>(), slots.numel(), n, dim, out.data_ptr<float>());
+  };
+  const auto dtype = values[0].scalar_type();
+  if (dtype == at::kFloat) {
+    launch(float{});
+  } else if (dtype == at::kHalf) {
+    launch(__half{});
+  } else {
+    launch(__nv_bfloat16{});
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor segment_sum_rows_cuda(const at::Tensor& grads_in, const at::Tensor& order_in,
+                                 const at::Tensor& starts_in) {
+  check_segment_sum(grads_in, order_in, starts_in);
+  const c10::cuda::CUDAGuard guard(grads_in.device());
+  const at::Tensor grads = grads_in.contiguous();
+  const at::Tensor order = order_in.contiguous();
+  const at::Tensor starts = starts_in.contiguous();
+  const int64_t n = grads.size(0);
+  const int64_t d = grads.size(1);
+  const int64_t unique = starts.numel();
+  if (unique == 0 || n == 0 || d == 0) return at::zeros({unique, d}, grads.options());
+  at::Tensor out = at::empty({unique, d}, grads.options());  // pass 2 writes every row
+  const at::Tensor ends = at::cat({starts.slice(0, 1), at::full({1}, n, starts.options())});
+  const at::Tensor chunks = (ends - starts + (kSegmentChunk - 1)).div(kSegmentChunk, "floor");
+  const at::Tensor chunk_offsets = at::cat({at::zeros({1}, starts.options()), chunks.cumsum(0)});
+  const int64_t max_chunks = unique + n / kSegmentChunk + 1;
+  at::Tensor partial = at::empty({max_chunks, d}, grads.options());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cuda::segment_chunk_sums_kernel<<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
+      grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(),
+      starts.const_data_ptr<int64_t>(), chunk_offsets.const_data_ptr<int64_t>(), unique, n, d,
+      max_chunks, partial.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cuda::segment_finish_kernel<<<warp_blocks(unique), cuda::kLookupThreads, 0, stream>>>(
+      partial.const_data_ptr<float>(), chunk_offsets.const_data_ptr<int64_t>(), unique, d,
+      out.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(demb, CUDA, m) {
+  m.impl("gather_table_rows", &gather_table_rows_cuda);
+  m.impl("segment_sum_rows", &segment_sum_rows_cuda);
+}
+
+}  // namespace demb

@@ -1,0 +1,68 @@
+// Argument checks of gather_table_rows and segment_sum_rows, shared by the CPU and CUDA
+// bindings.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "lookup_rule.h"
+
+namespace demb {
+
+// values: T tensors (R_t, W_t >= dim), one float dtype, contiguous, on one device; slots and
+// tables (U,) int64; inverse (N,) int64. Returns the tables' pointers.
+inline GatherTables check_gather_tables(at::TensorList values, const at::Tensor& slots,
+                                        const at::Tensor& tables, const at::Tensor& inverse,
+                                        int64_t dim) {
+  const auto t_count = static_cast<int64_t>(values.size());
+  TORCH_CHECK_VALUE(t_count >= 1 && t_count <= kMaxGatherTables, "values: ", t_count,
+                    " tables; gather_table_rows takes 1 to ", kMaxGatherTables);
+  TORCH_CHECK_VALUE(dim >= 1, "dim=", dim, ": must be >= 1");
+  const auto dtype = values[0].scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+                   "values must be float32, float16 or bfloat16, got ", dtype);
+  GatherTables g{};
+  g.count = t_count;
+  for (int64_t t = 0; t < t_count; ++t) {
+    const at::Tensor& v = values[t];
+    TORCH_CHECK_TYPE(v.scalar_type() == dtype, "values[", t, "] is ", v.scalar_type(),
+                     ", values[0] ", dtype, ": one dtype for all tables");
+    TORCH_CHECK_VALUE(v.dim() == 2 && v.is_contiguous() && v.size(1) >= dim, "values[", t,
+                      "] must be a contiguous (rows, width >= ", dim, ") tensor, got ",
+                      v.sizes());
+    TORCH_CHECK_VALUE(v.device() == values[0].device(), "values[", t, "] is on ", v.device(),
+                      ", values[0] on ", values[0].device());
+    g.base[t] = v.const_data_ptr();
+    g.rows[t] = v.size(0);
+    g.width[t] = v.size(1);
+  }
+  for (const auto& [name, x] : {std::pair<const char*, const at::Tensor&>{"slots", slots},
+                                {"tables", tables},
+                                {"inverse", inverse}}) {
+    TORCH_CHECK_TYPE(x.scalar_type() == at::kLong, name, " must be int64, got ", x.scalar_type());
+    TORCH_CHECK_VALUE(x.dim() == 1, name, " must be 1-D, got ", x.sizes());
+    TORCH_CHECK_VALUE(x.device() == values[0].device(), name, " is on ", x.device(),
+                      ", values on ", values[0].device());
+  }
+  TORCH_CHECK_VALUE(tables.numel() == slots.numel(), "tables and slots must have one entry per "
+                    "unique key, got ", tables.numel(), " and ", slots.numel());
+  return g;
+}
+
+// grads (N, D) float32 contiguous; order (N,) int64; starts (U,) int64; all on one device.
+inline void check_segment_sum(const at::Tensor& grads, const at::Tensor& order,
+                              const at::Tensor& starts) {
+  TORCH_CHECK_TYPE(grads.scalar_type() == at::kFloat, "grads must be float32, got ",
+                   grads.scalar_type());
+  TORCH_CHECK_VALUE(grads.dim() == 2, "grads must be (N, D), got ", grads.sizes());
+  for (const auto& [name, x] : {std::pair<const char*, const at::Tensor&>{"order", order},
+                                {"starts", starts}}) {
+    TORCH_CHECK_TYPE(x.scalar_type() == at::kLong, name, " must be int64, got ", x.scalar_type());
+    TORCH_CHECK_VALUE(x.dim() == 1, name, " must be 1-D, got ", x.sizes());
+    TORCH_CHECK_VALUE(x.device() == grads.device(), name, " is on ", x.device(), ", grads on ",
+                      grads.device());
+  }
+  TORCH_CHECK_VALUE(order.numel() == grads.size(0), "order must have one entry per grads row, "
+                    "got ", order.numel(), " for ", grads.size(0));
+}
+
+}  // namespace demb

@@ -1,0 +1,110 @@
+"""The two row ops of a table module step (``csrc/lookup_rule.h``).
+
+``gather_table_rows`` reads, for every occurrence of a batch, its key's row straight from the
+key's table (several tables in one launch), as float32. ``segment_sum_rows`` sums the gradient
+rows of each unique key in a fixed order (chunks of 32 rows, then the chunks), so a hot key's
+many occurrences spread over many warps without atomics and every device gives the same float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from demb_kernels import _library  # noqa: F401  (loads the native ops)
+
+__all__ = ["MAX_GATHER_TABLES", "SEGMENT_CHUNK", "gather_table_rows", "segment_sum_rows"]
+
+MAX_GATHER_TABLES = 64
+"""The most tables one ``gather_table_rows`` call takes."""
+
+SEGMENT_CHUNK = 32
+"""Rows a chunk of ``segment_sum_rows`` sums before the chunks are added."""
+
+
+def gather_table_rows(
+    values: Sequence[torch.Tensor],
+    slots: torch.Tensor,
+    tables: torch.Tensor,
+    inverse: torch.Tensor,
+    dim: int,
+    *,
+    check: bool = True,
+) -> torch.Tensor:
+    """``out[i] = values[tables[u]][slots[u], :dim]`` as float32, ``u = inverse[i]``.
+
+    Args:
+        values: ``T <= 64`` contiguous ``(R_t, W_t >= dim)`` value buffers of one dtype
+            (float32, float16 or bfloat16).
+        slots: ``(U,)`` int64 row of each unique key, -1 for none (its rows read zeros).
+        tables: ``(U,)`` int64 table of each unique key.
+        inverse: ``(N,)`` int64 unique key of each output row.
+        dim: columns to read.
+        check: on CUDA, check ``inverse``, ``tables`` and ``slots`` ranges first (one sync);
+            unchecked, an out-of-range entry reads zeros. The CPU kernel always checks.
+
+    Returns:
+        ``(N, dim)`` float32.
+    """
+    if check and inverse.device.type != "cpu" and inverse.numel():
+        rows = torch.tensor([v.shape[0] for v in values], device=slots.device)
+        bad_table = (tables < 0) | (tables >= len(values))
+        bad_slot = (slots < -1) | (slots >= rows[tables.clamp(0, len(values) - 1)])
+        bad_inverse = (inverse < 0) | (inverse >= slots.numel())
+        flags = torch.stack([bad_table.any(), bad_slot.any(), bad_inverse.any()]).tolist()
+        for name, bad in zip(("tables", "slots", "inverse"), flags, strict=True):
+            if bad:
+                raise ValueError(f"{name}: out of range")
+    out: torch.Tensor = torch.ops.demb.gather_table_rows(list(values), slots, tables, inverse, dim)
+    return out
+
+
+def segment_sum_rows(
+    grads: torch.Tensor, order: torch.Tensor, starts: torch.Tensor, *, check: bool = True
+) -> torch.Tensor:
+    """``out[u]`` = the sum of ``grads[order[k]]`` for ``k`` in ``[starts[u], starts[u + 1])``
+    (the last segment ends at ``N``), in chunks of :data:`SEGMENT_CHUNK` rows.
+
+    Args:
+        grads: ``(N, D)`` float32.
+        order: ``(N,)`` int64 a permutation of the rows (grouped by segment).
+        starts: ``(U,)`` int64 segment starts in ``order``: 0 first, never decreasing.
+        check: on CUDA, check ``order`` and ``starts`` first (one sync); the CPU kernel always
+            checks.
+
+    Returns:
+        ``(U, D)`` float32.
+    """
+    if check and grads.device.type != "cpu" and starts.numel():
+        n = grads.shape[0]
+        flags = torch.stack(
+            [
+                ((order < 0) | (order >= n)).any(),
+                (starts[0] != 0) | (starts.diff() < 0).any() | (starts[-1] > n),
+            ]
+        ).tolist()
+        if flags[0]:
+            raise ValueError(f"order: out of range for {n} rows")
+        if flags[1]:
+            raise ValueError(f"starts: must begin at 0, never decrease and stay <= {n}")
+    out: torch.Tensor = torch.ops.demb.segment_sum_rows(grads, order, starts)
+    return out
+
+
+@torch.library.register_fake("demb::gather_table_rows")  # type: ignore[untyped-decorator]
+def _gather_table_rows_fake(
+    values: list[torch.Tensor],
+    slots: torch.Tensor,
+    tables: torch.Tensor,
+    inverse: torch.Tensor,
+    dim: int,
+) -> torch.Tensor:
+    return inverse.new_empty((inverse.shape[0], dim), dtype=torch.float32)
+
+
+@torch.library.register_fake("demb::segment_sum_rows")  # type: ignore[untyped-decorator]
+def _segment_sum_rows_fake(
+    grads: torch.Tensor, order: torch.Tensor, starts: torch.Tensor
+) -> torch.Tensor:
+    return grads.new_empty((starts.shape[0], grads.shape[1]))

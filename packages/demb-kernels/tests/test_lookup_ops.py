@@ -1,0 +1,147 @@
+"""gather_table_rows and segment_sum_rows against pure-PyTorch references (CPU), and CUDA ==
+CPU bit for bit (marker ``cuda``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from demb_kernels.lookup import SEGMENT_CHUNK, gather_table_rows, segment_sum_rows
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def tables_case(gen, num_tables, dim, unique, n, dtype, extra_width):
+    values = [
+        torch.randn(
+            int(torch.randint(1, 40, (1,), generator=gen)), dim + extra_width, generator=gen
+        ).to(dtype)
+        for _ in range(num_tables)
+    ]
+    tables = torch.randint(0, num_tables, (unique,), generator=gen)
+    rows = torch.tensor([v.shape[0] for v in values])
+    slots = (torch.rand(unique, generator=gen) * rows[tables]).long()
+    slots[torch.rand(unique, generator=gen) < 0.2] = -1
+    inverse = (
+        torch.randint(0, max(unique, 1), (n,), generator=gen)
+        if unique
+        else torch.zeros(0, dtype=torch.long)
+    )
+    return values, slots, tables, inverse
+
+
+def gather_reference(values, slots, tables, inverse, dim):
+    out = torch.zeros(inverse.numel(), dim)
+    for i, u in enumerate(inverse.tolist()):
+        s, t = int(slots[u]), int(tables[u])
+        if s >= 0:
+            out[i] = values[t][s, :dim].float()
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_tables=st.integers(1, 5),
+    dim=st.integers(1, 300),
+    unique=st.integers(0, 30),
+    n=st.integers(0, 80),
+    dtype=st.sampled_from(DTYPES),
+    extra=st.sampled_from([0, 3, 16]),
+    seed=st.integers(0, 2**31),
+)
+def test_gather_table_rows_matches_the_reference(num_tables, dim, unique, n, dtype, extra, seed):
+    gen = torch.Generator().manual_seed(seed)
+    values, slots, tables, inverse = tables_case(
+        gen, num_tables, dim, unique, n if unique else 0, dtype, extra
+    )
+    got = gather_table_rows(values, slots, tables, inverse, dim)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, gather_reference(values, slots, tables, inverse, dim))
+
+
+def segments_case(gen, n, unique, d):
+    grads = torch.randn(n, d, generator=gen)
+    order = torch.randperm(n, generator=gen)
+    cuts = torch.sort(torch.randint(0, n + 1, (unique - 1,), generator=gen)).values
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), cuts])
+    return grads, order, starts
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    unique=st.integers(1, 12),
+    d=st.integers(1, 200),
+    seed=st.integers(0, 2**31),
+)
+def test_segment_sum_rows_matches_a_float64_sum(n, unique, d, seed):
+    gen = torch.Generator().manual_seed(seed)
+    grads, order, starts = segments_case(gen, n, unique, d)
+    got = segment_sum_rows(grads, order, starts)
+    ends = torch.cat([starts[1:], torch.tensor([n])])
+    want = torch.stack(
+        [
+            grads[order[b:e]].to(torch.float64).sum(0)
+            for b, e in zip(starts.tolist(), ends.tolist(), strict=True)
+        ]
+    )
+    torch.testing.assert_close(got.to(torch.float64), want, rtol=1e-5, atol=1e-5)
+
+
+def test_segment_sum_rows_adds_chunks_in_a_fixed_order():
+    """A segment longer than one chunk: its chunk sums, each in row order, then added in chunk
+    order (what the CUDA kernel does too)."""
+    gen = torch.Generator().manual_seed(0)
+    n = 3 * SEGMENT_CHUNK + 5
+    grads = torch.randn(n, 7, generator=gen) * 1e3
+    order = torch.randperm(n, generator=gen)
+    got = segment_sum_rows(grads, order, torch.tensor([0]))
+    total = torch.zeros(7)
+    for c in range(0, n, SEGMENT_CHUNK):
+        partial = torch.zeros(7)
+        for k in range(c, min(c + SEGMENT_CHUNK, n)):
+            partial = partial + grads[order[k]]
+        total = total + partial
+    assert torch.equal(got[0], total)
+
+
+def test_bad_arguments_are_named():
+    values = [torch.zeros(4, 3)]
+    with pytest.raises(ValueError, match="slots: 9 is out of range for table 0 of 4 rows"):
+        gather_table_rows(values, torch.tensor([9]), torch.tensor([0]), torch.tensor([0]), 3)
+    with pytest.raises(ValueError, match="inverse: 2 is out of range for 1 unique keys"):
+        gather_table_rows(values, torch.tensor([0]), torch.tensor([0]), torch.tensor([2]), 3)
+    with pytest.raises(ValueError, match="width >= 5"):
+        gather_table_rows(values, torch.tensor([0]), torch.tensor([0]), torch.tensor([0]), 5)
+    with pytest.raises(TypeError, match="one dtype for all tables"):
+        gather_table_rows(
+            [values[0], torch.zeros(2, 3, dtype=torch.float16)],
+            torch.tensor([0]),
+            torch.tensor([0]),
+            torch.tensor([0]),
+            3,
+        )
+    with pytest.raises(ValueError, match="starts: must begin at 0"):
+        segment_sum_rows(torch.zeros(3, 2), torch.arange(3), torch.tensor([1]))
+    with pytest.raises(ValueError, match="order: 5 is out of range"):
+        segment_sum_rows(torch.zeros(3, 2), torch.tensor([0, 1, 5]), torch.tensor([0]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_equals_cpu_bit_for_bit(dtype):
+    gen = torch.Generator().manual_seed(1)
+    values, slots, tables, inverse = tables_case(gen, 5, 130, 2000, 50_000, dtype, 7)
+    cpu = gather_table_rows(values, slots, tables, inverse, 130)
+    gpu = gather_table_rows(
+        [v.cuda() for v in values], slots.cuda(), tables.cuda(), inverse.cuda(), 130
+    )
+    assert torch.equal(gpu.cpu(), cpu)
+    # hot segments: one key with 20,000 of 60,000 rows, many small ones, empty ones
+    grads = torch.randn(60_000, 130, generator=gen)
+    order = torch.randperm(60_000, generator=gen)
+    starts = torch.cat([torch.tensor([0, 20_000, 20_000]), torch.arange(20_001, 60_000, 7)])
+    cpu_sum = segment_sum_rows(grads, order, starts)
+    gpu_sum = segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda())
+    assert torch.equal(gpu_sum.cpu(), cpu_sum)
