@@ -4,15 +4,18 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 #include "lookup_rule.h"
 
 namespace demb {
 
 // values: T tensors (R_t, W_t >= dim), one float dtype, contiguous, on one device; slots and
-// tables (U,) int64; inverse (N,) int64. Returns the tables' pointers.
+// tables (U,) int64; inverse (N,) int64 or none (N = U, row i is key i). Returns the tables'
+// pointers.
 inline GatherTables check_gather_tables(at::TensorList values, const at::Tensor& slots,
-                                        const at::Tensor& tables, const at::Tensor& inverse,
-                                        int64_t dim) {
+                                        const at::Tensor& tables,
+                                        const std::optional<at::Tensor>& inverse, int64_t dim) {
   const auto t_count = static_cast<int64_t>(values.size());
   TORCH_CHECK_VALUE(t_count >= 1 && t_count <= kMaxGatherTables, "values: ", t_count,
                     " tables; gather_table_rows takes 1 to ", kMaxGatherTables);
@@ -35,9 +38,10 @@ inline GatherTables check_gather_tables(at::TensorList values, const at::Tensor&
     g.rows[t] = v.size(0);
     g.width[t] = v.size(1);
   }
+  const at::Tensor& every = inverse ? *inverse : slots;  // no inverse: row i is key i
   for (const auto& [name, x] : {std::pair<const char*, const at::Tensor&>{"slots", slots},
                                 {"tables", tables},
-                                {"inverse", inverse}}) {
+                                {"inverse", every}}) {
     TORCH_CHECK_TYPE(x.scalar_type() == at::kLong, name, " must be int64, got ", x.scalar_type());
     TORCH_CHECK_VALUE(x.dim() == 1, name, " must be 1-D, got ", x.sizes());
     TORCH_CHECK_VALUE(x.device() == values[0].device(), name, " is on ", x.device(),

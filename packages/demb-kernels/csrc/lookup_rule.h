@@ -1,12 +1,12 @@
 // The two row ops of a table module step, shared by the CPU and CUDA kernels (plain C++):
 //
-// gather_table_rows: out[i] = float(values[t][slot, :dim]) for u = inverse[i], t = tables[u],
-//   slot = slots[u]; zeros for slot -1 (a key without a row).
+// gather_table_rows: out[i] = float(values[t][slot, :dim]) for u = inverse[i] (u = i without
+//   inverse), t = tables[u], slot = slots[u]; zeros for slot -1 (a key without a row).
 // segment_sum_rows: out[u] = the sum of grads[order[k]] for k in [starts[u], starts[u + 1])
 //   (the last segment ends at N), summed in a fixed order on every device: the segment is cut
 //   into chunks of kSegmentChunk rows, each chunk summed in k order, then the chunk sums in
-//   chunk order. Long segments (hot keys) thus spread over many warps on a GPU, and the CPU
-//   and the GPU give the same float.
+//   chunk order; a segment of one chunk is that chunk's sum. Long segments (hot keys) thus
+//   spread over many warps on a GPU, and the CPU and the GPU give the same float.
 #pragma once
 
 #include <cstdint>

@@ -39,9 +39,13 @@ TORCH_LIBRARY(demb, m) {
   // A table module step: rows of several tables gathered per occurrence, and gradients summed
   // per unique key in a fixed order (lookup_rule.h).
   m.def(
-      "gather_table_rows(Tensor[] values, Tensor slots, Tensor tables, Tensor inverse, int dim) "
-      "-> Tensor");
+      "gather_table_rows(Tensor[] values, Tensor slots, Tensor tables, Tensor? inverse, "
+      "int dim) -> Tensor");
   m.def("segment_sum_rows(Tensor grads, Tensor order, Tensor starts) -> Tensor");
+  m.def(
+      "dedup_batch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
+      "int batch_size, Tensor? counters) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+      "Tensor)");
   // Optimizer updates of value rows [embedding | state] in place (demb_optim's specs).
   m.def(
       "optimizer_update(Tensor(a!)[] values, Tensor[] slots, Tensor[] grads, int[] dims, "

@@ -58,6 +58,9 @@ def test_gather_table_rows_matches_the_reference(num_tables, dim, unique, n, dty
     got = gather_table_rows(values, slots, tables, inverse, dim)
     assert got.dtype == torch.float32
     assert torch.equal(got, gather_reference(values, slots, tables, inverse, dim))
+    every = torch.arange(unique)
+    one_each = gather_table_rows(values, slots, tables, None, dim)  # no inverse: row u is key u
+    assert torch.equal(one_each, gather_reference(values, slots, tables, every, dim))
 
 
 def segments_case(gen, n, unique, d):
@@ -130,16 +133,19 @@ def test_bad_arguments_are_named():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_equals_cpu_bit_for_bit(dtype):
+@pytest.mark.parametrize(("dim", "extra"), [(130, 7), (128, 0), (128, 12)])
+def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
+    """Both CUDA paths: 16-byte moves (float32, dim and width multiples of 4) and scalar."""
     gen = torch.Generator().manual_seed(1)
-    values, slots, tables, inverse = tables_case(gen, 5, 130, 2000, 50_000, dtype, 7)
-    cpu = gather_table_rows(values, slots, tables, inverse, 130)
-    gpu = gather_table_rows(
-        [v.cuda() for v in values], slots.cuda(), tables.cuda(), inverse.cuda(), 130
-    )
+    values, slots, tables, inverse = tables_case(gen, 5, dim, 2000, 50_000, dtype, extra)
+    on_gpu = ([v.cuda() for v in values], slots.cuda(), tables.cuda())
+    cpu = gather_table_rows(values, slots, tables, inverse, dim)
+    gpu = gather_table_rows(*on_gpu, inverse.cuda(), dim)
     assert torch.equal(gpu.cpu(), cpu)
+    one_each = gather_table_rows(*on_gpu, None, dim)
+    assert torch.equal(one_each.cpu(), gather_table_rows(values, slots, tables, None, dim))
     # hot segments: one key with 20,000 of 60,000 rows, many small ones, empty ones
-    grads = torch.randn(60_000, 130, generator=gen)
+    grads = torch.randn(60_000, dim, generator=gen)
     order = torch.randperm(60_000, generator=gen)
     starts = torch.cat([torch.tensor([0, 20_000, 20_000]), torch.arange(20_001, 60_000, 7)])
     cpu_sum = segment_sum_rows(grads, order, starts)

@@ -1,7 +1,9 @@
 """Where a step of the reference workload spends its time: torch.profiler over training and eval
 steps of ``demb bench module``'s workload; prints the top ops by device time and by host time.
 
-Usage: ``python profile_module.py [--scale 1.0] [--optimizer adam] [--pooling none]``.
+Usage: ``python profile_module.py [--scale 1.0] [--optimizer adam] [--pooling none]
+[--trace trace.json]`` (``--trace`` also writes a Chrome trace: the phases are the ranges
+``train_forward``, ``train_backward`` and ``eval_forward``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 import torch
 from demb_torchrec.bench.module_bench import build, prefill
 from demb_torchrec.bench.workload import Workload, make_batches
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 
 def main() -> None:
@@ -20,6 +22,7 @@ def main() -> None:
     parser.add_argument("--optimizer", default="adam")
     parser.add_argument("--pooling", default="none")
     parser.add_argument("--rows", type=int, default=30)
+    parser.add_argument("--trace", default=None)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     w = Workload(optimizer=args.optimizer, pooling=args.pooling).scaled(args.scale)
@@ -31,11 +34,16 @@ def main() -> None:
 
     def step(i: int) -> None:
         module.train()
-        out = module(*batches[i % 2])
-        torch.autograd.backward([out], [grad])
+        with record_function("train_forward"):
+            out = module(*batches[i % 2])
+            sync()
+        with record_function("train_backward"):
+            torch.autograd.backward([out], [grad])
+            sync()
         module.eval()
-        with torch.no_grad():
+        with record_function("eval_forward"), torch.no_grad():
             module(*batches[i % 2])
+            sync()
 
     def sync() -> None:
         if device.type == "cuda":
@@ -49,6 +57,8 @@ def main() -> None:
         for i in range(2):
             step(i)
         sync()
+    if args.trace:
+        prof.export_chrome_trace(args.trace)
     averages = prof.key_averages()
     if device.type == "cuda":
         print(

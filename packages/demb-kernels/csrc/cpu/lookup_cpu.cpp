@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <vector>
 
 #include "lookup_checks.h"
@@ -12,34 +13,37 @@ namespace demb {
 namespace {
 
 at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots_in,
-                                 const at::Tensor& tables_in, const at::Tensor& inverse_in,
-                                 int64_t dim) {
+                                 const at::Tensor& tables_in,
+                                 const std::optional<at::Tensor>& inverse_in, int64_t dim) {
   const GatherTables g = check_gather_tables(values, slots_in, tables_in, inverse_in, dim);
   const at::Tensor slots = slots_in.contiguous();
   const at::Tensor tables = tables_in.contiguous();
-  const at::Tensor inverse = inverse_in.contiguous();
+  const at::Tensor inverse = inverse_in ? inverse_in->contiguous() : at::Tensor();
   const int64_t* s = slots.const_data_ptr<int64_t>();
   const int64_t* t = tables.const_data_ptr<int64_t>();
-  const int64_t* inv = inverse.const_data_ptr<int64_t>();
   const int64_t unique = slots.numel();
-  const int64_t n = inverse.numel();
+  const int64_t n = inverse.defined() ? inverse.numel() : unique;
+  // An empty tensor's data pointer may be null: a null `inv` means "no inverse" only when
+  // there is none.
+  const int64_t* inv = inverse.defined() && n ? inverse.const_data_ptr<int64_t>() : nullptr;
   for (int64_t u = 0; u < unique; ++u) {
     TORCH_CHECK_VALUE(t[u] >= 0 && t[u] < g.count, "tables: ", t[u], " is out of range for ",
                       g.count, " tables");
     TORCH_CHECK_VALUE(s[u] >= -1 && s[u] < g.rows[t[u]], "slots: ", s[u],
                       " is out of range for table ", t[u], " of ", g.rows[t[u]], " rows");
   }
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; inv && i < n; ++i) {
     TORCH_CHECK_VALUE(inv[i] >= 0 && inv[i] < unique, "inverse: ", inv[i],
                       " is out of range for ", unique, " unique keys");
   }
   at::Tensor out = at::empty({n, dim}, slots.options().dtype(at::kFloat));
+  if (n == 0) return out;
   float* o = out.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, values[0].scalar_type(), "demb::gather_table_rows", [&] {
         at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
-            const int64_t u = inv[i];
+            const int64_t u = inv ? inv[i] : i;
             float* row = o + i * dim;
             if (s[u] < 0) {
               for (int64_t j = 0; j < dim; ++j) row[j] = 0.0f;
@@ -82,14 +86,18 @@ at::Tensor segment_sum_rows_cpu(const at::Tensor& grads_in, const at::Tensor& or
     for (int64_t u = begin; u < end; ++u) {
       const int64_t stop = u + 1 < unique ? st[u + 1] : n;
       float* total = o + u * d;
+      const bool alone = stop - st[u] <= kSegmentChunk;  // one chunk: its sum is the total
       for (int64_t c = st[u]; c < stop; c += kSegmentChunk) {
-        for (int64_t j = 0; j < d; ++j) partial[j] = 0.0f;
+        float* acc = alone ? total : partial.data();
+        for (int64_t j = 0; j < d; ++j) acc[j] = 0.0f;
         const int64_t chunk_end = c + kSegmentChunk < stop ? c + kSegmentChunk : stop;
         for (int64_t k = c; k < chunk_end; ++k) {
           const float* row = g + ord[k] * d;
-          for (int64_t j = 0; j < d; ++j) partial[j] += row[j];
+          for (int64_t j = 0; j < d; ++j) acc[j] += row[j];
         }
-        for (int64_t j = 0; j < d; ++j) total[j] += partial[j];
+        if (!alone) {
+          for (int64_t j = 0; j < d; ++j) total[j] += partial[j];
+        }
       }
     }
   });

@@ -7,6 +7,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+
 #include "cuda/lookup_kernels.cuh"
 #include "lookup_checks.h"
 
@@ -18,31 +22,40 @@ unsigned warp_blocks(int64_t warps) {
                                cuda::kLookupThreads);
 }
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 at::Tensor gather_table_rows_cuda(at::TensorList values, const at::Tensor& slots_in,
-                                  const at::Tensor& tables_in, const at::Tensor& inverse_in,
-                                  int64_t dim) {
+                                  const at::Tensor& tables_in,
+                                  const std::optional<at::Tensor>& inverse_in, int64_t dim) {
   const GatherTables g = check_gather_tables(values, slots_in, tables_in, inverse_in, dim);
   const c10::cuda::CUDAGuard guard(values[0].device());
   const at::Tensor slots = slots_in.contiguous();
   const at::Tensor tables = tables_in.contiguous();
-  const at::Tensor inverse = inverse_in.contiguous();
-  const int64_t n = inverse.numel();
+  const std::optional<at::Tensor> inverse =
+      inverse_in ? std::optional<at::Tensor>(inverse_in->contiguous()) : std::nullopt;
+  const int64_t n = inverse ? inverse->numel() : slots.numel();
   at::Tensor out = at::empty({n, dim}, slots.options().dtype(at::kFloat));
   if (n == 0) return out;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const auto launch = [&](auto zero) {
-    using T = decltype(zero);
-    cuda::gather_table_rows_kernel<T><<<warp_blocks(n), cuda::kLookupThreads, 0, stream>>>(
-        g, slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(),
-        inverse.const_data_ptr<int64_t>(), slots.numel(), n, dim, out.data_ptr<float>());
-  };
   const auto dtype = values[0].scalar_type();
-  if (dtype == at::kFloat) {
-    launch(float{});
+  bool vec4 = dtype == at::kFloat && dim % 4 == 0;
+  for (int64_t t = 0; t < g.count; ++t) vec4 = vec4 && g.width[t] % 4 == 0 && aligned16(g.base[t]);
+  const int64_t* inv = inverse ? inverse->const_data_ptr<int64_t>() : nullptr;
+  const auto launch = [&](auto zero, auto vec) {
+    using T = decltype(zero);
+    cuda::gather_table_rows_kernel<T, decltype(vec)::value>
+        <<<warp_blocks(n), cuda::kLookupThreads, 0, stream>>>(
+            g, slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(), inv,
+            slots.numel(), n, dim, out.data_ptr<float>());
+  };
+  if (vec4) {
+    launch(float{}, std::true_type{});
+  } else if (dtype == at::kFloat) {
+    launch(float{}, std::false_type{});
   } else if (dtype == at::kHalf) {
-    launch(__half{});
+    launch(__half{}, std::false_type{});
   } else {
-    launch(__nv_bfloat16{});
+    launch(__nv_bfloat16{}, std::false_type{});
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -59,22 +72,32 @@ at::Tensor segment_sum_rows_cuda(const at::Tensor& grads_in, const at::Tensor& o
   const int64_t d = grads.size(1);
   const int64_t unique = starts.numel();
   if (unique == 0 || n == 0 || d == 0) return at::zeros({unique, d}, grads.options());
-  at::Tensor out = at::empty({unique, d}, grads.options());  // pass 2 writes every row
+  at::Tensor out = at::empty({unique, d}, grads.options());  // pass 1 or 2 writes every row
   const at::Tensor ends = at::cat({starts.slice(0, 1), at::full({1}, n, starts.options())});
   const at::Tensor chunks = (ends - starts + (kSegmentChunk - 1)).div(kSegmentChunk, "floor");
   const at::Tensor chunk_offsets = at::cat({at::zeros({1}, starts.options()), chunks.cumsum(0)});
   const int64_t max_chunks = unique + n / kSegmentChunk + 1;
   at::Tensor partial = at::empty({max_chunks, d}, grads.options());
+  const bool vec4 = d % 4 == 0 && aligned16(grads.const_data_ptr());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  cuda::segment_chunk_sums_kernel<<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
-      grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(),
-      starts.const_data_ptr<int64_t>(), chunk_offsets.const_data_ptr<int64_t>(), unique, n, d,
-      max_chunks, partial.data_ptr<float>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  cuda::segment_finish_kernel<<<warp_blocks(unique), cuda::kLookupThreads, 0, stream>>>(
-      partial.const_data_ptr<float>(), chunk_offsets.const_data_ptr<int64_t>(), unique, d,
-      out.data_ptr<float>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto launch = [&](auto vec) {
+    constexpr bool kVec = decltype(vec)::value;
+    cuda::segment_chunk_sums_kernel<kVec>
+        <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
+            grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(),
+            starts.const_data_ptr<int64_t>(), chunk_offsets.const_data_ptr<int64_t>(), unique,
+            n, d, max_chunks, partial.data_ptr<float>(), out.data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    cuda::segment_finish_kernel<kVec><<<warp_blocks(unique), cuda::kLookupThreads, 0, stream>>>(
+        partial.const_data_ptr<float>(), chunk_offsets.const_data_ptr<int64_t>(), unique, d,
+        out.data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (vec4) {
+    launch(std::true_type{});
+  } else {
+    launch(std::false_type{});
+  }
   return out;
 }
 

@@ -23,6 +23,7 @@ OPS = (
     "optimizer_update",
     "gather_table_rows",
     "segment_sum_rows",
+    "dedup_batch",
 )
 """Every op of the ``demb`` torch library (each has CPU and CUDA kernels)."""
 

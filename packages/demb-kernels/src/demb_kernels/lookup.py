@@ -1,4 +1,5 @@
-"""The two row ops of a table module step (``csrc/lookup_rule.h``).
+"""The ops of a table module step: its batch deduplicated per table (``csrc/dedup.cpp``) and
+its two row ops (``csrc/lookup_rule.h``).
 
 ``gather_table_rows`` reads, for every occurrence of a batch, its key's row straight from the
 key's table (several tables in one launch), as float32. ``segment_sum_rows`` sums the gradient
@@ -9,12 +10,20 @@ many occurrences spread over many warps without atomics and every device gives t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from demb_kernels import _library  # noqa: F401  (loads the native ops)
 
-__all__ = ["MAX_GATHER_TABLES", "SEGMENT_CHUNK", "gather_table_rows", "segment_sum_rows"]
+__all__ = [
+    "MAX_GATHER_TABLES",
+    "SEGMENT_CHUNK",
+    "DedupOutput",
+    "dedup_batch",
+    "gather_table_rows",
+    "segment_sum_rows",
+]
 
 MAX_GATHER_TABLES = 64
 """The most tables one ``gather_table_rows`` call takes."""
@@ -23,23 +32,73 @@ SEGMENT_CHUNK = 32
 """Rows a chunk of ``segment_sum_rows`` sums before the chunks are added."""
 
 
+class DedupOutput(NamedTuple):
+    """A batch's unique (table, key) pairs (:func:`dedup_batch`)."""
+
+    keys: torch.Tensor
+    """``(U,)`` int64 unique keys, sorted by table, then key."""
+    tables: torch.Tensor
+    """``(U,)`` int64 table of each unique key."""
+    inverse: torch.Tensor
+    """``(N,)`` int64 position in ``keys`` of each index."""
+    counts: torch.Tensor
+    """``(U,)`` int64 occurrences of each unique key (or its summed frequency counters)."""
+    order: torch.Tensor
+    """``(N,)`` int64 index positions sorted by (table, key), stable."""
+    starts: torch.Tensor
+    """``(U,)`` int64 where each unique key's occurrences start in ``order``."""
+    bounds: torch.Tensor
+    """``(T + 1 + F + 1,)`` int64 on the CPU: where each table's unique keys start (and the
+    end), then ``offsets[::B]``."""
+
+
+def dedup_batch(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    feature_tables: torch.Tensor,
+    num_tables: int,
+    batch_size: int,
+    counters: torch.Tensor | None = None,
+) -> DedupOutput:
+    """Deduplicate a TBE-layout batch per table, with one host sync.
+
+    Args:
+        indices: ``(N,)`` int64 keys, feature-major.
+        offsets: ``(F * B + 1,)`` int64 bag offsets into ``indices``.
+        feature_tables: ``(F,)`` int64 table of each feature, in ``[0, num_tables)``.
+        num_tables: ``T``.
+        batch_size: ``B >= 1``.
+        counters: ``(N,)`` int64 per-index counts summed into ``counts`` (default 1 each).
+
+    Raises:
+        ValueError: a -1 key, a negative counter, or offsets that do not start at 0, decrease,
+            or do not end at ``N`` (checked before anything is returned).
+    """
+    out = torch.ops.demb.dedup_batch(
+        indices, offsets, feature_tables, num_tables, batch_size, counters
+    )
+    return DedupOutput(*out)
+
+
 def gather_table_rows(
     values: Sequence[torch.Tensor],
     slots: torch.Tensor,
     tables: torch.Tensor,
-    inverse: torch.Tensor,
+    inverse: torch.Tensor | None,
     dim: int,
     *,
     check: bool = True,
 ) -> torch.Tensor:
-    """``out[i] = values[tables[u]][slots[u], :dim]`` as float32, ``u = inverse[i]``.
+    """``out[i] = values[tables[u]][slots[u], :dim]`` as float32, ``u = inverse[i]`` (or
+    ``u = i`` without ``inverse``).
 
     Args:
         values: ``T <= 64`` contiguous ``(R_t, W_t >= dim)`` value buffers of one dtype
             (float32, float16 or bfloat16).
         slots: ``(U,)`` int64 row of each unique key, -1 for none (its rows read zeros).
         tables: ``(U,)`` int64 table of each unique key.
-        inverse: ``(N,)`` int64 unique key of each output row.
+        inverse: ``(N,)`` int64 unique key of each output row, or None: one row per key
+            (``N = U``).
         dim: columns to read.
         check: on CUDA, check ``inverse``, ``tables`` and ``slots`` ranges first (one sync);
             unchecked, an out-of-range entry reads zeros. The CPU kernel always checks.
@@ -47,12 +106,16 @@ def gather_table_rows(
     Returns:
         ``(N, dim)`` float32.
     """
-    if check and inverse.device.type != "cpu" and inverse.numel():
+    if check and slots.device.type != "cpu" and slots.numel():
         rows = torch.tensor([v.shape[0] for v in values], device=slots.device)
         bad_table = (tables < 0) | (tables >= len(values))
         bad_slot = (slots < -1) | (slots >= rows[tables.clamp(0, len(values) - 1)])
-        bad_inverse = (inverse < 0) | (inverse >= slots.numel())
-        flags = torch.stack([bad_table.any(), bad_slot.any(), bad_inverse.any()]).tolist()
+        bad_inverse = (
+            torch.zeros((), dtype=torch.bool, device=slots.device)
+            if inverse is None
+            else ((inverse < 0) | (inverse >= slots.numel())).any()
+        )
+        flags = torch.stack([bad_table.any(), bad_slot.any(), bad_inverse]).tolist()
         for name, bad in zip(("tables", "slots", "inverse"), flags, strict=True):
             if bad:
                 raise ValueError(f"{name}: out of range")
@@ -97,10 +160,11 @@ def _gather_table_rows_fake(
     values: list[torch.Tensor],
     slots: torch.Tensor,
     tables: torch.Tensor,
-    inverse: torch.Tensor,
+    inverse: torch.Tensor | None,
     dim: int,
 ) -> torch.Tensor:
-    return inverse.new_empty((inverse.shape[0], dim), dtype=torch.float32)
+    rows = slots.shape[0] if inverse is None else inverse.shape[0]
+    return slots.new_empty((rows, dim), dtype=torch.float32)
 
 
 @torch.library.register_fake("demb::segment_sum_rows")  # type: ignore[untyped-decorator]
@@ -108,3 +172,26 @@ def _segment_sum_rows_fake(
     grads: torch.Tensor, order: torch.Tensor, starts: torch.Tensor
 ) -> torch.Tensor:
     return grads.new_empty((starts.shape[0], grads.shape[1]))
+
+
+@torch.library.register_fake("demb::dedup_batch")  # type: ignore[untyped-decorator]
+def _dedup_batch_fake(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    feature_tables: torch.Tensor,
+    num_tables: int,
+    batch_size: int,
+    counters: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    unique = torch.library.get_ctx().new_dynamic_size()
+    n = indices.shape[0]
+    bounds = num_tables + 1 + feature_tables.shape[0] + 1
+    return (
+        indices.new_empty((unique,)),
+        indices.new_empty((unique,)),
+        indices.new_empty((n,)),
+        indices.new_empty((unique,)),
+        indices.new_empty((n,)),
+        indices.new_empty((unique,)),
+        torch.empty((bounds,), dtype=torch.int64, device="cpu"),
+    )

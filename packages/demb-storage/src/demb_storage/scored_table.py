@@ -69,6 +69,11 @@ class TableExport(NamedTuple):
     """``(n, width)`` the rows."""
 
 
+_ONE_HOT_TABLES = 64
+"""Up to this many tables, failed inserts are counted per table by a reduction over a
+``(N, T)`` mask; beyond, by ``index_add_`` (whose atomics on few addresses serialize)."""
+
+
 def _env_flag(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None:
@@ -435,8 +440,14 @@ class ScoredHashTable:
             scatter_rows(buf, target, zeros, check=False)
 
     def _safe_check(self, table_ids: torch.Tensor, status: torch.Tensor) -> None:
-        failed = (status == InsertStatus.FAILED).to(torch.int64)
-        per_table = torch.zeros_like(self.failed_inserts).index_add_(0, table_ids, failed)
+        failed = status == InsertStatus.FAILED
+        if self.num_tables <= _ONE_HOT_TABLES:  # a reduction: no atomics on T addresses
+            tables = torch.arange(self.num_tables, device=table_ids.device)
+            per_table = ((table_ids[:, None] == tables) & failed[:, None]).sum(0)
+        else:
+            per_table = torch.zeros_like(self.failed_inserts).index_add_(
+                0, table_ids, failed.to(torch.int64)
+            )
         self.failed_inserts += per_table  # no sync: IGNORE tables pay nothing more
         modes = [c.safe_check_mode for c in self.configs]
         if all(m is SafeCheckMode.IGNORE for m in modes):

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from demb_kernels.lookup import dedup_batch
 
-__all__ = ["DedupedBatch", "dedup"]
+__all__ = ["DedupedBatch", "batch_flags", "dedup", "index_tables", "raise_bad_batch"]
 
 
 class DedupedBatch(NamedTuple):
@@ -31,6 +32,49 @@ class DedupedBatch(NamedTuple):
     """``(U,)`` int64 where each unique key's occurrences start in ``order``."""
 
 
+def index_tables(
+    offsets: torch.Tensor, feature_tables: torch.Tensor, batch_size: int, n: int
+) -> torch.Tensor:
+    """``(N,)`` int64 table of each index: feature ``f`` owns ``[offsets[f * B], offsets[(f + 1)
+    * B])`` (no sync; offsets that break the layout give tables in range, and fail
+    :func:`batch_flags`)."""
+    starts = offsets[:-1:batch_size].contiguous()
+    positions = torch.arange(n, device=offsets.device)
+    feature = torch.searchsorted(starts, positions, right=True) - 1
+    return feature_tables[feature.clamp_(0, feature_tables.numel() - 1)]
+
+
+def batch_flags(
+    indices: torch.Tensor, offsets: torch.Tensor, counters: torch.Tensor | None
+) -> torch.Tensor:
+    """``(5,)`` int64 on the batch's device: offsets' decreases, ``offsets[0]``, ``N -
+    offsets[-1]``, -1 keys, negative counters; read back by :func:`raise_bad_batch`."""
+    negative = (counters < 0).sum() if counters is not None else offsets.new_zeros(())
+    return torch.stack(
+        [
+            (offsets[1:] < offsets[:-1]).sum(),
+            offsets[0],
+            indices.numel() - offsets[-1],
+            (indices == -1).sum(),
+            negative.to(torch.int64),
+        ]
+    )
+
+
+def raise_bad_batch(flags: list[int], n: int) -> None:
+    """Raise the error a bad batch earns, from :func:`batch_flags` read back."""
+    decreases, first, short, empty_keys, negative = flags
+    if empty_keys:
+        raise ValueError("indices: contains -1, the empty-key sentinel, which is never a key")
+    if negative:
+        raise ValueError("frequency_counters: contains a negative count")
+    if decreases or first or short:
+        raise ValueError(
+            f"offsets: must start at 0, never decrease and end at {n} (the number of indices); "
+            f"got {first} ... {n - short} with {decreases} decreases"
+        )
+
+
 def dedup(
     indices: torch.Tensor,
     offsets: torch.Tensor,
@@ -39,7 +83,8 @@ def dedup(
     batch_size: int,
     frequency_counters: torch.Tensor | None = None,
 ) -> DedupedBatch:
-    """Deduplicate a TBE-layout batch per table, with one host sync.
+    """Deduplicate a TBE-layout batch per table, with one host sync (``demb::dedup_batch``:
+    the same ATen steps on every device, run from C++).
 
     Args:
         indices: ``(N,)`` int64 keys, feature-major (feature ``f``'s bags come before
@@ -50,62 +95,22 @@ def dedup(
         batch_size: ``B`` (>= 1).
         frequency_counters: ``(N,)`` int64 per-index counts summed into ``counts`` (default 1).
     """
-    n = indices.numel()
-    device = indices.device
-    positions = torch.arange(n, device=device)
-    bags = offsets.numel() - 1
-    bag_of = (torch.searchsorted(offsets, positions, right=True) - 1).clamp(0, bags - 1)
-    tables = feature_tables[bag_of // batch_size]
-    order = torch.argsort(indices, stable=True)
-    order = order[torch.argsort(tables[order].to(torch.int32), stable=True)]
-    sorted_keys, sorted_tables = indices[order], tables[order]
-    first = torch.ones(n, dtype=torch.bool, device=device)
-    first[1:] = (sorted_keys[1:] != sorted_keys[:-1]) | (sorted_tables[1:] != sorted_tables[:-1])
-    rank = torch.cumsum(first, 0) - 1
-    inverse = torch.empty_like(rank)
-    inverse[order] = rank
-    # Unique keys up to the end of each table (no atomics: the pairs are sorted by table).
-    ends = torch.searchsorted(
-        sorted_tables,
-        torch.arange(num_tables, device=device, dtype=sorted_tables.dtype),
-        right=True,
+    keys, tables, inverse, counts, order, starts, bounds = dedup_batch(
+        indices,
+        offsets,
+        feature_tables,
+        num_tables,
+        batch_size,
+        None if frequency_counters is None else frequency_counters.to(torch.int64),
     )
-    through = torch.where(ends > 0, rank[(ends - 1).clamp_min(0)] + 1, 0)
-    weights = None if frequency_counters is None else frequency_counters.to(torch.int64)
-    negative = (weights < 0).sum() if weights is not None else torch.zeros((), device=device)
-    flags = torch.stack(
-        [(offsets[1:] < offsets[:-1]).sum(), (indices == -1).sum(), negative.to(torch.int64)]
-    )
-    host = torch.cat([through, flags, offsets[::batch_size]]).tolist()  # the one sync
-    bounds, feature_bounds = host[:num_tables], host[num_tables + 3 :]
-    if host[num_tables + 1]:
-        raise ValueError("indices: contains -1, the empty-key sentinel, which is never a key")
-    if host[num_tables + 2]:
-        raise ValueError("frequency_counters: contains a negative count")
-    if host[num_tables] or feature_bounds[0] != 0 or feature_bounds[-1] != n:
-        raise ValueError(
-            f"offsets: must start at 0, never decrease and end at {n} (the number of indices); "
-            f"got {feature_bounds[0]} ... {feature_bounds[-1]} with {host[num_tables]} decreases"
-        )
-    table_bounds = [0]
-    for end in bounds:  # a table without keys ends where the previous one did
-        table_bounds.append(max(end, table_bounds[-1]))
-    unique = table_bounds[-1]
-    at = torch.nonzero_static(first, size=unique).squeeze(1)
-    # Occurrences (or summed counters) per unique key: segment sums over the sorted order.
-    segment_end = torch.cat([at[1:], torch.full((1,), n, device=device, dtype=at.dtype)])
-    if weights is None:
-        counts = segment_end - at
-    else:
-        summed = torch.cumsum(weights[order], 0)
-        counts = summed[segment_end - 1] - summed[at] + weights[order[at]]
+    host = bounds.tolist()
     return DedupedBatch(
-        sorted_keys[at],
-        sorted_tables[at],
+        keys,
+        tables,
         inverse,
         counts,
-        table_bounds,
-        feature_bounds,
+        host[: num_tables + 1],
+        host[num_tables + 1 :],
         order,
-        at,
+        starts,
     )

@@ -38,13 +38,14 @@ from demb_storage import (
 from torch.nn import functional
 
 from demb_torchrec._autograd import Reduced, TrainStep, trained_rows
-from demb_torchrec._dedup import DedupedBatch, dedup
+from demb_torchrec._dedup import DedupedBatch, batch_flags, dedup, index_tables, raise_bad_batch
 from demb_torchrec._pooling import pool, pool_uniform
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
 __all__ = ["BatchedDynamicEmbeddingTablesV2", "DynamicEmbeddingTables", "optimizer_spec"]
 
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_NONE = DynamicEmbPoolingMode.NONE
 
 
 def optimizer_spec(optimizer: object, hyper_parameters: dict[str, float | bool]) -> OptimizerSpec:
@@ -215,13 +216,15 @@ class DynamicEmbeddingTables(torch.nn.Module):
             )
         if indices.numel() == 0 or batch_size == 0:
             return self._empty(batch_size, grad)
+        if not self.training and self._fused_gather and self.pooling_mode is _NONE:
+            return self._eval_none(indices, offsets, batch_size).to(self.output_dtype)
         batch = dedup(
             indices, offsets, self._feature_tables, self.num_tables, batch_size, frequency_counters
         )
         slots, missing = self._find_or_insert(batch) if self.training else self._find(batch)
         fills = not self.training and any(missing)
         fills = fills and not all(_is_zero(a) for a in self.eval_args)
-        if self._fused_gather and self.pooling_mode is DynamicEmbPoolingMode.NONE and not fills:
+        if self._fused_gather and self.pooling_mode is _NONE and not fills:
             return self._forward_none(batch, slots, grad).to(self.output_dtype)
         rows, whole = self._rows(batch, slots, missing, missing_from_eval=not self.training)
         args = (offsets, batch_size)
@@ -243,6 +246,27 @@ class DynamicEmbeddingTables(torch.nn.Module):
     def _split(self, batch: DedupedBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         b = batch.table_bounds
         return [rows[b[t] : b[t + 1]] for t in range(self.num_tables)]
+
+    def _eval_none(
+        self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int
+    ) -> torch.Tensor:
+        """An eval forward without pooling: every index found on its own (no dedup, nothing
+        inserted, no score touched) and its row read straight from its table; missing keys
+        read ``eval_initializer_args``. The batch's checks are read back (one sync) once the
+        work is queued; nothing they guard has changed a table."""
+        n = indices.numel()
+        tables = index_tables(offsets, self._feature_tables, batch_size, n)
+        slots = self.tables.find(indices, tables, check=False)
+        out = gather_table_rows(self.tables.values, slots, tables, None, self.dims[0], check=False)
+        for t, args in enumerate(self.eval_args):
+            if _is_zero(args) or not self.features_of_table[t]:
+                continue
+            where = torch.where(
+                (slots < 0) & (tables == t), torch.arange(n, device=self.device), -1
+            )
+            initialize_rows(out, where, indices, self.dims[t], args, self.seeds[t], check=False)
+        raise_bad_batch(batch_flags(indices, offsets, None).tolist(), n)
+        return out
 
     def _forward_none(self, batch: DedupedBatch, slots: torch.Tensor, grad: bool) -> torch.Tensor:
         """No pooling: each occurrence's row read straight from its table (one launch), and
