@@ -9,11 +9,59 @@ Usage: ``python profile_module.py [--scale 1.0] [--optimizer adam] [--pooling no
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 from demb_torchrec.bench.module_bench import build, prefill
 from demb_torchrec.bench.workload import Workload, make_batches
 from torch.profiler import ProfilerActivity, profile, record_function
+
+_GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_PHASES = ("train_forward", "train_backward", "eval_forward")
+
+
+def _busy(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def print_phases(trace_path: str, top: int = 12) -> None:
+    """Per phase (mean over its steps): wall time, GPU busy time (union of kernels, copies,
+    memsets), launches, synchronizations, and the host ops with the most self time."""
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    gpu = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in _GPU_CATS]
+    ops = [e for e in events if e.get("cat") == "cpu_op"]
+    runtime = [e for e in events if e.get("cat") == "cuda_runtime"]
+    for phase in _PHASES:
+        ranges = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == phase]
+        if not ranges:
+            continue
+        n = len(ranges)
+        wall = busy = launches = syncs = 0.0
+        self_time: dict[str, float] = {}
+        for r in ranges:
+            lo, hi = r["ts"], r["ts"] + r["dur"]
+            wall += hi - lo
+            busy += _busy([(max(a, lo), min(b, hi)) for a, b in gpu if b > lo and a < hi])
+            inside = [e for e in runtime if lo <= e["ts"] < hi]
+            launches += sum("Launch" in e["name"] for e in inside)
+            syncs += sum("Synchronize" in e["name"] or "DtoH" in e["name"] for e in inside)
+            for e in ops:
+                if lo <= e["ts"] < hi:
+                    self_time[e["name"]] = self_time.get(e["name"], 0.0) + e["dur"]
+        print(
+            f"{phase}: wall {wall / n / 1e3:.3f} ms, GPU busy {busy / n / 1e3:.3f} ms, "
+            f"{launches / n:.0f} launches, {syncs / n:.0f} syncs (per step, {n} steps)"
+        )
+        ranked = sorted(self_time.items(), key=lambda kv: -kv[1])[:top]
+        print("   " + ", ".join(f"{k} {v / n:.0f}us" for k, v in ranked))
 
 
 def main() -> None:
@@ -57,8 +105,9 @@ def main() -> None:
         for i in range(2):
             step(i)
         sync()
-    if args.trace:
-        prof.export_chrome_trace(args.trace)
+    trace = args.trace or "/tmp/demb_profile_trace.json"
+    prof.export_chrome_trace(trace)
+    print_phases(trace)
     averages = prof.key_averages()
     if device.type == "cuda":
         print(

@@ -1,6 +1,7 @@
 // CUDA bindings of gather_table_rows and segment_sum_rows: the checks of lookup_checks.h, then
-// one launch (gather) or two (the chunk sums, then each segment's chunks in order). No sync:
-// the chunk buffer is sized by the bound U + N / kSegmentChunk + 1 on the number of chunks.
+// one launch (gather) or three (each chunk's segment, the chunk sums, then each segment's
+// chunks in order). No sync: the chunk buffers are sized by the bound U + N / kSegmentChunk + 1
+// on the number of chunks.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -78,15 +79,22 @@ at::Tensor segment_sum_rows_cuda(const at::Tensor& grads_in, const at::Tensor& o
   const at::Tensor chunk_offsets = at::cat({at::zeros({1}, starts.options()), chunks.cumsum(0)});
   const int64_t max_chunks = unique + n / kSegmentChunk + 1;
   at::Tensor partial = at::empty({max_chunks, d}, grads.options());
+  at::Tensor chunk_segment = at::empty({max_chunks}, starts.options());
   const bool vec4 = d % 4 == 0 && aligned16(grads.const_data_ptr());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const unsigned segment_blocks =
+      static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
+  cuda::segment_of_chunk_kernel<<<segment_blocks, cuda::kLookupThreads, 0, stream>>>(
+      chunk_offsets.const_data_ptr<int64_t>(), unique, chunk_segment.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto launch = [&](auto vec) {
     constexpr bool kVec = decltype(vec)::value;
     cuda::segment_chunk_sums_kernel<kVec>
         <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
             grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(),
-            starts.const_data_ptr<int64_t>(), chunk_offsets.const_data_ptr<int64_t>(), unique,
-            n, d, max_chunks, partial.data_ptr<float>(), out.data_ptr<float>());
+            starts.const_data_ptr<int64_t>(), chunk_offsets.const_data_ptr<int64_t>(),
+            chunk_segment.const_data_ptr<int64_t>(), unique, n, d, max_chunks,
+            partial.data_ptr<float>(), out.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     cuda::segment_finish_kernel<kVec><<<warp_blocks(unique), cuda::kLookupThreads, 0, stream>>>(
         partial.const_data_ptr<float>(), chunk_offsets.const_data_ptr<int64_t>(), unique, d,

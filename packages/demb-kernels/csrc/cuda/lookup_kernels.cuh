@@ -121,28 +121,29 @@ struct RowAcc {
   }
 };
 
+// The segment of every chunk: chunk_segment[c] = u for c in [chunk_offsets[u],
+// chunk_offsets[u + 1]) (one thread per segment; a hot segment's thread writes its many chunks).
+__global__ void __launch_bounds__(kLookupThreads)
+    segment_of_chunk_kernel(const int64_t* __restrict__ chunk_offsets, int64_t unique,
+                            int64_t* __restrict__ chunk_segment) {
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= unique) return;
+  for (int64_t c = chunk_offsets[u]; c < chunk_offsets[u + 1]; ++c) chunk_segment[c] = u;
+}
+
 // Pass 1: chunk c of the segments (chunk_offsets (U + 1) counts them per segment) summed in k
 // order into partial[c], or straight into out[u] when segment u is one chunk.
 template <bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_chunk_sums_kernel(const float* __restrict__ grads, const int64_t* __restrict__ order,
                               const int64_t* __restrict__ starts,
-                              const int64_t* __restrict__ chunk_offsets, int64_t unique,
+                              const int64_t* __restrict__ chunk_offsets,
+                              const int64_t* __restrict__ chunk_segment, int64_t unique,
                               int64_t n, int64_t d, int64_t max_chunks,
                               float* __restrict__ partial, float* __restrict__ out) {
   const int64_t c = warp_index();
   if (c >= max_chunks || c >= chunk_offsets[unique]) return;
-  int64_t lo = 0;
-  int64_t hi = unique;  // the segment u with chunk_offsets[u] <= c < chunk_offsets[u + 1]
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    if (chunk_offsets[mid] <= c) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  const int64_t u = lo;
+  const int64_t u = chunk_segment[c];
   const bool alone = chunk_offsets[u + 1] - chunk_offsets[u] == 1;
   const int64_t seg_end = u + 1 < unique ? starts[u + 1] : n;
   const int64_t begin = starts[u] + (c - chunk_offsets[u]) * kSegmentChunk;
