@@ -1,44 +1,19 @@
-// dedup_batch: a table module batch's keys deduplicated per table, in C++ from ATen ops only.
-// One code path serves every device, so the CPU and CUDA give the same result; in C++ the ~40
-// small steps cost a fraction of their Python dispatch. One host sync (the bounds and checks).
+// dedup_batch on the CPU: a table module batch's keys deduplicated per table, from ATen ops.
+// cuda/dedup_cuda.cu gives the same outputs with its own kernels (a stable order by (table,
+// key, position) is unique). One read-back of the bounds and checks.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <optional>
 #include <tuple>
-#include <vector>
+
+#include "dedup_checks.h"
 
 namespace demb {
 namespace {
 
 using DedupOut =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-void check_dedup_args(const at::Tensor& indices, const at::Tensor& offsets,
-                      const at::Tensor& feature_tables, int64_t num_tables, int64_t batch_size,
-                      const std::optional<at::Tensor>& counters) {
-  for (const auto& [name, x] :
-       {std::pair<const char*, const at::Tensor&>{"indices", indices},
-        {"offsets", offsets},
-        {"feature_tables", feature_tables}}) {
-    TORCH_CHECK_TYPE(x.scalar_type() == at::kLong, name, " must be int64, got ", x.scalar_type());
-    TORCH_CHECK_VALUE(x.dim() == 1, name, " must be 1-D, got ", x.sizes());
-    TORCH_CHECK_VALUE(x.device() == indices.device(), name, " is on ", x.device(),
-                      ", indices on ", indices.device());
-  }
-  const int64_t features = feature_tables.numel();
-  TORCH_CHECK_VALUE(num_tables >= 1 && features >= 1, "dedup_batch needs >= 1 table and feature");
-  TORCH_CHECK_VALUE(batch_size >= 1, "batch_size=", batch_size, ": must be >= 1");
-  TORCH_CHECK_VALUE(offsets.numel() == features * batch_size + 1, "offsets: ", offsets.numel(),
-                    " entries; expected F * B + 1 = ", features * batch_size + 1);
-  if (counters) {
-    TORCH_CHECK_TYPE(counters->scalar_type() == at::kLong,
-                     "frequency_counters must be int64, got ", counters->scalar_type());
-    TORCH_CHECK_VALUE(counters->sizes() == indices.sizes() &&
-                          counters->device() == indices.device(),
-                      "frequency_counters: must be shaped like indices, on their device");
-  }
-}
 
 // out = keys (U,) sorted by (table, key); tables (U,); inverse (N,) position in keys of each
 // index; counts (U,) occurrences (or summed counters); order (N,) index positions sorted by
@@ -83,24 +58,15 @@ DedupOut dedup_batch(const at::Tensor& indices, const at::Tensor& offsets,
       counters ? counters->lt(0).sum() : at::zeros({}, opts);
   const at::Tensor flags = at::stack({offsets.slice(0, 1).lt(offsets.slice(0, 0, -1)).sum(),
                                       offsets[0], n - offsets[-1], indices.eq(-1).sum(),
-                                      negative.to(at::kLong)});
+                                      negative.to(at::kLong),
+                                      feature_tables.lt(0)
+                                          .logical_or_(feature_tables.ge(num_tables))
+                                          .sum()});
   const at::Tensor host =  // the one sync
       at::cat({through, flags, offsets.slice(0, 0, offsets.numel(), batch_size)}).cpu();
-  const int64_t* h = host.const_data_ptr<int64_t>();
-  const int64_t* f = h + num_tables;
-  TORCH_CHECK_VALUE(f[3] == 0, "indices: contains -1, the empty-key sentinel, which is never a key");
-  TORCH_CHECK_VALUE(f[4] == 0, "frequency_counters: contains a negative count");
-  TORCH_CHECK_VALUE(f[0] == 0 && f[1] == 0 && f[2] == 0, "offsets: must start at 0, never "
-                    "decrease and end at ", n, " (the number of indices); got ", f[1], " ... ",
-                    n - f[2], " with ", f[0], " decreases");
-  at::Tensor bounds = at::empty({num_tables + 1 + features + 1}, host.options());
-  int64_t* b = bounds.data_ptr<int64_t>();
-  b[0] = 0;
-  for (int64_t t = 0; t < num_tables; ++t) {  // a table without keys ends where the last did
-    b[t + 1] = h[t] > b[t] ? h[t] : b[t];
-  }
-  for (int64_t j = 0; j <= features; ++j) b[num_tables + 1 + j] = h[num_tables + 5 + j];
-  const int64_t unique = b[num_tables];
+  const at::Tensor bounds =
+      dedup_bounds(host.const_data_ptr<int64_t>(), n, num_tables, features);
+  const int64_t unique = bounds.const_data_ptr<int64_t>()[num_tables];
   const at::Tensor starts = at::nonzero_static(first, unique).squeeze(1);
   // Occurrences (or summed counters) per unique key: segment sums over the sorted order.
   const at::Tensor segment_end =
@@ -121,8 +87,5 @@ DedupOut dedup_batch(const at::Tensor& indices, const at::Tensor& offsets,
 }  // namespace
 
 TORCH_LIBRARY_IMPL(demb, CPU, m) { m.impl("dedup_batch", &dedup_batch); }
-#ifdef DEMB_WITH_CUDA
-TORCH_LIBRARY_IMPL(demb, CUDA, m) { m.impl("dedup_batch", &dedup_batch); }
-#endif
 
 }  // namespace demb

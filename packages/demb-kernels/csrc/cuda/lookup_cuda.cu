@@ -23,6 +23,9 @@ unsigned warp_blocks(int64_t warps) {
                                cuda::kLookupThreads);
 }
 
+// Warps that take `items` 32 at a time.
+int64_t groups(int64_t items) { return (items + cuda::kLookupWarp - 1) / cuda::kLookupWarp; }
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 at::Tensor gather_table_rows_cuda(at::TensorList values, const at::Tensor& slots_in,
@@ -90,13 +93,14 @@ at::Tensor segment_sum_rows_cuda(const at::Tensor& grads_in, const at::Tensor& o
   const auto launch = [&](auto vec) {
     constexpr bool kVec = decltype(vec)::value;
     cuda::segment_chunk_sums_kernel<kVec>
-        <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
+        <<<warp_blocks(groups(max_chunks)), cuda::kLookupThreads, 0, stream>>>(
             grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(),
             starts.const_data_ptr<int64_t>(), chunk_offsets.const_data_ptr<int64_t>(),
             chunk_segment.const_data_ptr<int64_t>(), unique, n, d, max_chunks,
             partial.data_ptr<float>(), out.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    cuda::segment_finish_kernel<kVec><<<warp_blocks(unique), cuda::kLookupThreads, 0, stream>>>(
+    cuda::segment_finish_kernel<kVec>
+        <<<warp_blocks(groups(unique)), cuda::kLookupThreads, 0, stream>>>(
         partial.const_data_ptr<float>(), chunk_offsets.const_data_ptr<int64_t>(), unique, d,
         out.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -132,7 +132,9 @@ __global__ void __launch_bounds__(kLookupThreads)
 }
 
 // Pass 1: chunk c of the segments (chunk_offsets (U + 1) counts them per segment) summed in k
-// order into partial[c], or straight into out[u] when segment u is one chunk.
+// order into partial[c], or straight into out[u] when segment u is one chunk. A warp takes 32
+// consecutive chunks: each lane reads one chunk's bounds, then the warp sums them one by one,
+// each chunk's row numbers read by its lanes at once and passed round by shuffles.
 template <bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_chunk_sums_kernel(const float* __restrict__ grads, const int64_t* __restrict__ order,
@@ -141,42 +143,71 @@ __global__ void __launch_bounds__(kLookupThreads)
                               const int64_t* __restrict__ chunk_segment, int64_t unique,
                               int64_t n, int64_t d, int64_t max_chunks,
                               float* __restrict__ partial, float* __restrict__ out) {
-  const int64_t c = warp_index();
-  if (c >= max_chunks || c >= chunk_offsets[unique]) return;
-  const int64_t u = chunk_segment[c];
-  const bool alone = chunk_offsets[u + 1] - chunk_offsets[u] == 1;
-  const int64_t seg_end = u + 1 < unique ? starts[u + 1] : n;
-  const int64_t begin = starts[u] + (c - chunk_offsets[u]) * kSegmentChunk;
-  const int64_t end = begin + kSegmentChunk < seg_end ? begin + kSegmentChunk : seg_end;
+  constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
+  const int64_t c = warp_index() * kLookupWarp + lane;
+  const int64_t total = chunk_offsets[unique];
+  int64_t begin = 0;
+  int64_t end = 0;
+  float* dest = nullptr;
+  if (c < total && c < max_chunks) {
+    const int64_t u = chunk_segment[c];
+    const int64_t seg_end = u + 1 < unique ? starts[u + 1] : n;
+    begin = starts[u] + (c - chunk_offsets[u]) * kSegmentChunk;
+    end = begin + kSegmentChunk < seg_end ? begin + kSegmentChunk : seg_end;
+    dest = chunk_offsets[u + 1] - chunk_offsets[u] == 1 ? out + u * d : partial + c * d;
+  }
   const int64_t cols = Vec4 ? d / 4 : d;
-  float* dest = alone ? out + u * d : partial + c * d;
-  for (int64_t col0 = lane; col0 < cols; col0 += kLookupBlock) {
-    RowAcc<Vec4> acc;
-    acc.zero();
-    for (int64_t k = begin; k < end; ++k) acc.add(grads + order[k] * d, col0, d);
-    acc.store(dest, col0, d);
+  for (int j = 0; j < kLookupWarp; ++j) {
+    const int64_t b = __shfl_sync(kAll, begin, j);
+    const int len = static_cast<int>(__shfl_sync(kAll, end, j) - b);
+    if (len <= 0) continue;  // the same for every lane
+    auto* dst = reinterpret_cast<float*>(
+        __shfl_sync(kAll, reinterpret_cast<unsigned long long>(dest), j));
+    const int64_t my_row = lane < len ? order[b + lane] : 0;
+    for (int64_t base = 0; base < cols; base += kLookupBlock) {
+      RowAcc<Vec4> acc;
+      acc.zero();
+#pragma unroll 4
+      for (int r = 0; r < len; ++r) {
+        const int64_t row = __shfl_sync(kAll, my_row, r);
+        acc.add(grads + row * d, base + lane, d);
+      }
+      acc.store(dst, base + lane, d);
+    }
   }
 }
 
-// Pass 2: out[u] = the chunk sums of segment u, added in chunk order (segments of one chunk
-// were written by pass 1).
+// Pass 2: out[u] = the chunk sums of segment u, added in chunk order, for the segments pass 1
+// did not write (more than one chunk; none: zeros). A warp scans 32 segments, one per lane.
 template <bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_finish_kernel(const float* __restrict__ partial,
                           const int64_t* __restrict__ chunk_offsets, int64_t unique, int64_t d,
                           float* __restrict__ out) {
-  const int64_t u = warp_index();
-  if (u >= unique || chunk_offsets[u + 1] - chunk_offsets[u] == 1) return;
+  constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
+  const int64_t first = warp_index() * kLookupWarp;
+  const int64_t u = first + lane;
+  int64_t c0 = 0;
+  int64_t c1 = 0;
+  if (u < unique) {
+    c0 = chunk_offsets[u];
+    c1 = chunk_offsets[u + 1];
+  }
+  unsigned todo = __ballot_sync(kAll, u < unique && c1 - c0 != 1);
   const int64_t cols = Vec4 ? d / 4 : d;
-  for (int64_t col0 = lane; col0 < cols; col0 += kLookupBlock) {
-    RowAcc<Vec4> acc;
-    acc.zero();
-    for (int64_t c = chunk_offsets[u]; c < chunk_offsets[u + 1]; ++c) {
-      acc.add(partial + c * d, col0, d);
+  while (todo) {
+    const int j = __ffs(todo) - 1;
+    todo &= todo - 1;
+    const int64_t from = __shfl_sync(kAll, c0, j);
+    const int64_t to = __shfl_sync(kAll, c1, j);
+    for (int64_t base = 0; base < cols; base += kLookupBlock) {
+      RowAcc<Vec4> acc;
+      acc.zero();
+      for (int64_t c = from; c < to; ++c) acc.add(partial + c * d, base + lane, d);
+      acc.store(out + (first + j) * d, base + lane, d);
     }
-    acc.store(out + u * d, col0, d);
   }
 }
 

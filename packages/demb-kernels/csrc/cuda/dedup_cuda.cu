@@ -1,0 +1,261 @@
+// dedup_batch on CUDA: the CPU's outputs (dedup.cpp) from a few kernels and two cub radix sorts:
+// the batch's positions sorted by key (sign bit flipped: signed order), then stably by table
+// (only the bits T needs), which is the one stable order by (table, key, position). Each unique
+// key is the first of its run; the checks ride the kernels into one read-back buffer.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+#include <limits>
+#include <optional>
+#include <tuple>
+
+#include "dedup_checks.h"
+
+namespace demb {
+namespace {
+
+constexpr int kDedupThreads = 256;
+constexpr uint64_t kSignBit = uint64_t{1} << 63;
+
+unsigned dedup_blocks(int64_t n) {
+  return static_cast<unsigned>((n + kDedupThreads - 1) / kDedupThreads);
+}
+
+__device__ __forceinline__ void count_flag(int64_t* word) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(word), 1ull);
+}
+
+// Per index: its table (feature f owns [offsets[f * B], offsets[(f + 1) * B])), its sort key,
+// its position; and the checks of the batch (see kDedupFlags) into info.
+__global__ void dedup_prepare_kernel(const int64_t* __restrict__ indices,
+                                     const int64_t* __restrict__ offsets, int64_t bags,
+                                     const int64_t* __restrict__ feature_tables, int64_t features,
+                                     int64_t batch_size, const int64_t* __restrict__ counters,
+                                     int64_t n, int64_t num_tables, uint64_t* __restrict__ keys,
+                                     uint32_t* __restrict__ tables, int32_t* __restrict__ positions,
+                                     int64_t* __restrict__ info) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  int64_t* flags = info + num_tables;
+  if (i < bags && offsets[i + 1] < offsets[i]) count_flag(flags);
+  if (i <= features) flags[kDedupFlags + i] = offsets[i * batch_size];
+  if (i < features && (feature_tables[i] < 0 || feature_tables[i] >= num_tables)) {
+    count_flag(flags + 5);
+  }
+  if (i == 0) {
+    flags[1] = offsets[0];
+    flags[2] = n - offsets[bags];
+  }
+  if (i >= n) return;
+  int64_t lo = 0;  // the last feature whose first bag starts at or before i
+  int64_t hi = features;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (offsets[mid * batch_size] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const int64_t key = indices[i];
+  if (key == -1) count_flag(flags + 3);
+  if (counters && counters[i] < 0) count_flag(flags + 4);
+  keys[i] = static_cast<uint64_t>(key) ^ kSignBit;
+  tables[i] = static_cast<uint32_t>(feature_tables[lo]);
+  positions[i] = static_cast<int32_t>(i);
+}
+
+// The tables of the key-sorted positions.
+__global__ void dedup_permute_tables_kernel(const uint32_t* __restrict__ tables,
+                                            const int32_t* __restrict__ by_key, int64_t n,
+                                            uint32_t* __restrict__ out) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < n) out[k] = tables[by_key[k]];
+}
+
+// first[k] = 1 where entry k of the (table, key) order starts a unique key.
+__global__ void dedup_first_kernel(const int64_t* __restrict__ indices,
+                                   const int32_t* __restrict__ order,
+                                   const uint32_t* __restrict__ tables, int64_t n,
+                                   int64_t* __restrict__ first) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  first[k] = k == 0 || tables[k] != tables[k - 1] || indices[order[k]] != indices[order[k - 1]];
+}
+
+// Scatters entry k: its index's unique key (inverse), the order, and for the first entry of a
+// key that key, its table and start; the last entry of each table writes the table's end
+// (info[t], the number of unique keys up to it). Also gathers the counters in order.
+__global__ void dedup_scatter_kernel(const int64_t* __restrict__ indices,
+                                     const int32_t* __restrict__ order32,
+                                     const uint32_t* __restrict__ tables,
+                                     const int64_t* __restrict__ first,
+                                     const int64_t* __restrict__ rank_excl,
+                                     const int64_t* __restrict__ counters, int64_t n,
+                                     int64_t* __restrict__ inverse, int64_t* __restrict__ order,
+                                     int64_t* __restrict__ keys_out,
+                                     int64_t* __restrict__ tables_out,
+                                     int64_t* __restrict__ starts,
+                                     int64_t* __restrict__ counters_sorted,
+                                     int64_t* __restrict__ info) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  const int64_t p = order32[k];
+  const int64_t u = rank_excl[k] + first[k] - 1;
+  inverse[p] = u;
+  order[k] = p;
+  if (counters) counters_sorted[k] = counters[p];
+  if (first[k]) {
+    keys_out[u] = indices[p];
+    tables_out[u] = tables[k];
+    starts[u] = k;
+  }
+  if (k == n - 1 || tables[k + 1] != tables[k]) info[tables[k]] = u + 1;
+}
+
+// counts[u]: the occurrences of key u, or the sum of its counters (summed: inclusive prefix sums
+// of the counters in order).
+__global__ void dedup_counts_kernel(const int64_t* __restrict__ starts,
+                                    const int64_t* __restrict__ summed,
+                                    const int64_t* __restrict__ counters_sorted, int64_t unique,
+                                    int64_t n, int64_t* __restrict__ counts) {
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= unique) return;
+  const int64_t end = u + 1 < unique ? starts[u + 1] : n;
+  counts[u] = summed ? summed[end - 1] - summed[starts[u]] + counters_sorted[starts[u]]
+                     : end - starts[u];
+}
+
+template <typename Call>
+void cub_run(const at::Tensor& like, Call call) {
+  size_t bytes = 0;
+  C10_CUDA_CHECK(call(nullptr, bytes));
+  at::Tensor temp = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
+  C10_CUDA_CHECK(call(temp.data_ptr(), bytes));
+}
+
+int bits_for(int64_t max_value) {
+  int bits = 1;
+  while (bits < 32 && (max_value >> bits) != 0) ++bits;
+  return bits;
+}
+
+using DedupOut =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offsets_in,
+                          const at::Tensor& feature_tables_in, int64_t num_tables,
+                          int64_t batch_size, const std::optional<at::Tensor>& counters_in) {
+  check_dedup_args(indices_in, offsets_in, feature_tables_in, num_tables, batch_size,
+                   counters_in);
+  const int64_t n = indices_in.numel();
+  TORCH_CHECK_VALUE(n <= std::numeric_limits<int32_t>::max(), "indices: ", n,
+                    " entries; dedup_batch takes at most 2^31 - 1");
+  const c10::cuda::CUDAGuard guard(indices_in.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const at::Tensor indices = indices_in.contiguous();
+  const at::Tensor offsets = offsets_in.contiguous();
+  const at::Tensor feature_tables = feature_tables_in.contiguous();
+  const at::Tensor counters = counters_in ? counters_in->contiguous() : at::Tensor();
+  const int64_t* cnt = counters.defined() && n ? counters.const_data_ptr<int64_t>() : nullptr;
+  const int64_t features = feature_tables.numel();
+  const int64_t bags = offsets.numel() - 1;
+  const auto opts = indices.options();
+  at::Tensor info = at::zeros({num_tables + kDedupFlags + features + 1}, opts);
+  at::Tensor keys = at::empty({n}, opts);  // uint64 sort keys
+  at::Tensor keys_sorted = at::empty({n}, opts);
+  at::Tensor tables = at::empty({n}, opts.dtype(at::kInt));
+  at::Tensor tables_by_key = at::empty({n}, opts.dtype(at::kInt));
+  at::Tensor tables_sorted = at::empty({n}, opts.dtype(at::kInt));
+  at::Tensor positions = at::empty({n}, opts.dtype(at::kInt));
+  at::Tensor by_key = at::empty({n}, opts.dtype(at::kInt));
+  at::Tensor order32 = at::empty({n}, opts.dtype(at::kInt));
+  auto* k_in = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
+  auto* k_out = reinterpret_cast<uint64_t*>(keys_sorted.data_ptr<int64_t>());
+  auto* t_in = reinterpret_cast<uint32_t*>(tables.data_ptr<int32_t>());
+  auto* t_key = reinterpret_cast<uint32_t*>(tables_by_key.data_ptr<int32_t>());
+  auto* t_out = reinterpret_cast<uint32_t*>(tables_sorted.data_ptr<int32_t>());
+  const int64_t threads = std::max(n, bags + 1);
+  dedup_prepare_kernel<<<dedup_blocks(threads), kDedupThreads, 0, stream>>>(
+      indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
+      feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables, k_in,
+      t_in, positions.data_ptr<int32_t>(), info.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor inverse = at::empty({n}, opts);
+  at::Tensor order = at::empty({n}, opts);
+  at::Tensor keys_out = at::empty({n}, opts);
+  at::Tensor tables_out = at::empty({n}, opts);
+  at::Tensor starts = at::empty({n}, opts);
+  at::Tensor counters_sorted = cnt ? at::empty({n}, opts) : at::Tensor();
+  if (n > 0) {
+    const auto n32 = static_cast<int>(n);
+    cub_run(indices, [&](void* temp, size_t& bytes) {
+      return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
+                                             positions.const_data_ptr<int32_t>(),
+                                             by_key.data_ptr<int32_t>(), n32, 0, 64, stream);
+    });
+    dedup_permute_tables_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
+        t_in, by_key.const_data_ptr<int32_t>(), n, t_key);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const int table_bits = bits_for(num_tables - 1);
+    cub_run(indices, [&](void* temp, size_t& bytes) {
+      return cub::DeviceRadixSort::SortPairs(temp, bytes, t_key, t_out,
+                                             by_key.const_data_ptr<int32_t>(),
+                                             order32.data_ptr<int32_t>(), n32, 0, table_bits,
+                                             stream);
+    });
+    at::Tensor first = at::empty({n}, opts);
+    dedup_first_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
+        indices.const_data_ptr<int64_t>(), order32.const_data_ptr<int32_t>(), t_out, n,
+        first.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    at::Tensor rank = at::empty({n}, opts);
+    cub_run(indices, [&](void* temp, size_t& bytes) {
+      return cub::DeviceScan::ExclusiveSum(temp, bytes, first.const_data_ptr<int64_t>(),
+                                           rank.data_ptr<int64_t>(), n32, stream);
+    });
+    dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
+        indices.const_data_ptr<int64_t>(), order32.const_data_ptr<int32_t>(), t_out,
+        first.const_data_ptr<int64_t>(), rank.const_data_ptr<int64_t>(), cnt, n,
+        inverse.data_ptr<int64_t>(), order.data_ptr<int64_t>(), keys_out.data_ptr<int64_t>(),
+        tables_out.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
+        cnt ? counters_sorted.data_ptr<int64_t>() : nullptr, info.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const at::Tensor host = info.cpu();  // the one sync
+  const at::Tensor bounds =
+      dedup_bounds(host.const_data_ptr<int64_t>(), n, num_tables, features);
+  const int64_t unique = bounds.const_data_ptr<int64_t>()[num_tables];
+  at::Tensor counts = at::empty({unique}, opts);
+  if (unique > 0) {
+    at::Tensor summed;
+    if (cnt) {
+      summed = at::empty({n}, opts);
+      cub_run(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceScan::InclusiveSum(temp, bytes,
+                                             counters_sorted.const_data_ptr<int64_t>(),
+                                             summed.data_ptr<int64_t>(), static_cast<int>(n),
+                                             stream);
+      });
+    }
+    dedup_counts_kernel<<<dedup_blocks(unique), kDedupThreads, 0, stream>>>(
+        starts.const_data_ptr<int64_t>(), cnt ? summed.const_data_ptr<int64_t>() : nullptr,
+        cnt ? counters_sorted.const_data_ptr<int64_t>() : nullptr, unique, n,
+        counts.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {keys_out.slice(0, 0, unique), tables_out.slice(0, 0, unique), inverse, counts, order,
+          starts.slice(0, 0, unique), bounds};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(demb, CUDA, m) { m.impl("dedup_batch", &dedup_batch_cuda); }
+
+}  // namespace demb

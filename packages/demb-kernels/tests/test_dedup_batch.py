@@ -1,0 +1,122 @@
+"""dedup_batch against a pure-Python model (CPU), its errors, and CUDA == CPU output for output
+(marker ``cuda``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from demb_kernels.lookup import dedup_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+def batch_case(gen, features, tables, batch, max_bag, key_range, counters):
+    lengths = torch.randint(0, max_bag + 1, (features * batch,), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    n = int(offsets[-1])
+    indices = torch.randint(-key_range, key_range, (n,), generator=gen)
+    indices[indices == -1] = 0
+    feature_tables = torch.randint(0, tables, (features,), generator=gen)
+    weights = torch.randint(0, 5, (n,), generator=gen) if counters else None
+    return indices, offsets, feature_tables, weights
+
+
+def model(indices, offsets, feature_tables, tables, batch, counters):
+    """Unique (table, key) pairs in (table, key) order, by plain Python."""
+    idx, off = indices.tolist(), offsets.tolist()
+    table_of = [
+        int(feature_tables[b // batch])
+        for b in range(len(off) - 1)
+        for _ in range(off[b + 1] - off[b])
+    ]
+    order = sorted(range(len(idx)), key=lambda i: (table_of[i], idx[i], i))
+    pairs = sorted({(table_of[i], idx[i]) for i in range(len(idx))})
+    rank = {p: u for u, p in enumerate(pairs)}
+    inverse = [rank[(table_of[i], idx[i])] for i in range(len(idx))]
+    weight = [1] * len(idx) if counters is None else counters.tolist()
+    counts = [0] * len(pairs)
+    for i, u in enumerate(inverse):
+        counts[u] += weight[i]
+    starts = [order.index(next(i for i in order if inverse[i] == u)) for u in range(len(pairs))]
+    bounds = [sum(1 for t, _ in pairs if t < tt) for tt in range(tables + 1)]
+    return pairs, inverse, counts, order, starts, bounds
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    features=st.integers(1, 4),
+    tables=st.integers(1, 4),
+    batch=st.integers(1, 6),
+    max_bag=st.integers(0, 5),
+    key_range=st.sampled_from([3, 50, 2**62]),
+    counters=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
+def test_dedup_batch_matches_a_python_model(
+    features, tables, batch, max_bag, key_range, counters, seed
+):
+    gen = torch.Generator().manual_seed(seed)
+    indices, offsets, ftab, weights = batch_case(
+        gen, features, tables, batch, max_bag, key_range, counters
+    )
+    got = dedup_batch(indices, offsets, ftab, tables, batch, weights)
+    pairs, inverse, counts, order, starts, bounds = model(
+        indices, offsets, ftab, tables, batch, weights
+    )
+    assert got.keys.tolist() == [k for _, k in pairs]
+    assert got.tables.tolist() == [t for t, _ in pairs]
+    assert got.inverse.tolist() == inverse
+    assert got.counts.tolist() == counts
+    assert got.order.tolist() == order
+    assert got.starts.tolist() == starts
+    assert got.bounds.tolist() == bounds + offsets[::batch].tolist()
+
+
+def test_bad_batches_are_named():
+    ftab = torch.tensor([0, 1])
+    ok = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match="indices: contains -1"):
+        dedup_batch(torch.tensor([5, -1]), ok, ftab, 2, 1)
+    with pytest.raises(ValueError, match="offsets: must start at 0, never decrease and end at 2"):
+        dedup_batch(torch.tensor([5, 6]), torch.tensor([0, 2, 1]), ftab, 2, 1)
+    with pytest.raises(ValueError, match="frequency_counters: contains a negative count"):
+        dedup_batch(torch.tensor([5, 6]), ok, ftab, 2, 1, torch.tensor([1, -2]))
+    with pytest.raises(ValueError, match=r"feature_tables: 1 entries outside \[0, 2\)"):
+        dedup_batch(torch.tensor([5, 6]), ok, torch.tensor([0, 2]), 2, 1)
+    with pytest.raises(ValueError, match="expected F \\* B \\+ 1"):
+        dedup_batch(torch.tensor([5, 6]), ok, ftab, 2, 2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("counters", [False, True])
+def test_cuda_equals_cpu(counters):
+    """A power-law batch (hot keys, negative keys, an empty feature, a table with no feature):
+    every output equal, and the same errors."""
+    gen = torch.Generator().manual_seed(3)
+    features, batch = 4, 50_000
+    lengths = torch.randint(1, 4, (features * batch,), generator=gen)
+    lengths[batch : 2 * batch] = 0  # feature 1 empty
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    n = int(offsets[-1])
+    ranks = (torch.rand(n, generator=gen, dtype=torch.float64) ** -1.5).long()
+    indices = ranks * 2_654_435_761 % 100_003 - 50_000
+    indices[indices == -1] = 7
+    ftab = torch.tensor([2, 0, 2, 3])  # table 1 has no feature
+    weights = torch.randint(0, 9, (n,), generator=gen) if counters else None
+    cpu = dedup_batch(indices, offsets, ftab, 5, batch, weights)
+    gpu = dedup_batch(
+        indices.cuda(),
+        offsets.cuda(),
+        ftab.cuda(),
+        5,
+        batch,
+        None if weights is None else weights.cuda(),
+    )
+    for name, a, b in zip(cpu._fields, cpu, gpu, strict=True):
+        assert torch.equal(a, b.cpu()), name
+    bad = indices.clone()
+    bad[17] = -1
+    with pytest.raises(ValueError, match="indices: contains -1"):
+        dedup_batch(bad.cuda(), offsets.cuda(), ftab.cuda(), 5, batch)
+    with pytest.raises(ValueError, match=r"feature_tables: 1 entries outside \[0, 5\)"):
+        dedup_batch(indices.cuda(), offsets.cuda(), torch.tensor([0, 1, 2, 9]).cuda(), 5, batch)
