@@ -16,6 +16,7 @@
 #include <optional>
 #include <tuple>
 
+#include "cuda/cub_call.cuh"
 #include "dedup_checks.h"
 
 namespace demb {
@@ -132,14 +133,6 @@ __global__ void dedup_counts_kernel(const int64_t* __restrict__ starts,
                      : end - starts[u];
 }
 
-template <typename Call>
-void cub_run(const at::Tensor& like, Call call) {
-  size_t bytes = 0;
-  C10_CUDA_CHECK(call(nullptr, bytes));
-  at::Tensor temp = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
-  C10_CUDA_CHECK(call(temp.data_ptr(), bytes));
-}
-
 int bits_for(int64_t max_value) {
   int bits = 1;
   while (bits < 32 && (max_value >> bits) != 0) ++bits;
@@ -195,7 +188,7 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   at::Tensor counters_sorted = cnt ? at::empty({n}, opts) : at::Tensor();
   if (n > 0) {
     const auto n32 = static_cast<int>(n);
-    cub_run(indices, [&](void* temp, size_t& bytes) {
+    cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
       return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
                                              positions.const_data_ptr<int32_t>(),
                                              by_key.data_ptr<int32_t>(), n32, 0, 64, stream);
@@ -204,7 +197,7 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
         t_in, by_key.const_data_ptr<int32_t>(), n, t_key);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int table_bits = bits_for(num_tables - 1);
-    cub_run(indices, [&](void* temp, size_t& bytes) {
+    cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
       return cub::DeviceRadixSort::SortPairs(temp, bytes, t_key, t_out,
                                              by_key.const_data_ptr<int32_t>(),
                                              order32.data_ptr<int32_t>(), n32, 0, table_bits,
@@ -216,7 +209,7 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
         first.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     at::Tensor rank = at::empty({n}, opts);
-    cub_run(indices, [&](void* temp, size_t& bytes) {
+    cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
       return cub::DeviceScan::ExclusiveSum(temp, bytes, first.const_data_ptr<int64_t>(),
                                            rank.data_ptr<int64_t>(), n32, stream);
     });
@@ -237,7 +230,7 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
     at::Tensor summed;
     if (cnt) {
       summed = at::empty({n}, opts);
-      cub_run(indices, [&](void* temp, size_t& bytes) {
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceScan::InclusiveSum(temp, bytes,
                                              counters_sorted.const_data_ptr<int64_t>(),
                                              summed.data_ptr<int64_t>(), static_cast<int>(n),

@@ -12,6 +12,9 @@
 #include <optional>
 #include <type_traits>
 
+#include <cub/device/device_scan.cuh>
+
+#include "cuda/cub_call.cuh"
 #include "cuda/lookup_kernels.cuh"
 #include "lookup_checks.h"
 
@@ -77,26 +80,33 @@ at::Tensor segment_sum_rows_cuda(const at::Tensor& grads_in, const at::Tensor& o
   const int64_t unique = starts.numel();
   if (unique == 0 || n == 0 || d == 0) return at::zeros({unique, d}, grads.options());
   at::Tensor out = at::empty({unique, d}, grads.options());  // pass 1 or 2 writes every row
-  const at::Tensor ends = at::cat({starts.slice(0, 1), at::full({1}, n, starts.options())});
-  const at::Tensor chunks = (ends - starts + (kSegmentChunk - 1)).div(kSegmentChunk, "floor");
-  const at::Tensor chunk_offsets = at::cat({at::zeros({1}, starts.options()), chunks.cumsum(0)});
-  const int64_t max_chunks = unique + n / kSegmentChunk + 1;
-  at::Tensor partial = at::empty({max_chunks, d}, grads.options());
-  at::Tensor chunk_segment = at::empty({max_chunks}, starts.options());
-  const bool vec4 = d % 4 == 0 && aligned16(grads.const_data_ptr());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const unsigned segment_blocks =
       static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
-  cuda::segment_of_chunk_kernel<<<segment_blocks, cuda::kLookupThreads, 0, stream>>>(
-      chunk_offsets.const_data_ptr<int64_t>(), unique, chunk_segment.data_ptr<int64_t>());
+  at::Tensor chunk_offsets = at::zeros({unique + 1}, starts.options());
+  int64_t* co = chunk_offsets.data_ptr<int64_t>();
+  cuda::segment_chunk_counts_kernel<<<segment_blocks, cuda::kLookupThreads, 0, stream>>>(
+      starts.const_data_ptr<int64_t>(), unique, n, co);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cuda::cub_call(starts, [&](void* temp, size_t& bytes) {
+    return cub::DeviceScan::InclusiveSum(temp, bytes, co + 1, co + 1, unique, stream);
+  });
+  const int64_t max_chunks = unique + n / kSegmentChunk + 1;
+  at::Tensor partial = at::empty({max_chunks, d}, grads.options());
+  at::Tensor chunk_info = at::empty({3, max_chunks}, starts.options());
+  int64_t* info = chunk_info.data_ptr<int64_t>();
+  const bool vec4 = d % 4 == 0 && aligned16(grads.const_data_ptr());
+  cuda::segment_chunks_kernel<<<segment_blocks, cuda::kLookupThreads, 0, stream>>>(
+      starts.const_data_ptr<int64_t>(), chunk_offsets.const_data_ptr<int64_t>(), unique, n,
+      max_chunks, info, info + max_chunks, info + 2 * max_chunks);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto launch = [&](auto vec) {
     constexpr bool kVec = decltype(vec)::value;
     cuda::segment_chunk_sums_kernel<kVec>
-        <<<warp_blocks(groups(max_chunks)), cuda::kLookupThreads, 0, stream>>>(
-            grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(),
-            starts.const_data_ptr<int64_t>(), chunk_offsets.const_data_ptr<int64_t>(),
-            chunk_segment.const_data_ptr<int64_t>(), unique, n, d, max_chunks,
+        <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
+            grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), info,
+            info + max_chunks, info + 2 * max_chunks,
+            chunk_offsets.const_data_ptr<int64_t>() + unique, d, max_chunks,
             partial.data_ptr<float>(), out.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     cuda::segment_finish_kernel<kVec>

@@ -82,18 +82,21 @@ __global__ void __launch_bounds__(kLookupThreads)
   }
 }
 
-// Adds (or, first, stores) rows of `d` floats: acc[q] covers columns col0 + q * 32 (scalar) or
-// quads col0 + q * 32 (Vec4).
+// Adds (or, first, stores) rows of `d` floats: a lane's part of a pass over the row: columns
+// col0 + q * 32 (scalar, kLookupPerLane of them), or the quad col0 (Vec4). A pass covers kStep
+// columns (scalar) or quads (Vec4).
 template <bool Vec4>
 struct RowAcc {
-  float4 v[kLookupPerLane];
+  static constexpr int kParts = Vec4 ? 1 : kLookupPerLane;
+  static constexpr int kStep = kLookupWarp * kParts;
+  float4 v[kParts];
   __device__ __forceinline__ void zero() {
 #pragma unroll
-    for (int q = 0; q < kLookupPerLane; ++q) v[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int q = 0; q < kParts; ++q) v[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   __device__ __forceinline__ void add(const float* __restrict__ r, int64_t col0, int64_t d) {
 #pragma unroll
-    for (int q = 0; q < kLookupPerLane; ++q) {
+    for (int q = 0; q < kParts; ++q) {
       const int64_t col = col0 + q * kLookupWarp;
       if constexpr (Vec4) {
         if (col < d / 4) {
@@ -110,7 +113,7 @@ struct RowAcc {
   }
   __device__ __forceinline__ void store(float* __restrict__ r, int64_t col0, int64_t d) const {
 #pragma unroll
-    for (int q = 0; q < kLookupPerLane; ++q) {
+    for (int q = 0; q < kParts; ++q) {
       const int64_t col = col0 + q * kLookupWarp;
       if constexpr (Vec4) {
         if (col < d / 4) reinterpret_cast<float4*>(r)[col] = v[q];
@@ -121,60 +124,70 @@ struct RowAcc {
   }
 };
 
-// The segment of every chunk: chunk_segment[c] = u for c in [chunk_offsets[u],
-// chunk_offsets[u + 1]) (one thread per segment; a hot segment's thread writes its many chunks).
+// chunk_offsets[u + 1] = the chunks of segment u (ceil(length / kSegmentChunk)); a scan then
+// makes them offsets (chunk_offsets[0] = 0).
 __global__ void __launch_bounds__(kLookupThreads)
-    segment_of_chunk_kernel(const int64_t* __restrict__ chunk_offsets, int64_t unique,
-                            int64_t* __restrict__ chunk_segment) {
+    segment_chunk_counts_kernel(const int64_t* __restrict__ starts, int64_t unique, int64_t n,
+                                int64_t* __restrict__ chunk_offsets) {
   const int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (u >= unique) return;
-  for (int64_t c = chunk_offsets[u]; c < chunk_offsets[u + 1]; ++c) chunk_segment[c] = u;
+  const int64_t end = u + 1 < unique ? starts[u + 1] : n;
+  chunk_offsets[u + 1] = segment_chunks(end - starts[u]);
 }
 
-// Pass 1: chunk c of the segments (chunk_offsets (U + 1) counts them per segment) summed in k
-// order into partial[c], or straight into out[u] when segment u is one chunk. A warp takes 32
-// consecutive chunks: each lane reads one chunk's bounds, then the warp sums them one by one,
-// each chunk's row numbers read by its lanes at once and passed round by shuffles.
+// Per chunk c of segment u (one thread per segment; a hot segment's thread writes its many
+// chunks): where its rows start in `order`, how many (<= kSegmentChunk), and where its sum goes:
+// out row u when the segment is one chunk, else partial row c (written as ~c).
+__global__ void __launch_bounds__(kLookupThreads)
+    segment_chunks_kernel(const int64_t* __restrict__ starts,
+                          const int64_t* __restrict__ chunk_offsets, int64_t unique, int64_t n,
+                          int64_t max_chunks, int64_t* __restrict__ chunk_begin,
+                          int64_t* __restrict__ chunk_len, int64_t* __restrict__ chunk_dest) {
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= unique) return;
+  const int64_t first = chunk_offsets[u];
+  const int64_t last = chunk_offsets[u + 1] < max_chunks ? chunk_offsets[u + 1] : max_chunks;
+  const int64_t seg_end = u + 1 < unique ? starts[u + 1] : n;
+  const bool alone = chunk_offsets[u + 1] - first == 1;
+  for (int64_t c = first; c < last; ++c) {
+    const int64_t begin = starts[u] + (c - first) * kSegmentChunk;
+    chunk_begin[c] = begin;
+    chunk_len[c] = (begin + kSegmentChunk < seg_end ? begin + kSegmentChunk : seg_end) - begin;
+    chunk_dest[c] = alone ? u : ~c;
+  }
+}
+
+// Pass 1: chunk c summed in k order into partial[c], or straight into out[u] when its segment
+// is one chunk. One warp per chunk: its row numbers read by the lanes at once, then its rows
+// added in order (passed round by shuffles; loads of the next rows in flight meanwhile).
 template <bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_chunk_sums_kernel(const float* __restrict__ grads, const int64_t* __restrict__ order,
-                              const int64_t* __restrict__ starts,
-                              const int64_t* __restrict__ chunk_offsets,
-                              const int64_t* __restrict__ chunk_segment, int64_t unique,
-                              int64_t n, int64_t d, int64_t max_chunks,
-                              float* __restrict__ partial, float* __restrict__ out) {
+                              const int64_t* __restrict__ chunk_begin,
+                              const int64_t* __restrict__ chunk_len,
+                              const int64_t* __restrict__ chunk_dest,
+                              const int64_t* __restrict__ total_chunks, int64_t d,
+                              int64_t max_chunks, float* __restrict__ partial,
+                              float* __restrict__ out) {
   constexpr unsigned kAll = 0xffffffffu;
+  const int64_t c = warp_index();
+  if (c >= max_chunks || c >= *total_chunks) return;  // the same for the warp's lanes
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
-  const int64_t c = warp_index() * kLookupWarp + lane;
-  const int64_t total = chunk_offsets[unique];
-  int64_t begin = 0;
-  int64_t end = 0;
-  float* dest = nullptr;
-  if (c < total && c < max_chunks) {
-    const int64_t u = chunk_segment[c];
-    const int64_t seg_end = u + 1 < unique ? starts[u + 1] : n;
-    begin = starts[u] + (c - chunk_offsets[u]) * kSegmentChunk;
-    end = begin + kSegmentChunk < seg_end ? begin + kSegmentChunk : seg_end;
-    dest = chunk_offsets[u + 1] - chunk_offsets[u] == 1 ? out + u * d : partial + c * d;
-  }
+  const int64_t b = chunk_begin[c];
+  const int len = static_cast<int>(chunk_len[c]);
+  const int64_t dest = chunk_dest[c];
+  float* dst = dest >= 0 ? out + dest * d : partial + (~dest) * d;
+  const int64_t my_row = lane < len ? order[b + lane] : 0;
   const int64_t cols = Vec4 ? d / 4 : d;
-  for (int j = 0; j < kLookupWarp; ++j) {
-    const int64_t b = __shfl_sync(kAll, begin, j);
-    const int len = static_cast<int>(__shfl_sync(kAll, end, j) - b);
-    if (len <= 0) continue;  // the same for every lane
-    auto* dst = reinterpret_cast<float*>(
-        __shfl_sync(kAll, reinterpret_cast<unsigned long long>(dest), j));
-    const int64_t my_row = lane < len ? order[b + lane] : 0;
-    for (int64_t base = 0; base < cols; base += kLookupBlock) {
-      RowAcc<Vec4> acc;
-      acc.zero();
+  for (int64_t base = 0; base < cols; base += RowAcc<Vec4>::kStep) {
+    RowAcc<Vec4> acc;
+    acc.zero();
 #pragma unroll 4
-      for (int r = 0; r < len; ++r) {
-        const int64_t row = __shfl_sync(kAll, my_row, r);
-        acc.add(grads + row * d, base + lane, d);
-      }
-      acc.store(dst, base + lane, d);
+    for (int r = 0; r < len; ++r) {
+      const int64_t row = __shfl_sync(kAll, my_row, r);
+      acc.add(grads + row * d, base + lane, d);
     }
+    acc.store(dst, base + lane, d);
   }
 }
 
@@ -202,7 +215,7 @@ __global__ void __launch_bounds__(kLookupThreads)
     todo &= todo - 1;
     const int64_t from = __shfl_sync(kAll, c0, j);
     const int64_t to = __shfl_sync(kAll, c1, j);
-    for (int64_t base = 0; base < cols; base += kLookupBlock) {
+    for (int64_t base = 0; base < cols; base += RowAcc<Vec4>::kStep) {
       RowAcc<Vec4> acc;
       acc.zero();
       for (int64_t c = from; c < to; ++c) acc.add(partial + c * d, base + lane, d);

@@ -1,4 +1,5 @@
-// CUDA binding of optimizer_update: the checks of optimizer_checks.h, then one launch per table.
+// CUDA binding of optimizer_update: the checks of optimizer_checks.h, then one launch for up to
+// 32 tables of one dtype.
 // The float arithmetic is the CPU kernel's: nvcc builds with --fmad=false (setup.py), so no
 // multiply-add is contracted differently from the CPU build.
 #include <ATen/ATen.h>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/optimizer_kernels.cuh"
 #include "optimizer_checks.h"
@@ -38,32 +40,44 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
                                         weight_decay, learning_rate_power, ftrl_beta, l1_reg,
                                         l2_reg);
   const std::vector<int64_t> widths = check_update(o.kind, values, slots, grads, dims, steps);
-  for (size_t t = 0; t < values.size(); ++t) {
-    const at::Tensor& table = values[t];
-    const int64_t width = widths[t];
-    const int64_t n = slots[t].numel();
-    if (n == 0) continue;
-    const c10::cuda::CUDAGuard guard(table.device());
-    const at::Tensor s = slots[t].contiguous();
-    const at::Tensor g = grads[t].contiguous();
-    const bool adam = o.kind == OptimizerKind::kAdam;
-    const float bias1 = adam ? adam_bias(o.beta1, steps[t]) : 1.0f;
-    const float bias2 = adam ? adam_bias(o.beta2, steps[t]) : 1.0f;
-    const auto blocks =
-        static_cast<unsigned>((n * cuda::kUpdateWarp + cuda::kUpdateThreads - 1) /
-                              cuda::kUpdateThreads);
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    with_row_type(table.scalar_type(), [&](auto zero) {
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool adam = o.kind == OptimizerKind::kAdam;
+  std::vector<at::Tensor> keep;  // the contiguous slots and grads a launch reads
+  size_t t = 0;
+  while (t < values.size()) {  // one launch per run of <= 32 tables of one dtype
+    const auto dtype = values[t].scalar_type();
+    const c10::cuda::CUDAGuard guard(values[t].device());
+    with_row_type(dtype, [&](auto zero) {
       using T = decltype(zero);
+      cuda::UpdateTables<T> tab{};
+      tab.begin[0] = 0;
+      for (; t < values.size() && values[t].scalar_type() == dtype &&
+             tab.count < cuda::kMaxUpdateTables;
+           ++t) {
+        if (slots[t].numel() == 0) continue;
+        const int c = tab.count++;
+        keep.push_back(slots[t].contiguous());
+        tab.slots[c] = keep.back().const_data_ptr<int64_t>();
+        keep.push_back(grads[t].contiguous());
+        tab.grads[c] = keep.back().const_data_ptr<float>();
+        tab.values[c] = static_cast<T*>(values[t].data_ptr());
+        tab.width[c] = widths[t];
+        tab.rows[c] = values[t].size(0);
+        tab.dim[c] = dims[t];
+        tab.bias1[c] = adam ? adam_bias(o.beta1, steps[t]) : 1.0f;
+        tab.bias2[c] = adam ? adam_bias(o.beta2, steps[t]) : 1.0f;
+        tab.begin[c + 1] = tab.begin[c] + slots[t].numel();
+      }
+      const int64_t n = tab.begin[tab.count];
+      if (n == 0) return;
+      const auto blocks = static_cast<unsigned>(
+          (n * cuda::kUpdateWarp + cuda::kUpdateThreads - 1) / cuda::kUpdateThreads);
       with_optimizer(o.kind, [&](auto kind) {
         cuda::optimizer_update_kernel<decltype(kind)::value, T>
-            <<<blocks, cuda::kUpdateThreads, 0, stream>>>(
-                o, static_cast<T*>(table.data_ptr()), width, table.size(0),
-                s.const_data_ptr<int64_t>(), g.const_data_ptr<float>(), n, dims[t], bias1,
-                bias2);
+            <<<blocks, cuda::kUpdateThreads, 0, stream>>>(o, tab);
       });
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
 

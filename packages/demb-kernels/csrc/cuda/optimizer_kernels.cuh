@@ -55,21 +55,42 @@ __device__ float rowwise_rate(const OptimizerParams& o, T* row, const float* g, 
   return o.learning_rate / (sqrtf(acc) + o.eps);
 }
 
-// Rows `slots[i]` of `values` (rows x width, [embedding (dim) | state]) updated with grads[i];
-// slots out of [0, rows) are skipped (the Python caller checks them beforehand).
+// The most tables one launch updates (their pointers travel by value).
+constexpr int kMaxUpdateTables = 32;
+
+// The tables of one launch: table t's rows are entries [begin[t], begin[t + 1]) of the launch.
+template <typename T>
+struct UpdateTables {
+  T* values[kMaxUpdateTables];  // (rows, width): [embedding (dim) | state]
+  int64_t width[kMaxUpdateTables];
+  int64_t rows[kMaxUpdateTables];
+  const int64_t* slots[kMaxUpdateTables];
+  const float* grads[kMaxUpdateTables];  // (n_t, dim)
+  int64_t dim[kMaxUpdateTables];
+  float bias1[kMaxUpdateTables];
+  float bias2[kMaxUpdateTables];
+  int64_t begin[kMaxUpdateTables + 1];
+  int count;
+};
+
+// Row slots[i] of each table updated with grads[i]; slots out of [0, rows) are skipped (the
+// Python caller checks them beforehand). One warp per row, all tables in one launch.
 template <OptimizerKind K, typename T>
 __global__ void __launch_bounds__(kUpdateThreads)
-    optimizer_update_kernel(OptimizerParams o, T* __restrict__ values, int64_t width,
-                            int64_t rows, const int64_t* __restrict__ slots,
-                            const float* __restrict__ grads, int64_t n, int64_t dim,
-                            float bias1, float bias2) {
-  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kUpdateWarp;
-  if (i >= n) return;  // whole warps leave together: i is the same for a warp's lanes
+    optimizer_update_kernel(OptimizerParams o, const __grid_constant__ UpdateTables<T> tab) {
+  const int64_t e = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kUpdateWarp;
+  if (e >= tab.begin[tab.count]) return;  // whole warps leave together: e is the warp's
+  int t = 0;
+  while (t + 1 < tab.count && tab.begin[t + 1] <= e) ++t;
+  const int64_t i = e - tab.begin[t];
   const int lane = static_cast<int>(threadIdx.x % kUpdateWarp);
-  const int64_t slot = slots[i];
-  if (slot < 0 || slot >= rows) return;
-  T* row = values + slot * width;
-  const float* g = grads + i * dim;
+  const int64_t slot = tab.slots[t][i];
+  if (slot < 0 || slot >= tab.rows[t]) return;
+  const int64_t dim = tab.dim[t];
+  T* row = tab.values[t] + slot * tab.width[t];
+  const float* g = tab.grads[t] + i * dim;
+  const float bias1 = tab.bias1[t];
+  const float bias2 = tab.bias2[t];
   float rate = 0.0f;
   if constexpr (K == OptimizerKind::kRowwiseAdagrad) rate = rowwise_rate(o, row, g, dim, lane);
   for (int64_t base = lane; base < dim; base += kUpdateWarp * kUpdateChunk) {

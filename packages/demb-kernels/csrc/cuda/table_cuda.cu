@@ -11,12 +11,15 @@
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include "cuda/cub_call.cuh"
 #include "cuda/table_bucket.cuh"
 #include "cuda/table_kernels.cuh"
 #include "table_checks.h"
 
 namespace demb {
 namespace {
+
+using cuda::cub_call;
 
 constexpr int kThreads = cuda::kWarp * cuda::kWarpsPerBlock;
 
@@ -35,15 +38,6 @@ int end_bit_for(uint64_t skip) {
   int bits = 1;
   while (bits < 64 && (skip >> bits) != 0) ++bits;
   return bits;
-}
-
-// Runs a cub device algorithm twice: once to size its scratch memory, once to do the work.
-template <typename Call>
-void cub_call(const at::Tensor& like, Call call) {
-  size_t bytes = 0;
-  C10_CUDA_CHECK(call(nullptr, bytes));
-  at::Tensor temp = at::empty({static_cast<int64_t>(bytes)}, like.options().dtype(at::kByte));
-  C10_CUDA_CHECK(call(temp.data_ptr(), bytes));
 }
 
 // The phase-B schedule: entries stably sorted by sort key (bucket order, batch order within a
