@@ -8,12 +8,49 @@
 #include <tuple>
 
 #include "dedup_checks.h"
+#include "table_rule.h"
 
 namespace demb {
 namespace {
 
 using DedupOut =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// (N,) int64 table of each index: feature f owns [offsets[f * B], offsets[(f + 1) * B]) (the
+// last feature whose first bag starts at or before the index; feature 0 if none).
+at::Tensor table_of_index(const at::Tensor& offsets, const at::Tensor& feature_tables,
+                          int64_t batch_size, int64_t n) {
+  const at::Tensor feature_starts =
+      offsets.slice(0, 0, offsets.numel() - 1, batch_size).contiguous();
+  const at::Tensor feature =
+      at::searchsorted(feature_starts, at::arange(n, offsets.options()), false, true)
+          .sub_(1)
+          .clamp_(0, feature_tables.numel() - 1);
+  return feature_tables.index_select(0, feature);
+}
+
+// The batch's checks, then offsets[::B] (kDedupFlags + F + 1 words, see dedup_checks.h).
+at::Tensor batch_checks(const at::Tensor& indices, const at::Tensor& offsets,
+                        const at::Tensor& feature_tables, int64_t num_tables, int64_t batch_size,
+                        const std::optional<at::Tensor>& counters) {
+  const int64_t n = indices.numel();
+  const at::Tensor negative =
+      counters ? counters->lt(0).sum() : at::zeros({}, indices.options());
+  const at::Tensor flags = at::stack(
+      {offsets.slice(0, 1).lt(offsets.slice(0, 0, -1)).sum(), offsets[0], n - offsets[-1],
+       indices.eq(-1).sum(), negative.to(at::kLong),
+       feature_tables.lt(0).logical_or_(feature_tables.ge(num_tables)).sum()});
+  return at::cat({flags, offsets.slice(0, 0, offsets.numel(), batch_size)});
+}
+
+std::tuple<at::Tensor, at::Tensor> index_tables(const at::Tensor& indices,
+                                                const at::Tensor& offsets,
+                                                const at::Tensor& feature_tables,
+                                                int64_t num_tables, int64_t batch_size) {
+  check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, std::nullopt);
+  return {table_of_index(offsets, feature_tables, batch_size, indices.numel()),
+          batch_checks(indices, offsets, feature_tables, num_tables, batch_size, std::nullopt)};
+}
 
 // out = keys (U,) sorted by (table, key); tables (U,); inverse (N,) position in keys of each
 // index; counts (U,) occurrences (or summed counters); order (N,) index positions sorted by
@@ -26,13 +63,7 @@ DedupOut dedup_batch(const at::Tensor& indices, const at::Tensor& offsets,
   const int64_t n = indices.numel();
   const int64_t features = feature_tables.numel();
   const auto opts = indices.options();
-  // The table of each index: feature f owns [offsets[f * B], offsets[(f + 1) * B]).
-  const at::Tensor feature_starts =
-      offsets.slice(0, 0, offsets.numel() - 1, batch_size).contiguous();
-  const at::Tensor feature = at::searchsorted(feature_starts, at::arange(n, opts), false, true)
-                                 .sub_(1)
-                                 .clamp_(0, features - 1);
-  const at::Tensor tables = feature_tables.index_select(0, feature);
+  const at::Tensor tables = table_of_index(offsets, feature_tables, batch_size, n);
   // Sorted by (table, key): a stable sort by key, then a stable sort of their tables.
   const auto [keys_by_key, by_key] = at::sort(indices, true, 0, false);
   const auto [sorted_tables, by_table] =
@@ -54,16 +85,10 @@ DedupOut dedup_batch(const at::Tensor& indices, const at::Tensor& offsets,
   const at::Tensor through =
       n == 0 ? at::zeros({num_tables}, opts)
              : at::where(ends > 0, rank.index_select(0, (ends - 1).clamp_min(0)) + 1, 0);
-  const at::Tensor negative =
-      counters ? counters->lt(0).sum() : at::zeros({}, opts);
-  const at::Tensor flags = at::stack({offsets.slice(0, 1).lt(offsets.slice(0, 0, -1)).sum(),
-                                      offsets[0], n - offsets[-1], indices.eq(-1).sum(),
-                                      negative.to(at::kLong),
-                                      feature_tables.lt(0)
-                                          .logical_or_(feature_tables.ge(num_tables))
-                                          .sum()});
   const at::Tensor host =  // the one sync
-      at::cat({through, flags, offsets.slice(0, 0, offsets.numel(), batch_size)}).cpu();
+      at::cat({through, batch_checks(indices, offsets, feature_tables, num_tables, batch_size,
+                                     counters)})
+          .cpu();
   const at::Tensor bounds =
       dedup_bounds(host.const_data_ptr<int64_t>(), n, num_tables, features);
   const int64_t unique = bounds.const_data_ptr<int64_t>()[num_tables];
@@ -84,8 +109,51 @@ DedupOut dedup_batch(const at::Tensor& indices, const at::Tensor& offsets,
           inverse, counts, order, starts, bounds};
 }
 
+// Per table (keys grouped by table: table t's are [bounds[t], bounds[t + 1])), how many of the
+// statuses are new rows (INSERTED or EVICTED) and how many FAILED: (2, T) int64 on the CPU (one
+// read-back). ATen steps only: the same code on every device.
+at::Tensor status_counts(const at::Tensor& status, at::IntArrayRef bounds) {
+  TORCH_CHECK_TYPE(status.scalar_type() == at::kLong && status.dim() == 1,
+                   "status must be a 1-D int64 tensor, got ", status.scalar_type(), " ",
+                   status.sizes());
+  TORCH_CHECK_VALUE(!bounds.empty() && bounds.front() == 0 && bounds.back() == status.numel(),
+                    "bounds: must run from 0 to ", status.numel(), " (the statuses)");
+  for (size_t t = 1; t < bounds.size(); ++t) {
+    TORCH_CHECK_VALUE(bounds[t] >= bounds[t - 1], "bounds: must never decrease");
+  }
+  const auto code = [](InsertStatus s) { return static_cast<int64_t>(s); };
+  const at::Tensor fresh = status.eq(code(InsertStatus::kInserted))
+                               .logical_or_(status.eq(code(InsertStatus::kEvicted)));
+  const at::Tensor through =
+      at::cat({at::zeros({2, 1}, status.options()),
+               at::stack({fresh, status.eq(code(InsertStatus::kFailed))}).cumsum(1)},
+              1);
+  const at::Tensor ends = at::tensor(bounds, at::kLong).to(status.device(), true);
+  const at::Tensor host = through.index_select(1, ends).cpu();  // (2, T + 1)
+  return host.slice(1, 1) - host.slice(1, 0, -1);
+}
+
+// The checks read back: raises the error a bad batch earns, else returns the bounds.
+at::Tensor batch_bounds(const at::Tensor& host, int64_t n, int64_t num_tables,
+                        int64_t features) {
+  TORCH_CHECK_VALUE(host.device().is_cpu() && host.scalar_type() == at::kLong &&
+                        host.dim() == 1 && host.is_contiguous() &&
+                        host.numel() == num_tables + kDedupFlags + features + 1,
+                    "host: expected the ", num_tables + kDedupFlags + features + 1,
+                    " int64 words read back from index_tables / dedup_batch");
+  return dedup_bounds(host.const_data_ptr<int64_t>(), n, num_tables, features);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(demb, CPU, m) { m.impl("dedup_batch", &dedup_batch); }
+TORCH_LIBRARY_IMPL(demb, CPU, m) {
+  m.impl("dedup_batch", &dedup_batch);
+  m.impl("index_tables", &index_tables);
+  m.impl("batch_bounds", &batch_bounds);
+  m.impl("status_counts", &status_counts);
+}
+#ifdef DEMB_WITH_CUDA
+TORCH_LIBRARY_IMPL(demb, CUDA, m) { m.impl("status_counts", &status_counts); }
+#endif
 
 }  // namespace demb

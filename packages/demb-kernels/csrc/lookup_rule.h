@@ -6,7 +6,8 @@
 //   (the last segment ends at N), summed in a fixed order on every device: the segment is cut
 //   into chunks of kSegmentChunk rows, each chunk summed in k order, then the chunk sums in
 //   chunk order; a segment of one chunk is that chunk's sum. Long segments (hot keys) thus
-//   spread over many warps on a GPU, and the CPU and the GPU give the same float.
+//   spread over many warps on a GPU, and the CPU and the GPU give the same float. Also returns
+//   whether any sum is NaN or infinite (the check before an optimizer update, for free).
 #pragma once
 
 #include <cstdint>

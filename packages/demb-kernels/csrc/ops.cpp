@@ -41,11 +41,16 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "gather_table_rows(Tensor[] values, Tensor slots, Tensor tables, Tensor? inverse, "
       "int dim) -> Tensor");
-  m.def("segment_sum_rows(Tensor grads, Tensor order, Tensor starts) -> Tensor");
+  m.def("segment_sum_rows(Tensor grads, Tensor order, Tensor starts) -> (Tensor, Tensor)");
   m.def(
       "dedup_batch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size, Tensor? counters) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
       "Tensor)");
+  m.def(
+      "index_tables(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
+      "int batch_size) -> (Tensor, Tensor)");
+  m.def("batch_bounds(Tensor host, int n, int num_tables, int features) -> Tensor");
+  m.def("status_counts(Tensor status, int[] bounds) -> Tensor");
   // Optimizer updates of value rows [embedding | state] in place (demb_optim's specs).
   m.def(
       "optimizer_update(Tensor(a!)[] values, Tensor[] slots, Tensor[] grads, int[] dims, "

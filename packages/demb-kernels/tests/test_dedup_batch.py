@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from demb_kernels.lookup import dedup_batch
+from demb_kernels.lookup import check_batch, dedup_batch, index_tables
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,6 +72,22 @@ def test_dedup_batch_matches_a_python_model(
     assert got.bounds.tolist() == bounds + offsets[::batch].tolist()
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    features=st.integers(1, 4),
+    batch=st.integers(1, 6),
+    max_bag=st.integers(0, 5),
+    seed=st.integers(0, 2**31),
+)
+def test_index_tables_gives_each_index_its_features_table(features, batch, max_bag, seed):
+    gen = torch.Generator().manual_seed(seed)
+    indices, offsets, ftab, _ = batch_case(gen, features, 3, batch, max_bag, 50, False)
+    tables, checks = index_tables(indices, offsets, ftab, 3, batch)
+    lengths = offsets.diff().view(features, batch).sum(1)
+    assert tables.tolist() == torch.repeat_interleave(ftab, lengths).tolist()
+    assert check_batch(checks, indices.numel(), features) == offsets[::batch].tolist()
+
+
 def test_bad_batches_are_named():
     ftab = torch.tensor([0, 1])
     ok = torch.tensor([0, 1, 2])
@@ -85,6 +101,12 @@ def test_bad_batches_are_named():
         dedup_batch(torch.tensor([5, 6]), ok, torch.tensor([0, 2]), 2, 1)
     with pytest.raises(ValueError, match="expected F \\* B \\+ 1"):
         dedup_batch(torch.tensor([5, 6]), ok, ftab, 2, 2)
+    _, checks = index_tables(torch.tensor([5, -1]), ok, ftab, 2, 1)
+    with pytest.raises(ValueError, match="indices: contains -1"):
+        check_batch(checks, 2, 2)
+    _, checks = index_tables(torch.tensor([5, 6]), torch.tensor([1, 2, 2]), ftab, 2, 1)
+    with pytest.raises(ValueError, match="offsets: must start at 0"):
+        check_batch(checks, 2, 2)
 
 
 @pytest.mark.cuda
@@ -114,8 +136,14 @@ def test_cuda_equals_cpu(counters):
     )
     for name, a, b in zip(cpu._fields, cpu, gpu, strict=True):
         assert torch.equal(a, b.cpu()), name
+    tables, checks = index_tables(indices, offsets, ftab, 5, batch)
+    on_gpu = index_tables(indices.cuda(), offsets.cuda(), ftab.cuda(), 5, batch)
+    assert torch.equal(tables, on_gpu[0].cpu())
+    assert torch.equal(checks, on_gpu[1].cpu())
     bad = indices.clone()
     bad[17] = -1
+    with pytest.raises(ValueError, match="indices: contains -1"):
+        check_batch(index_tables(bad.cuda(), offsets.cuda(), ftab.cuda(), 5, batch)[1], n, 4)
     with pytest.raises(ValueError, match="indices: contains -1"):
         dedup_batch(bad.cuda(), offsets.cuda(), ftab.cuda(), 5, batch)
     with pytest.raises(ValueError, match=r"feature_tables: 1 entries outside \[0, 5\)"):

@@ -81,7 +81,8 @@ def segments_case(gen, n, unique, d):
 def test_segment_sum_rows_matches_a_float64_sum(n, unique, d, seed):
     gen = torch.Generator().manual_seed(seed)
     grads, order, starts = segments_case(gen, n, unique, d)
-    got = segment_sum_rows(grads, order, starts)
+    got, nonfinite = segment_sum_rows(grads, order, starts)
+    assert not nonfinite
     ends = torch.cat([starts[1:], torch.tensor([n])])
     want = torch.stack(
         [
@@ -99,7 +100,7 @@ def test_segment_sum_rows_adds_chunks_in_a_fixed_order():
     n = 3 * SEGMENT_CHUNK + 5
     grads = torch.randn(n, 7, generator=gen) * 1e3
     order = torch.randperm(n, generator=gen)
-    got = segment_sum_rows(grads, order, torch.tensor([0]))
+    got, _ = segment_sum_rows(grads, order, torch.tensor([0]))
     total = torch.zeros(7)
     for c in range(0, n, SEGMENT_CHUNK):
         partial = torch.zeros(7)
@@ -107,6 +108,14 @@ def test_segment_sum_rows_adds_chunks_in_a_fixed_order():
             partial = partial + grads[order[k]]
         total = total + partial
     assert torch.equal(got[0], total)
+
+
+def test_segment_sum_rows_flags_nan_and_infinity():
+    grads = torch.ones(6, 3)
+    starts = torch.tensor([0, 2, 5])
+    assert not segment_sum_rows(grads, torch.arange(6), starts)[1]
+    grads[4, 1] = float("-inf")
+    assert segment_sum_rows(grads, torch.arange(6), starts)[1]
 
 
 def test_bad_arguments_are_named():
@@ -148,6 +157,14 @@ def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
     grads = torch.randn(60_000, dim, generator=gen)
     order = torch.randperm(60_000, generator=gen)
     starts = torch.cat([torch.tensor([0, 20_000, 20_000]), torch.arange(20_001, 60_000, 7)])
-    cpu_sum = segment_sum_rows(grads, order, starts)
-    gpu_sum = segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda())
+    cpu_sum, cpu_bad = segment_sum_rows(grads, order, starts)
+    gpu_sum, gpu_bad = segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda())
     assert torch.equal(gpu_sum.cpu(), cpu_sum)
+    assert not cpu_bad
+    assert not gpu_bad
+    # a NaN in a one-chunk segment, an infinity in the hot one: both flagged
+    for row in (int(order[20_001]), int(order[5])):
+        bad = grads.clone()
+        bad[row, 3] = float("nan") if row == int(order[20_001]) else float("inf")
+        assert bool(segment_sum_rows(bad.cuda(), order.cuda(), starts.cuda())[1])
+        assert bool(segment_sum_rows(bad, order, starts)[1])

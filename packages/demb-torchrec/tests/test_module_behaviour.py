@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from demb_optim import Adam
+from demb_storage import InsertFailedError
 from demb_torchrec import (
+    DynamicEmbCheckMode,
     DynamicEmbeddingTables,
     DynamicEmbInitializerArgs,
     DynamicEmbInitializerMode,
@@ -123,12 +125,16 @@ def test_a_table_built_with_training_false_has_no_state_and_cannot_train():
     module(torch.tensor([1]), torch.tensor([0, 1]))
 
 
-def test_a_nan_gradient_is_rejected_and_no_row_changes():
-    module = tables()
-    out = module(torch.tensor([1, 2]), torch.tensor([0, 2]))
+@pytest.mark.parametrize("mode", list(DynamicEmbPoolingMode))
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nan_gradient_is_rejected_and_no_row_changes(mode, bad):
+    module = tables(mode=mode)
+    out = module(torch.tensor([1, 2, 1]), torch.tensor([0, 3]))
     before = module.tables.values[0].clone()
+    grad = torch.ones_like(out)
+    grad[-1, 2] = bad
     with pytest.raises(ValueError, match="NaN or infinite"):
-        out.backward(torch.full_like(out, float("nan")))
+        out.backward(grad)
     assert torch.equal(module.tables.values[0], before)
 
 
@@ -215,3 +221,25 @@ def test_bad_batches_are_named():
         module(torch.tensor([1, 2]), torch.tensor([0, 2]), frequency_counters=torch.tensor([1, -2]))
     with pytest.raises(ValueError, match="with 1 decreases"):
         module(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 1, 3]))
+
+
+@pytest.mark.parametrize("check", list(DynamicEmbCheckMode))
+def test_keys_that_find_no_slot_follow_the_safe_check_mode(check):
+    """200 new keys for one 128-slot bucket: no key of a batch evicts another, so 72 fail;
+    they count in failed_inserts, read zeros (IGNORE / WARNING) or raise (ERROR)."""
+    module = tables(mode=DynamicEmbPoolingMode.NONE, max_capacity=128, safe_check_mode=check)
+    keys = torch.arange(200)
+    if check is DynamicEmbCheckMode.ERROR:
+        with pytest.raises(InsertFailedError, match="72 of 200 keys"):
+            module(keys, torch.arange(201))
+        return
+    if check is DynamicEmbCheckMode.WARNING:
+        with pytest.warns(UserWarning, match="72 of 200 keys could not be inserted"):
+            out = module(keys, torch.arange(201))
+    else:
+        out = module(keys, torch.arange(201))
+    assert module.tables.failed_inserts.tolist() == [72]
+    assert len(keys_in(module)) == 128
+    zero_rows = (out == 0).all(1)
+    assert int(zero_rows.sum()) == 72
+    assert int((out[~zero_rows] == 0.5).all(1).sum()) == 128

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "lookup_checks.h"
@@ -57,8 +58,9 @@ at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots_
   return out;
 }
 
-at::Tensor segment_sum_rows_cpu(const at::Tensor& grads_in, const at::Tensor& order_in,
-                                const at::Tensor& starts_in) {
+std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(const at::Tensor& grads_in,
+                                                        const at::Tensor& order_in,
+                                                        const at::Tensor& starts_in) {
   check_segment_sum(grads_in, order_in, starts_in);
   const at::Tensor grads = grads_in.contiguous();
   const at::Tensor order = order_in.contiguous();
@@ -101,7 +103,7 @@ at::Tensor segment_sum_rows_cpu(const at::Tensor& grads_in, const at::Tensor& or
       }
     }
   });
-  return out;
+  return {out, at::isfinite(out).all().logical_not()};
 }
 
 }  // namespace

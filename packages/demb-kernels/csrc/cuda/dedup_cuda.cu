@@ -1,4 +1,4 @@
-// dedup_batch on CUDA: the CPU's outputs (dedup.cpp) from a few kernels and two cub radix sorts:
+// dedup_batch and index_tables on CUDA: the CPU's outputs (dedup.cpp) from a few kernels and two cub radix sorts:
 // the batch's positions sorted by key (sign bit flipped: signed order), then stably by table
 // (only the bits T needs), which is the one stable order by (table, key, position). Each unique
 // key is the first of its run; the checks ride the kernels into one read-back buffer.
@@ -33,17 +33,13 @@ __device__ __forceinline__ void count_flag(int64_t* word) {
   atomicAdd(reinterpret_cast<unsigned long long*>(word), 1ull);
 }
 
-// Per index: its table (feature f owns [offsets[f * B], offsets[(f + 1) * B])), its sort key,
-// its position; and the checks of the batch (see kDedupFlags) into info.
-__global__ void dedup_prepare_kernel(const int64_t* __restrict__ indices,
-                                     const int64_t* __restrict__ offsets, int64_t bags,
-                                     const int64_t* __restrict__ feature_tables, int64_t features,
-                                     int64_t batch_size, const int64_t* __restrict__ counters,
-                                     int64_t n, int64_t num_tables, uint64_t* __restrict__ keys,
-                                     uint32_t* __restrict__ tables, int32_t* __restrict__ positions,
-                                     int64_t* __restrict__ info) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  int64_t* flags = info + num_tables;
+// Thread i's part of the batch's checks into flags (see kDedupFlags), then offsets[::B]: bag
+// i's offsets in order, feature i's table id in [0, T), index i not -1, its counter >= 0.
+__device__ void check_batch_entry(int64_t i, const int64_t* __restrict__ indices,
+                                  const int64_t* __restrict__ offsets, int64_t bags,
+                                  const int64_t* __restrict__ feature_tables, int64_t features,
+                                  int64_t batch_size, const int64_t* __restrict__ counters,
+                                  int64_t n, int64_t num_tables, int64_t* __restrict__ flags) {
   if (i < bags && offsets[i + 1] < offsets[i]) count_flag(flags);
   if (i <= features) flags[kDedupFlags + i] = offsets[i * batch_size];
   if (i < features && (feature_tables[i] < 0 || feature_tables[i] >= num_tables)) {
@@ -53,8 +49,16 @@ __global__ void dedup_prepare_kernel(const int64_t* __restrict__ indices,
     flags[1] = offsets[0];
     flags[2] = n - offsets[bags];
   }
-  if (i >= n) return;
-  int64_t lo = 0;  // the last feature whose first bag starts at or before i
+  if (i < n && indices[i] == -1) count_flag(flags + 3);
+  if (i < n && counters && counters[i] < 0) count_flag(flags + 4);
+}
+
+// The table of index i: feature f owns [offsets[f * B], offsets[(f + 1) * B]) (the last feature
+// whose first bag starts at or before i; feature 0 if none).
+__device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
+                            const int64_t* __restrict__ feature_tables, int64_t features,
+                            int64_t batch_size) {
+  int64_t lo = 0;
   int64_t hi = features;
   while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
@@ -64,12 +68,37 @@ __global__ void dedup_prepare_kernel(const int64_t* __restrict__ indices,
       hi = mid;
     }
   }
-  const int64_t key = indices[i];
-  if (key == -1) count_flag(flags + 3);
-  if (counters && counters[i] < 0) count_flag(flags + 4);
-  keys[i] = static_cast<uint64_t>(key) ^ kSignBit;
-  tables[i] = static_cast<uint32_t>(feature_tables[lo]);
+  return feature_tables[lo];
+}
+
+// Per index: its table, its sort key (sign bit flipped: signed order), its position; and the
+// batch's checks into info (after the T per-table words).
+__global__ void dedup_prepare_kernel(const int64_t* __restrict__ indices,
+                                     const int64_t* __restrict__ offsets, int64_t bags,
+                                     const int64_t* __restrict__ feature_tables, int64_t features,
+                                     int64_t batch_size, const int64_t* __restrict__ counters,
+                                     int64_t n, int64_t num_tables, uint64_t* __restrict__ keys,
+                                     uint32_t* __restrict__ tables, int32_t* __restrict__ positions,
+                                     int64_t* __restrict__ info) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, counters, n,
+                    num_tables, info + num_tables);
+  if (i >= n) return;
+  keys[i] = static_cast<uint64_t>(indices[i]) ^ kSignBit;
+  tables[i] = static_cast<uint32_t>(table_of(i, offsets, feature_tables, features, batch_size));
   positions[i] = static_cast<int32_t>(i);
+}
+
+// index_tables: the table of each index, and the batch's checks.
+__global__ void index_tables_kernel(const int64_t* __restrict__ indices,
+                                    const int64_t* __restrict__ offsets, int64_t bags,
+                                    const int64_t* __restrict__ feature_tables, int64_t features,
+                                    int64_t batch_size, int64_t n, int64_t num_tables,
+                                    int64_t* __restrict__ tables, int64_t* __restrict__ flags) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, nullptr, n,
+                    num_tables, flags);
+  if (i < n) tables[i] = table_of(i, offsets, feature_tables, features, batch_size);
 }
 
 // The tables of the key-sorted positions.
@@ -247,8 +276,35 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
           starts.slice(0, 0, unique), bounds};
 }
 
+std::tuple<at::Tensor, at::Tensor> index_tables_cuda(const at::Tensor& indices_in,
+                                                     const at::Tensor& offsets_in,
+                                                     const at::Tensor& feature_tables_in,
+                                                     int64_t num_tables, int64_t batch_size) {
+  check_dedup_args(indices_in, offsets_in, feature_tables_in, num_tables, batch_size,
+                   std::nullopt);
+  const c10::cuda::CUDAGuard guard(indices_in.device());
+  const at::Tensor indices = indices_in.contiguous();
+  const at::Tensor offsets = offsets_in.contiguous();
+  const at::Tensor feature_tables = feature_tables_in.contiguous();
+  const int64_t n = indices.numel();
+  const int64_t features = feature_tables.numel();
+  const int64_t bags = offsets.numel() - 1;
+  at::Tensor tables = at::empty({n}, indices.options());
+  at::Tensor flags = at::zeros({kDedupFlags + features + 1}, indices.options());
+  index_tables_kernel<<<dedup_blocks(std::max(n, bags + 1)), kDedupThreads, 0,
+                        at::cuda::getCurrentCUDAStream()>>>(
+      indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
+      feature_tables.const_data_ptr<int64_t>(), features, batch_size, n, num_tables,
+      tables.data_ptr<int64_t>(), flags.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {tables, flags};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(demb, CUDA, m) { m.impl("dedup_batch", &dedup_batch_cuda); }
+TORCH_LIBRARY_IMPL(demb, CUDA, m) {
+  m.impl("dedup_batch", &dedup_batch_cuda);
+  m.impl("index_tables", &index_tables_cuda);
+}
 
 }  // namespace demb

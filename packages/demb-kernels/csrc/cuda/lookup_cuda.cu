@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 
 #include <cub/device/device_scan.cuh>
@@ -68,8 +69,9 @@ at::Tensor gather_table_rows_cuda(at::TensorList values, const at::Tensor& slots
   return out;
 }
 
-at::Tensor segment_sum_rows_cuda(const at::Tensor& grads_in, const at::Tensor& order_in,
-                                 const at::Tensor& starts_in) {
+std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads_in,
+                                                         const at::Tensor& order_in,
+                                                         const at::Tensor& starts_in) {
   check_segment_sum(grads_in, order_in, starts_in);
   const c10::cuda::CUDAGuard guard(grads_in.device());
   const at::Tensor grads = grads_in.contiguous();
@@ -78,8 +80,12 @@ at::Tensor segment_sum_rows_cuda(const at::Tensor& grads_in, const at::Tensor& o
   const int64_t n = grads.size(0);
   const int64_t d = grads.size(1);
   const int64_t unique = starts.numel();
-  if (unique == 0 || n == 0 || d == 0) return at::zeros({unique, d}, grads.options());
+  at::Tensor nonfinite = at::zeros({}, grads.options().dtype(at::kInt));
+  if (unique == 0 || n == 0 || d == 0) {
+    return {at::zeros({unique, d}, grads.options()), nonfinite.to(at::kBool)};
+  }
   at::Tensor out = at::empty({unique, d}, grads.options());  // pass 1 or 2 writes every row
+  int32_t* bad = nonfinite.data_ptr<int32_t>();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const unsigned segment_blocks =
       static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
@@ -107,12 +113,12 @@ at::Tensor segment_sum_rows_cuda(const at::Tensor& grads_in, const at::Tensor& o
             grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), info,
             info + max_chunks, info + 2 * max_chunks,
             chunk_offsets.const_data_ptr<int64_t>() + unique, d, max_chunks,
-            partial.data_ptr<float>(), out.data_ptr<float>());
+            partial.data_ptr<float>(), out.data_ptr<float>(), bad);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     cuda::segment_finish_kernel<kVec>
         <<<warp_blocks(groups(unique)), cuda::kLookupThreads, 0, stream>>>(
         partial.const_data_ptr<float>(), chunk_offsets.const_data_ptr<int64_t>(), unique, d,
-        out.data_ptr<float>());
+        out.data_ptr<float>(), bad);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   if (vec4) {
@@ -120,7 +126,7 @@ at::Tensor segment_sum_rows_cuda(const at::Tensor& grads_in, const at::Tensor& o
   } else {
     launch(std::false_type{});
   }
-  return out;
+  return {out, nonfinite.to(at::kBool)};
 }
 
 }  // namespace

@@ -111,6 +111,23 @@ struct RowAcc {
       }
     }
   }
+  // Whether a stored column (of this lane) is NaN or infinite.
+  __device__ __forceinline__ bool nonfinite(int64_t col0, int64_t d) const {
+    bool bad = false;
+#pragma unroll
+    for (int q = 0; q < kParts; ++q) {
+      const int64_t col = col0 + q * kLookupWarp;
+      if constexpr (Vec4) {
+        if (col < d / 4) {
+          bad = bad || !isfinite(v[q].x) || !isfinite(v[q].y) || !isfinite(v[q].z) ||
+                !isfinite(v[q].w);
+        }
+      } else {
+        if (col < d) bad = bad || !isfinite(v[q].x);
+      }
+    }
+    return bad;
+  }
   __device__ __forceinline__ void store(float* __restrict__ r, int64_t col0, int64_t d) const {
 #pragma unroll
     for (int q = 0; q < kParts; ++q) {
@@ -158,7 +175,7 @@ __global__ void __launch_bounds__(kLookupThreads)
 }
 
 // Pass 1: chunk c summed in k order into partial[c], or straight into out[u] when its segment
-// is one chunk. One warp per chunk: its row numbers read by the lanes at once, then its rows
+// is one chunk (then a NaN or infinity in it sets *nonfinite). One warp per chunk: its row numbers read by the lanes at once, then its rows
 // added in order (passed round by shuffles; loads of the next rows in flight meanwhile).
 template <bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
@@ -168,7 +185,7 @@ __global__ void __launch_bounds__(kLookupThreads)
                               const int64_t* __restrict__ chunk_dest,
                               const int64_t* __restrict__ total_chunks, int64_t d,
                               int64_t max_chunks, float* __restrict__ partial,
-                              float* __restrict__ out) {
+                              float* __restrict__ out, int32_t* __restrict__ nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   const int64_t c = warp_index();
   if (c >= max_chunks || c >= *total_chunks) return;  // the same for the warp's lanes
@@ -188,16 +205,20 @@ __global__ void __launch_bounds__(kLookupThreads)
       acc.add(grads + row * d, base + lane, d);
     }
     acc.store(dst, base + lane, d);
+    if (__any_sync(kAll, dest >= 0 && acc.nonfinite(base + lane, d)) && lane == 0) {
+      atomicOr(nonfinite, 1);
+    }
   }
 }
 
 // Pass 2: out[u] = the chunk sums of segment u, added in chunk order, for the segments pass 1
-// did not write (more than one chunk; none: zeros). A warp scans 32 segments, one per lane.
+// did not write (more than one chunk; none: zeros); a NaN or infinity sets *nonfinite. A warp
+// scans 32 segments, one per lane.
 template <bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_finish_kernel(const float* __restrict__ partial,
                           const int64_t* __restrict__ chunk_offsets, int64_t unique, int64_t d,
-                          float* __restrict__ out) {
+                          float* __restrict__ out, int32_t* __restrict__ nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
   const int64_t first = warp_index() * kLookupWarp;
@@ -220,6 +241,7 @@ __global__ void __launch_bounds__(kLookupThreads)
       acc.zero();
       for (int64_t c = from; c < to; ++c) acc.add(partial + c * d, base + lane, d);
       acc.store(out + (first + j) * d, base + lane, d);
+      if (__any_sync(kAll, acc.nonfinite(base + lane, d)) && lane == 0) atomicOr(nonfinite, 1);
     }
   }
 }

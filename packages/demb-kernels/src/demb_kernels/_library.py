@@ -24,6 +24,8 @@ OPS = (
     "gather_table_rows",
     "segment_sum_rows",
     "dedup_batch",
+    "index_tables",
+    "status_counts",
 )
 """Every op of the ``demb`` torch library (each has CPU and CUDA kernels)."""
 

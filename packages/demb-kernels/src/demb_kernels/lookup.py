@@ -20,9 +20,12 @@ __all__ = [
     "MAX_GATHER_TABLES",
     "SEGMENT_CHUNK",
     "DedupOutput",
+    "check_batch",
     "dedup_batch",
     "gather_table_rows",
+    "index_tables",
     "segment_sum_rows",
+    "status_counts",
 ]
 
 MAX_GATHER_TABLES = 64
@@ -80,6 +83,53 @@ def dedup_batch(
     return DedupOutput(*out)
 
 
+def index_tables(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    feature_tables: torch.Tensor,
+    num_tables: int,
+    batch_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table of each index of a TBE-layout batch, and the batch's checks, without a sync.
+
+    Args: as :func:`dedup_batch` (no counters).
+
+    Returns:
+        ``(N,)`` int64 table of each index (feature ``f`` owns ``[offsets[f * B], offsets[(f +
+        1) * B])``; tables stay in range even for bad offsets), and the checks: a device int64
+        tensor for :func:`check_batch` to read back.
+    """
+    tables, checks = torch.ops.demb.index_tables(
+        indices, offsets, feature_tables, num_tables, batch_size
+    )
+    return tables, checks
+
+
+def check_batch(checks: torch.Tensor, n: int, features: int) -> list[int]:
+    """Read back (one sync) the checks of :func:`index_tables` for a batch of ``n`` indices and
+    ``features`` features; returns ``offsets[::B]`` (``F + 1`` host ints).
+
+    Raises:
+        ValueError: as :func:`dedup_batch`.
+    """
+    bounds: torch.Tensor = torch.ops.demb.batch_bounds(checks.cpu(), n, 0, features)
+    out: list[int] = bounds.tolist()[1:]
+    return out
+
+
+def status_counts(status: torch.Tensor, bounds: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Per table, the new rows (INSERTED or EVICTED) and the FAILED keys of a find_or_insert
+    whose keys are grouped by table (table ``t``'s are ``[bounds[t], bounds[t + 1])``); one
+    read-back.
+
+    Args:
+        status: ``(U,)`` int64 :class:`demb_kernels.table.InsertStatus` of each key.
+        bounds: ``T + 1`` host offsets, from 0 to ``U``.
+    """
+    counts: list[list[int]] = torch.ops.demb.status_counts(status, list(bounds)).tolist()
+    return counts[0], counts[1]
+
+
 def gather_table_rows(
     values: Sequence[torch.Tensor],
     slots: torch.Tensor,
@@ -125,7 +175,7 @@ def gather_table_rows(
 
 def segment_sum_rows(
     grads: torch.Tensor, order: torch.Tensor, starts: torch.Tensor, *, check: bool = True
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``out[u]`` = the sum of ``grads[order[k]]`` for ``k`` in ``[starts[u], starts[u + 1])``
     (the last segment ends at ``N``), in chunks of :data:`SEGMENT_CHUNK` rows.
 
@@ -137,7 +187,8 @@ def segment_sum_rows(
             checks.
 
     Returns:
-        ``(U, D)`` float32.
+        ``(U, D)`` float32 sums, and a ``()`` bool on their device (no sync): whether any sum
+        is NaN or infinite.
     """
     if check and grads.device.type != "cpu" and starts.numel():
         n = grads.shape[0]
@@ -151,8 +202,8 @@ def segment_sum_rows(
             raise ValueError(f"order: out of range for {n} rows")
         if flags[1]:
             raise ValueError(f"starts: must begin at 0, never decrease and stay <= {n}")
-    out: torch.Tensor = torch.ops.demb.segment_sum_rows(grads, order, starts)
-    return out
+    out, nonfinite = torch.ops.demb.segment_sum_rows(grads, order, starts)
+    return out, nonfinite
 
 
 @torch.library.register_fake("demb::gather_table_rows")  # type: ignore[untyped-decorator]
@@ -170,8 +221,9 @@ def _gather_table_rows_fake(
 @torch.library.register_fake("demb::segment_sum_rows")  # type: ignore[untyped-decorator]
 def _segment_sum_rows_fake(
     grads: torch.Tensor, order: torch.Tensor, starts: torch.Tensor
-) -> torch.Tensor:
-    return grads.new_empty((starts.shape[0], grads.shape[1]))
+) -> tuple[torch.Tensor, torch.Tensor]:
+    flag = grads.new_empty((), dtype=torch.bool)
+    return grads.new_empty((starts.shape[0], grads.shape[1])), flag
 
 
 @torch.library.register_fake("demb::dedup_batch")  # type: ignore[untyped-decorator]
@@ -195,3 +247,14 @@ def _dedup_batch_fake(
         indices.new_empty((unique,)),
         torch.empty((bounds,), dtype=torch.int64, device="cpu"),
     )
+
+
+@torch.library.register_fake("demb::index_tables")  # type: ignore[untyped-decorator]
+def _index_tables_fake(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    feature_tables: torch.Tensor,
+    num_tables: int,
+    batch_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return indices.new_empty(indices.shape), indices.new_empty((6 + feature_tables.shape[0] + 1,))

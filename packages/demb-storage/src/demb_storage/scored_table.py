@@ -208,6 +208,7 @@ class ScoredHashTable:
         return_evicted: bool = False,
         zero_new_rows: bool = True,
         check: bool = True,
+        count_failures: bool = True,
     ) -> InsertOutcome:
         """Find each key or insert it (a forward: STEP tables advance one step).
 
@@ -224,6 +225,9 @@ class ScoredHashTable:
             zero_new_rows: zero the rows of new keys.
             check: check a CUDA batch's data (table ids in range, no empty key, counts >= 0;
                 one sync); callers that checked it pass False.
+            count_failures: count FAILED keys per table into :attr:`failed_inserts` and apply
+                the safe-check modes; a caller that counts them itself passes False and
+                reports them with :meth:`record_failures`.
 
         Raises:
             InsertFailedError: keys failed in a table whose safe-check mode is ERROR.
@@ -237,7 +241,8 @@ class ScoredHashTable:
         slots, status = self._retry_no_eviction(keys, table_ids, counts, args, slots, status)
         if zero_new_rows:
             self._zero_new_rows(table_ids, slots, status)
-        self._safe_check(table_ids, status)
+        if count_failures:
+            self._safe_check(table_ids, status)
         return InsertOutcome(slots, status, evicted)
 
     def insert_or_assign(
@@ -449,18 +454,29 @@ class ScoredHashTable:
                 0, table_ids, failed.to(torch.int64)
             )
         self.failed_inserts += per_table  # no sync: IGNORE tables pay nothing more
-        modes = [c.safe_check_mode for c in self.configs]
-        if all(m is SafeCheckMode.IGNORE for m in modes):
+        if all(c.safe_check_mode is SafeCheckMode.IGNORE for c in self.configs):
             return
-        counts = per_table.tolist()
+        self._raise_or_warn(per_table.tolist(), int(status.numel()))
+
+    def record_failures(self, per_table: Sequence[int], batch_size: int) -> None:
+        """Account the failed inserts of a ``find_or_insert(count_failures=False)`` batch that
+        the caller counted per table (host ints), as that call would have: add them to
+        :attr:`failed_inserts`, then raise / warn per the tables' safe-check modes."""
+        if not any(per_table):
+            return
+        self.failed_inserts += torch.tensor(list(per_table), device=self.device)
+        self._raise_or_warn(list(per_table), batch_size)
+
+    def _raise_or_warn(self, counts: list[int], batch_size: int) -> None:
+        modes = [c.safe_check_mode for c in self.configs]
         errors = {t: n for t, n in enumerate(counts) if n and modes[t] is SafeCheckMode.ERROR}
         if errors:
-            raise InsertFailedError(errors, int(status.numel()))
+            raise InsertFailedError(errors, batch_size)
         warned = {t: n for t, n in enumerate(counts) if n and modes[t] is SafeCheckMode.WARNING}
         if warned:
             per = ", ".join(f"table {t}: {n}" for t, n in sorted(warned.items()))
             warnings.warn(
-                f"{sum(warned.values())} of {status.numel()} keys could not be inserted ({per}); "
+                f"{sum(warned.values())} of {batch_size} keys could not be inserted ({per}); "
                 "their rows read as zeros",
-                stacklevel=3,
+                stacklevel=4,
             )

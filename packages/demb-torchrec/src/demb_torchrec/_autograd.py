@@ -19,8 +19,9 @@ from torch.autograd.function import FunctionCtx
 __all__ = ["Reduced", "TrainStep", "TrainedRows", "Updatable", "trained_rows"]
 
 Reduced = tuple[list[torch.Tensor], list[torch.Tensor]]
-"""Per table ``(U_t, D_t)`` summed gradients, and tensors that hold all of them (checked for
-NaN/inf in one pass each)."""
+"""Per table ``(U_t, D_t)`` summed gradients, and what to check for NaN/inf: tensors that hold
+all of them (one pass each), or ``()`` bool flags already computed (True: some value is NaN or
+infinite)."""
 
 
 class Updatable(Protocol):
@@ -60,12 +61,18 @@ class TrainStep:
     def update(self, grads: Sequence[torch.Tensor]) -> None:
         m = self.module
         per_table, holders = self.reduce(grads)
-        checked = m.check_gradients and holders
-        if checked and bool(torch.stack([nonfinite(h) for h in holders]).any()):  # one sync
-            raise ValueError(
-                "grads: the embedding gradients contain NaN or infinite values; no row was updated"
-            )
-        reduced = [g.to(torch.float32).contiguous() for g in per_table]
+        if m.check_gradients and holders:
+            flags = [h if h.dtype == torch.bool and h.dim() == 0 else nonfinite(h) for h in holders]
+            bad = flags[0] if len(flags) == 1 else torch.stack(flags).any()
+            if bool(bad):  # one sync
+                raise ValueError(
+                    "grads: the embedding gradients contain NaN or infinite values; no row was "
+                    "updated"
+                )
+        reduced = [
+            g if g.dtype == torch.float32 and g.is_contiguous() else g.float().contiguous()
+            for g in per_table
+        ]
         m.steps = [s + 1 for s in m.steps]
         apply_update(
             m.optimizer,

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from demb_kernels.lookup import dedup_batch
 
-__all__ = ["DedupedBatch", "batch_flags", "dedup", "index_tables", "raise_bad_batch"]
+__all__ = ["DedupedBatch", "dedup"]
 
 
 class DedupedBatch(NamedTuple):
@@ -30,49 +30,6 @@ class DedupedBatch(NamedTuple):
     occurrences are ``order[starts[u]:starts[u+1]]``."""
     starts: torch.Tensor
     """``(U,)`` int64 where each unique key's occurrences start in ``order``."""
-
-
-def index_tables(
-    offsets: torch.Tensor, feature_tables: torch.Tensor, batch_size: int, n: int
-) -> torch.Tensor:
-    """``(N,)`` int64 table of each index: feature ``f`` owns ``[offsets[f * B], offsets[(f + 1)
-    * B])`` (no sync; offsets that break the layout give tables in range, and fail
-    :func:`batch_flags`)."""
-    starts = offsets[:-1:batch_size].contiguous()
-    positions = torch.arange(n, device=offsets.device)
-    feature = torch.searchsorted(starts, positions, right=True) - 1
-    return feature_tables[feature.clamp_(0, feature_tables.numel() - 1)]
-
-
-def batch_flags(
-    indices: torch.Tensor, offsets: torch.Tensor, counters: torch.Tensor | None
-) -> torch.Tensor:
-    """``(5,)`` int64 on the batch's device: offsets' decreases, ``offsets[0]``, ``N -
-    offsets[-1]``, -1 keys, negative counters; read back by :func:`raise_bad_batch`."""
-    negative = (counters < 0).sum() if counters is not None else offsets.new_zeros(())
-    return torch.stack(
-        [
-            (offsets[1:] < offsets[:-1]).sum(),
-            offsets[0],
-            indices.numel() - offsets[-1],
-            (indices == -1).sum(),
-            negative.to(torch.int64),
-        ]
-    )
-
-
-def raise_bad_batch(flags: list[int], n: int) -> None:
-    """Raise the error a bad batch earns, from :func:`batch_flags` read back."""
-    decreases, first, short, empty_keys, negative = flags
-    if empty_keys:
-        raise ValueError("indices: contains -1, the empty-key sentinel, which is never a key")
-    if negative:
-        raise ValueError("frequency_counters: contains a negative count")
-    if decreases or first or short:
-        raise ValueError(
-            f"offsets: must start at 0, never decrease and end at {n} (the number of indices); "
-            f"got {first} ... {n - short} with {decreases} decreases"
-        )
 
 
 def dedup(

@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
-from demb_kernels.lookup import MAX_GATHER_TABLES, gather_table_rows, segment_sum_rows
+from demb_kernels.lookup import (
+    MAX_GATHER_TABLES,
+    check_batch,
+    gather_table_rows,
+    index_tables,
+    segment_sum_rows,
+    status_counts,
+)
 from demb_kernels.table import InsertStatus
 from demb_optim import (
     SPEC_TYPES,
@@ -38,7 +45,7 @@ from demb_storage import (
 from torch.nn import functional
 
 from demb_torchrec._autograd import Reduced, TrainStep, trained_rows
-from demb_torchrec._dedup import DedupedBatch, batch_flags, dedup, index_tables, raise_bad_batch
+from demb_torchrec._dedup import DedupedBatch, dedup
 from demb_torchrec._pooling import pool, pool_uniform
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
@@ -255,7 +262,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
         read ``eval_initializer_args``. The batch's checks are read back (one sync) once the
         work is queued; nothing they guard has changed a table."""
         n = indices.numel()
-        tables = index_tables(offsets, self._feature_tables, batch_size, n)
+        tables, checks = index_tables(
+            indices, offsets, self._feature_tables, self.num_tables, batch_size
+        )
         slots = self.tables.find(indices, tables, check=False)
         out = gather_table_rows(self.tables.values, slots, tables, None, self.dims[0], check=False)
         for t, args in enumerate(self.eval_args):
@@ -265,7 +274,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 (slots < 0) & (tables == t), torch.arange(n, device=self.device), -1
             )
             initialize_rows(out, where, indices, self.dims[t], args, self.seeds[t], check=False)
-        raise_bad_batch(batch_flags(indices, offsets, None).tolist(), n)
+        check_batch(checks, n, len(self.feature_table_map))
         return out
 
     def _forward_none(self, batch: DedupedBatch, slots: torch.Tensor, grad: bool) -> torch.Tensor:
@@ -279,8 +288,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
 
         def per_key(g: Sequence[torch.Tensor]) -> Reduced:
             clipped = clip_gradient(self.optimizer, g[0])
-            summed = segment_sum_rows(clipped, batch.order, batch.starts, check=False)
-            return self._split(batch, summed), [summed]
+            summed, bad = segment_sum_rows(clipped, batch.order, batch.starts, check=False)
+            return self._split(batch, summed), [bad]
 
         (out,) = trained_rows(
             self._trigger, TrainStep(self, [out], self._slots(batch, slots), per_key)
@@ -436,11 +445,19 @@ class DynamicEmbeddingTables(torch.nn.Module):
         """Slots of the batch's unique keys, inserting missing ones (new rows initialized);
         also the number of keys per table that got no slot."""
         outcome = self.tables.find_or_insert(
-            batch.keys, batch.tables, counts=batch.counts, zero_new_rows=False, check=False
+            batch.keys,
+            batch.tables,
+            counts=batch.counts,
+            zero_new_rows=False,
+            check=False,
+            count_failures=False,
         )
-        slots = outcome.slots
-        new = (outcome.status == InsertStatus.INSERTED) | (outcome.status == InsertStatus.EVICTED)
-        new_counts, missing = self._per_table(batch, new, slots < 0)
+        slots, status = outcome.slots, outcome.status
+        new_counts, missing = status_counts(status, batch.table_bounds)  # FAILED: no slot
+        self.tables.record_failures(missing, int(status.numel()))
+        if not any(new_counts):
+            return slots, missing
+        new = (status == InsertStatus.INSERTED) | (status == InsertStatus.EVICTED)
         b = batch.table_bounds
         for t in range(self.num_tables):
             if not new_counts[t]:
