@@ -356,8 +356,10 @@ class ScoredHashTable:
         host = []
         for t, policy in enumerate(self.index.policy_list):
             host.append(self.steps[t] if policy is ScorePolicy.STEP else self.custom_scores[t])
-        args = torch.tensor(host, dtype=torch.int64, device=self.device)
         timed = [p in _TIME_POLICIES for p in self.index.policy_list]
+        if all(timed):  # every table scores with the clock: no host values to send
+            return self._clock().to(self.device).repeat(self.num_tables)
+        args = torch.tensor(host, dtype=torch.int64, device=self.device)
         if any(timed):
             mask = torch.tensor(timed, device=self.device)
             args = torch.where(mask, self._clock().to(self.device), args)
