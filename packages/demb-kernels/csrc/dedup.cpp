@@ -118,19 +118,32 @@ at::Tensor status_counts(const at::Tensor& status, at::IntArrayRef bounds) {
                    status.sizes());
   TORCH_CHECK_VALUE(!bounds.empty() && bounds.front() == 0 && bounds.back() == status.numel(),
                     "bounds: must run from 0 to ", status.numel(), " (the statuses)");
+  TORCH_CHECK_VALUE(status.numel() < (int64_t{1} << 31), "status: ", status.numel(),
+                    " entries; status_counts takes fewer than 2^31");
   for (size_t t = 1; t < bounds.size(); ++t) {
     TORCH_CHECK_VALUE(bounds[t] >= bounds[t - 1], "bounds: must never decrease");
   }
   const auto code = [](InsertStatus s) { return static_cast<int64_t>(s); };
+  // One 1-D prefix sum of both counts: new rows in the low 32 bits, failures in the high ones
+  // (U < 2^31). A scan along the last dim of a (2, U) tensor runs on one thread per row.
   const at::Tensor fresh = status.eq(code(InsertStatus::kInserted))
-                               .logical_or_(status.eq(code(InsertStatus::kEvicted)));
-  const at::Tensor through =
-      at::cat({at::zeros({2, 1}, status.options()),
-               at::stack({fresh, status.eq(code(InsertStatus::kFailed))}).cumsum(1)},
-              1);
+                               .logical_or_(status.eq(code(InsertStatus::kEvicted)))
+                               .to(at::kLong);
+  const at::Tensor packed =
+      status.eq(code(InsertStatus::kFailed)).to(at::kLong).mul_(int64_t{1} << 32).add_(fresh);
+  const at::Tensor through = at::cat({at::zeros({1}, status.options()), packed.cumsum(0)});
   const at::Tensor ends = at::tensor(bounds, at::kLong).to(status.device(), true);
-  const at::Tensor host = through.index_select(1, ends).cpu();  // (2, T + 1)
-  return host.slice(1, 1) - host.slice(1, 0, -1);
+  const at::Tensor host = through.index_select(0, ends).cpu();  // (T + 1,)
+  const int64_t* h = host.const_data_ptr<int64_t>();
+  const auto tables = static_cast<int64_t>(bounds.size()) - 1;
+  at::Tensor counts = at::empty({2, tables}, at::kLong);
+  int64_t* c = counts.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tables; ++t) {
+    const int64_t span = h[t + 1] - h[t];
+    c[t] = span & 0xFFFFFFFFll;
+    c[tables + t] = span >> 32;
+  }
+  return counts;
 }
 
 // The checks read back: raises the error a bad batch earns, else returns the bounds.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from demb_kernels.lookup import check_batch, dedup_batch, index_tables
+from demb_kernels.lookup import check_batch, dedup_batch, index_tables, status_counts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,6 +88,21 @@ def test_index_tables_gives_each_index_its_features_table(features, batch, max_b
     assert check_batch(checks, indices.numel(), features) == offsets[::batch].tolist()
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), max_size=30), min_size=1, max_size=5))
+def test_status_counts_counts_new_and_failed_keys_per_table(per_table):
+    status = torch.tensor([s for t in per_table for s in t], dtype=torch.long)
+    bounds = [0]
+    for t in per_table:
+        bounds.append(bounds[-1] + len(t))
+    new, failed = status_counts(status, bounds)
+    assert new == [sum(s in (1, 2) for s in t) for t in per_table]  # INSERTED, EVICTED
+    assert failed == [sum(s == 3 for s in t) for t in per_table]  # FAILED
+    if status.numel():
+        with pytest.raises(ValueError, match="bounds: must run from 0"):
+            status_counts(status, [0, status.numel() - 1])
+
+
 def test_bad_batches_are_named():
     ftab = torch.tensor([0, 1])
     ok = torch.tensor([0, 1, 2])
@@ -136,6 +151,9 @@ def test_cuda_equals_cpu(counters):
     )
     for name, a, b in zip(cpu._fields, cpu, gpu, strict=True):
         assert torch.equal(a, b.cpu()), name
+    status = torch.randint(0, 4, (n,), generator=gen)
+    cuts = [0, n // 3, n // 3, n - 5, n]
+    assert status_counts(status.cuda(), cuts) == status_counts(status, cuts)
     tables, checks = index_tables(indices, offsets, ftab, 5, batch)
     on_gpu = index_tables(indices.cuda(), offsets.cuda(), ftab.cuda(), 5, batch)
     assert torch.equal(tables, on_gpu[0].cpu())

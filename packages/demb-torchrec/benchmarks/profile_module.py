@@ -101,10 +101,18 @@ def main() -> None:
         step(i)
     sync()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    before = torch.cuda.memory_stats() if device.type == "cuda" else {}
     with profile(activities=activities) as prof:
         for i in range(2):
             step(i)
         sync()
+    if device.type == "cuda":
+        after = torch.cuda.memory_stats()
+        moves = {
+            k: after.get(k, 0) - before.get(k, 0)
+            for k in ("num_alloc_retries", "num_device_alloc", "num_device_free")
+        }
+        print(f"caching allocator during the profiled steps: {moves}")
     trace = args.trace or "/tmp/demb_profile_trace.json"
     prof.export_chrome_trace(trace)
     print_phases(trace)
