@@ -56,7 +56,7 @@ TORCH_LIBRARY(demb, m) {
       "optimizer_update(Tensor(a!)[] values, Tensor[] slots, Tensor[] grads, int[] dims, "
       "int[] steps, str optimizer, float learning_rate, float eps, float beta1, float beta2, "
       "float weight_decay, float learning_rate_power, float ftrl_beta, float l1_reg, "
-      "float l2_reg) -> ()");
+      "float l2_reg, Tensor? skip=None) -> ()");
 }
 
 // `import demb_kernels._C` loads the library (and runs the registrations above).

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -66,6 +67,16 @@ void with_optimizer(OptimizerKind kind, Fn fn) {
       fn(Kind<OptimizerKind::kFtrlSqrt>{});
       break;
   }
+}
+
+// skip: none, or a one-element bool tensor on the values' device.
+inline void check_skip(const std::optional<at::Tensor>& skip, at::TensorList values) {
+  if (!skip) return;
+  TORCH_CHECK_TYPE(skip->scalar_type() == at::kBool, "skip must be bool, got ",
+                   skip->scalar_type());
+  TORCH_CHECK_VALUE(skip->numel() == 1, "skip must hold one flag, got ", skip->sizes());
+  TORCH_CHECK_VALUE(values.empty() || skip->device() == values[0].device(), "skip is on ",
+                    skip->device(), ", the values on ", values[0].device());
 }
 
 // Bytes row-wise Adagrad reserves per row (demb_optim.ROWWISE_ADAGRAD_STATE_BYTES).

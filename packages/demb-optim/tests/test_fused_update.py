@@ -228,3 +228,44 @@ def test_fused_ftrl_sqrt_path_equals_its_general_path(lr, beta, l1, n0, seed):
             )
             apply_update(spec, [table], [slots], [grads], [dim], [step])
     torch.testing.assert_close(tables[0], tables[1], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_a_set_skip_flag_changes_no_row(device):
+    """``skip``: a device flag (the caller's NaN/inf test) read by the update itself."""
+    values = torch.ones(4, 6, device=device)
+    slots, grads = torch.tensor([0, 2], device=device), torch.ones(2, 3, device=device)
+    skip = torch.tensor(True, device=device)
+    apply_update(Adagrad(), [values], [slots], [grads], [3], check=False, skip=skip)
+    assert torch.equal(values.cpu(), torch.ones(4, 6))
+    apply_update(Adagrad(), [values], [slots], [grads], [3], check=False, skip=~skip)
+    assert not torch.equal(values.cpu(), torch.ones(4, 6))
+    with pytest.raises(TypeError, match="skip must be bool"):
+        apply_update(Adagrad(), [values], [slots], [grads], [3], skip=skip.int())
+
+
+@pytest.mark.cuda
+def test_cuda_update_of_many_tables_of_mixed_dtypes_equals_cpu():
+    """40 tables in runs of dtypes: launches of up to 32 tables of one dtype each."""
+    gen = torch.Generator().manual_seed(5)
+    spec = Adam(learning_rate=0.05)
+    dtypes = [torch.float32] * 35 + [torch.bfloat16] * 3 + [torch.float32] * 2
+    dims = [1 + t % 7 for t in range(40)]
+    cpu_tables = [first_rows(spec, 16, d, dt, gen) for d, dt in zip(dims, dtypes, strict=True)]
+    slot_lists = [torch.randperm(16, generator=gen)[: 1 + t % 9] for t in range(40)]
+    slot_lists[7] = slot_lists[7][:0]  # a table without rows this step
+    grad_lists = [
+        torch.randn(s.numel(), d, generator=gen) for s, d in zip(slot_lists, dims, strict=True)
+    ]
+    gpu_tables = [t.cuda() for t in cpu_tables]
+    apply_update(spec, cpu_tables, slot_lists, grad_lists, dims, [3] * 40)
+    apply_update(
+        spec,
+        gpu_tables,
+        [s.cuda() for s in slot_lists],
+        [g.cuda() for g in grad_lists],
+        dims,
+        [3] * 40,
+    )
+    for a, b in zip(cpu_tables, gpu_tables, strict=True):
+        torch.testing.assert_close(b.cpu(), a, rtol=0, atol=0)

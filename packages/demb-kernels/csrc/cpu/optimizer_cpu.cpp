@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -80,11 +81,13 @@ void optimizer_update_cpu(at::TensorList values, at::TensorList slots, at::Tenso
                           at::IntArrayRef dims, at::IntArrayRef steps, c10::string_view optimizer,
                           double learning_rate, double eps, double beta1, double beta2,
                           double weight_decay, double learning_rate_power, double ftrl_beta,
-                          double l1_reg, double l2_reg) {
+                          double l1_reg, double l2_reg, const std::optional<at::Tensor>& skip) {
   const OptimizerParams o = make_params(optimizer, learning_rate, eps, beta1, beta2,
                                         weight_decay, learning_rate_power, ftrl_beta, l1_reg,
                                         l2_reg);
   const std::vector<int64_t> widths = check_update(o.kind, values, slots, grads, dims, steps);
+  check_skip(skip, values);
+  if (skip && skip->item<bool>()) return;  // the caller found the gradients unusable
   for (size_t t = 0; t < values.size(); ++t) {  // every slot in range before any row changes
     const at::Tensor s = slots[t].contiguous();
     const int64_t* p = s.const_data_ptr<int64_t>();

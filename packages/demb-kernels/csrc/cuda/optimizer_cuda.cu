@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -35,11 +36,15 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
                            at::IntArrayRef dims, at::IntArrayRef steps, c10::string_view optimizer,
                            double learning_rate, double eps, double beta1, double beta2,
                            double weight_decay, double learning_rate_power, double ftrl_beta,
-                           double l1_reg, double l2_reg) {
+                           double l1_reg, double l2_reg,
+                           const std::optional<at::Tensor>& skip_in) {
   const OptimizerParams o = make_params(optimizer, learning_rate, eps, beta1, beta2,
                                         weight_decay, learning_rate_power, ftrl_beta, l1_reg,
                                         l2_reg);
   const std::vector<int64_t> widths = check_update(o.kind, values, slots, grads, dims, steps);
+  check_skip(skip_in, values);
+  const at::Tensor skip = skip_in ? skip_in->contiguous() : at::Tensor();
+  const bool* skip_flag = skip.defined() ? skip.const_data_ptr<bool>() : nullptr;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool adam = o.kind == OptimizerKind::kAdam;
   std::vector<at::Tensor> keep;  // the contiguous slots and grads a launch reads
@@ -74,7 +79,7 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
           (n * cuda::kUpdateWarp + cuda::kUpdateThreads - 1) / cuda::kUpdateThreads);
       with_optimizer(o.kind, [&](auto kind) {
         cuda::optimizer_update_kernel<decltype(kind)::value, T>
-            <<<blocks, cuda::kUpdateThreads, 0, stream>>>(o, tab);
+            <<<blocks, cuda::kUpdateThreads, 0, stream>>>(o, tab, skip_flag);
       });
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });

@@ -74,10 +74,13 @@ struct UpdateTables {
 };
 
 // Row slots[i] of each table updated with grads[i]; slots out of [0, rows) are skipped (the
-// Python caller checks them beforehand). One warp per row, all tables in one launch.
+// Python caller checks them beforehand); nothing changes when *skip is set. One warp per row, all
+// tables in one launch.
 template <OptimizerKind K, typename T>
 __global__ void __launch_bounds__(kUpdateThreads)
-    optimizer_update_kernel(OptimizerParams o, const __grid_constant__ UpdateTables<T> tab) {
+    optimizer_update_kernel(OptimizerParams o, const __grid_constant__ UpdateTables<T> tab,
+                            const bool* __restrict__ skip) {
+  if (skip && *skip) return;  // the caller found the gradients unusable: no row changes
   const int64_t e = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kUpdateWarp;
   if (e >= tab.begin[tab.count]) return;  // whole warps leave together: e is the warp's
   int t = 0;

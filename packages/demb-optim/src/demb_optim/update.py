@@ -51,6 +51,7 @@ def apply_update(
     steps: Sequence[int] | None = None,
     *,
     check: bool = True,
+    skip: torch.Tensor | None = None,
 ) -> None:
     """Update the rows ``slots[t]`` of every table ``t`` in place with ``spec``.
 
@@ -67,6 +68,9 @@ def apply_update(
         check: before any row changes, check that every gradient is finite and (on a GPU,
             where the kernel would skip them) every slot is in ``[-1, rows)``: one
             synchronizing reduction on CUDA. The CPU kernel always checks slots.
+        skip: a ``()`` bool tensor on the values' device: when True the update changes no row.
+            A caller that computed a NaN/inf flag on the device passes it here and reads it
+            back afterwards, so the check costs no sync before the update.
 
     Raises:
         ValueError / TypeError: a shape, dtype, slot or non-finite gradient (the message names
@@ -93,4 +97,5 @@ def apply_update(
         ftrl.ftrl_beta if ftrl else 0.0,
         ftrl.l1_reg if ftrl else 0.0,
         ftrl.l2_reg if ftrl else 0.0,
+        skip,
     )

@@ -61,28 +61,30 @@ class TrainStep:
     def update(self, grads: Sequence[torch.Tensor]) -> None:
         m = self.module
         per_table, holders = self.reduce(grads)
+        bad: torch.Tensor | None = None
         if m.check_gradients and holders:
             flags = [h if h.dtype == torch.bool and h.dim() == 0 else nonfinite(h) for h in holders]
             bad = flags[0] if len(flags) == 1 else torch.stack(flags).any()
-            if bool(bad):  # one sync
-                raise ValueError(
-                    "grads: the embedding gradients contain NaN or infinite values; no row was "
-                    "updated"
-                )
         reduced = [
             g if g.dtype == torch.float32 and g.is_contiguous() else g.float().contiguous()
             for g in per_table
         ]
-        m.steps = [s + 1 for s in m.steps]
+        steps = [s + 1 for s in m.steps]
         apply_update(
             m.optimizer,
             m.value_buffers(),
             self.slots,
             reduced,
             m.dims,
-            m.steps,
-            check=False,  # slots come from the table; gradients were checked above
+            steps,
+            check=False,  # slots come from the table; the gradients' flag rides `skip`
+            skip=bad,
         )
+        if bad is not None and bool(bad):  # one sync, after the (skipped) update is queued
+            raise ValueError(
+                "grads: the embedding gradients contain NaN or infinite values; no row was updated"
+            )
+        m.steps = steps
 
 
 class TrainedRows(torch.autograd.Function):
