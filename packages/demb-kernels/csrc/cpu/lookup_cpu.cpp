@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -12,6 +13,8 @@
 
 namespace demb {
 namespace {
+
+constexpr int64_t kPrefetchAhead = 8;  // rows gather_table_rows asks memory for in advance
 
 at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots_in,
                                  const at::Tensor& tables_in,
@@ -42,8 +45,20 @@ at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots_
   float* o = out.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, values[0].scalar_type(), "demb::gather_table_rows", [&] {
+        const auto source = [&](int64_t i) -> const scalar_t* {
+          const int64_t u = inv ? inv[i] : i;
+          if (s[u] < 0) return nullptr;
+          return static_cast<const scalar_t*>(g.base[t[u]]) + s[u] * g.width[t[u]];
+        };
+        const int64_t row_bytes = dim * static_cast<int64_t>(sizeof(scalar_t));
         at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
           for (int64_t i = begin; i < end; ++i) {
+            // Rows are scattered over big tables: ask for row i + kPrefetchAhead's cache lines
+            // now, so that the copy does not wait on memory row after row.
+            if (i + kPrefetchAhead < end) {
+              const auto* ahead = reinterpret_cast<const char*>(source(i + kPrefetchAhead));
+              for (int64_t b = 0; ahead && b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
+            }
             const int64_t u = inv ? inv[i] : i;
             float* row = o + i * dim;
             if (s[u] < 0) {
@@ -103,7 +118,9 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(const at::Tensor& grads_
       }
     }
   });
-  return {out, at::isfinite(out).all().logical_not()};
+  bool nonfinite = false;  // one pass over the sums, as the CUDA kernels check what they store
+  for (int64_t e = 0; e < unique * d && !nonfinite; ++e) nonfinite = !std::isfinite(o[e]);
+  return {out, at::scalar_tensor(nonfinite, grads.options().dtype(at::kBool))};
 }
 
 }  // namespace
