@@ -142,11 +142,12 @@ def test_bad_arguments_are_named():
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("dim", "extra"), [(130, 7), (128, 0), (128, 12)])
+@pytest.mark.parametrize(("dim", "extra"), [(130, 7), (128, 0), (128, 12), (64, 4), (256, 0)])
 def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
-    """Both CUDA paths: 16-byte moves (float32, dim and width multiples of 4) and scalar."""
+    """Every CUDA path: 16-byte moves (float32, dim and width multiples of 4; 4 rows per warp
+    up to dim 128, tails of rows and keys included) and scalar moves."""
     gen = torch.Generator().manual_seed(1)
-    values, slots, tables, inverse = tables_case(gen, 5, dim, 2000, 50_000, dtype, extra)
+    values, slots, tables, inverse = tables_case(gen, 5, dim, 2001, 50_001, dtype, extra)
     on_gpu = ([v.cuda() for v in values], slots.cuda(), tables.cuda())
     cpu = gather_table_rows(values, slots, tables, inverse, dim)
     gpu = gather_table_rows(*on_gpu, inverse.cuda(), dim)

@@ -49,12 +49,15 @@ at::Tensor gather_table_rows_cuda(at::TensorList values, const at::Tensor& slots
   bool vec4 = dtype == at::kFloat && dim % 4 == 0;
   for (int64_t t = 0; t < g.count; ++t) vec4 = vec4 && g.width[t] % 4 == 0 && aligned16(g.base[t]);
   const int64_t* inv = inverse ? inverse->const_data_ptr<int64_t>() : nullptr;
+  // Several rows per warp when a row is one float4 per lane (see kGatherRows).
+  const int rows_per_warp = vec4 && dim / 4 <= cuda::kLookupWarp ? cuda::kGatherRows : 1;
+  const int64_t warps = (n + rows_per_warp - 1) / rows_per_warp;
   const auto launch = [&](auto zero, auto vec) {
     using T = decltype(zero);
     cuda::gather_table_rows_kernel<T, decltype(vec)::value>
-        <<<warp_blocks(n), cuda::kLookupThreads, 0, stream>>>(
+        <<<warp_blocks(warps), cuda::kLookupThreads, 0, stream>>>(
             g, slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(), inv,
-            slots.numel(), n, dim, out.data_ptr<float>());
+            slots.numel(), n, dim, rows_per_warp, out.data_ptr<float>());
   };
   if (vec4) {
     launch(float{}, std::true_type{});

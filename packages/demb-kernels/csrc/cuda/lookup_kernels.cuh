@@ -26,19 +26,63 @@ __device__ __forceinline__ int64_t warp_index() {
   return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kLookupWarp;
 }
 
+// Rows a warp gathers at once when a row is at most one float4 per lane (dim <= 128 float32):
+// their loads are all in flight together, so the gather is not bound by one row's latency.
+constexpr int kGatherRows = 4;
+
+__device__ __forceinline__ bool no_row(const GatherTables& g, int64_t s, int64_t t) {
+  return s < 0 || t < 0 || t >= g.count || s >= g.rows[t];
+}
+
 // out[i] (dim floats) = row slots[u] of table tables[u], u = inverse[i] (u = i without
 // inverse); zeros when the slot is -1 or anything is out of range. With `Vec4` (float32 rows,
-// dim, widths and bases multiples of 4 floats) each lane moves 16 bytes at a time.
+// dim, widths and bases multiples of 4 floats) each lane moves 16 bytes at a time, and when
+// dim <= 128 (`rows_per_warp` = kGatherRows) a warp gathers kGatherRows rows together.
 template <typename T, bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
     gather_table_rows_kernel(const __grid_constant__ GatherTables g,
                              const int64_t* __restrict__ slots,
                              const int64_t* __restrict__ tables,
                              const int64_t* __restrict__ inverse, int64_t unique, int64_t n,
-                             int64_t dim, float* __restrict__ out) {
+                             int64_t dim, int rows_per_warp, float* __restrict__ out) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
+  if constexpr (Vec4) {
+    if (rows_per_warp == kGatherRows) {  // dim / 4 <= 32: one float4 per lane and row
+      const int64_t first = warp_index() * kGatherRows;
+      if (first >= n) return;  // the same for the warp's lanes
+      int64_t my_slot = -1;
+      int64_t my_table = 0;
+      if (lane < kGatherRows && first + lane < n) {
+        const int64_t u = inverse ? inverse[first + lane] : first + lane;
+        if (u >= 0 && u < unique) {
+          my_slot = slots[u];
+          my_table = tables[u];
+        }
+      }
+      const int64_t quads = dim / 4;
+      float4 v[kGatherRows];
+#pragma unroll
+      for (int r = 0; r < kGatherRows; ++r) {
+        const int64_t s = __shfl_sync(kAll, my_slot, r);
+        const int64_t t = __shfl_sync(kAll, my_table, r);
+        v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (lane < quads && !no_row(g, s, t)) {
+          const float* src = static_cast<const float*>(g.base[t]) + s * g.width[t];
+          v[r] = __ldg(reinterpret_cast<const float4*>(src) + lane);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kGatherRows; ++r) {
+        if (lane < quads && first + r < n) {
+          reinterpret_cast<float4*>(out + (first + r) * dim)[lane] = v[r];
+        }
+      }
+      return;
+    }
+  }
   const int64_t i = warp_index();
   if (i >= n) return;
-  const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
   const int64_t u = inverse ? inverse[i] : i;
   int64_t s = -1;
   int64_t t = 0;
@@ -47,7 +91,7 @@ __global__ void __launch_bounds__(kLookupThreads)
     t = tables[u];
   }
   float* row = out + i * dim;
-  const bool none = s < 0 || t < 0 || t >= g.count || s >= g.rows[t];
+  const bool none = no_row(g, s, t);
   const T* src = none ? nullptr : static_cast<const T*>(g.base[t]) + s * g.width[t];
   if constexpr (Vec4) {
     const int64_t quads = dim / 4;
