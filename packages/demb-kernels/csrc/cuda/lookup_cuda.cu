@@ -27,6 +27,11 @@ unsigned warp_blocks(int64_t warps) {
                                cuda::kLookupThreads);
 }
 
+// Warps that take `items` kGatherRows at a time.
+int64_t groups_of(int64_t items) {
+  return (items + cuda::kGatherRows - 1) / cuda::kGatherRows;
+}
+
 // Warps that take `items` 32 at a time.
 int64_t groups(int64_t items) { return (items + cuda::kLookupWarp - 1) / cuda::kLookupWarp; }
 
@@ -111,12 +116,21 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto launch = [&](auto vec) {
     constexpr bool kVec = decltype(vec)::value;
-    cuda::segment_chunk_sums_kernel<kVec>
-        <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
-            grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), info,
-            info + max_chunks, info + 2 * max_chunks,
-            chunk_offsets.const_data_ptr<int64_t>() + unique, d, max_chunks,
-            partial.data_ptr<float>(), out.data_ptr<float>(), bad);
+    if (kVec && d / 4 <= cuda::kLookupWarp) {  // rows of one float4 per lane: packed chunks
+      cuda::segment_chunk_sums_packed_kernel<<<warp_blocks(groups_of(max_chunks)),
+                                               cuda::kLookupThreads, 0, stream>>>(
+          grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), info,
+          info + max_chunks, info + 2 * max_chunks,
+          chunk_offsets.const_data_ptr<int64_t>() + unique, d, max_chunks,
+          partial.data_ptr<float>(), out.data_ptr<float>(), bad);
+    } else {
+      cuda::segment_chunk_sums_kernel<kVec>
+          <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
+              grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), info,
+              info + max_chunks, info + 2 * max_chunks,
+              chunk_offsets.const_data_ptr<int64_t>() + unique, d, max_chunks,
+              partial.data_ptr<float>(), out.data_ptr<float>(), bad);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     cuda::segment_finish_kernel<kVec>
         <<<warp_blocks(groups(unique)), cuda::kLookupThreads, 0, stream>>>(

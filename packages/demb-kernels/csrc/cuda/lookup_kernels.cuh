@@ -255,6 +255,66 @@ __global__ void __launch_bounds__(kLookupThreads)
   }
 }
 
+// Pass 1 when a row is one float4 per lane (d <= 128, 16-byte aligned): a warp sums
+// kGatherRows consecutive chunks together, one row of each in flight at a time, in the same
+// order per chunk as segment_chunk_sums_kernel (so the same floats).
+__global__ void __launch_bounds__(kLookupThreads)
+    segment_chunk_sums_packed_kernel(const float* __restrict__ grads,
+                                     const int64_t* __restrict__ order,
+                                     const int64_t* __restrict__ chunk_begin,
+                                     const int64_t* __restrict__ chunk_len,
+                                     const int64_t* __restrict__ chunk_dest,
+                                     const int64_t* __restrict__ total_chunks, int64_t d,
+                                     int64_t max_chunks, float* __restrict__ partial,
+                                     float* __restrict__ out, int32_t* __restrict__ nonfinite) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
+  const int64_t first = warp_index() * kGatherRows;
+  const int64_t total = *total_chunks < max_chunks ? *total_chunks : max_chunks;
+  if (first >= total) return;  // the same for the warp's lanes
+  const int64_t quads = d / 4;
+  int len[kGatherRows];
+  int64_t dest[kGatherRows];
+  int64_t my_row[kGatherRows];
+  int longest = 0;
+#pragma unroll
+  for (int c = 0; c < kGatherRows; ++c) {
+    const int64_t cc = first + c;
+    const bool ok = cc < total;
+    const int64_t b = ok ? chunk_begin[cc] : 0;
+    len[c] = ok ? static_cast<int>(chunk_len[cc]) : 0;
+    dest[c] = ok ? chunk_dest[cc] : 0;
+    my_row[c] = lane < len[c] ? order[b + lane] : 0;
+    longest = len[c] > longest ? len[c] : longest;
+  }
+  float4 acc[kGatherRows];
+#pragma unroll
+  for (int c = 0; c < kGatherRows; ++c) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int r = 0; r < longest; ++r) {
+#pragma unroll
+    for (int c = 0; c < kGatherRows; ++c) {
+      const int64_t row = __shfl_sync(kAll, my_row[c], r);
+      if (r < len[c] && lane < quads) {
+        const float4 x = __ldg(reinterpret_cast<const float4*>(grads + row * d) + lane);
+        acc[c].x += x.x;
+        acc[c].y += x.y;
+        acc[c].z += x.z;
+        acc[c].w += x.w;
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kGatherRows; ++c) {
+    if (len[c] == 0) continue;  // the same for the warp's lanes
+    float* dst = dest[c] >= 0 ? out + dest[c] * d : partial + (~dest[c]) * d;
+    if (lane < quads) reinterpret_cast<float4*>(dst)[lane] = acc[c];
+    const bool bad = dest[c] >= 0 && lane < quads &&
+                     (!isfinite(acc[c].x) || !isfinite(acc[c].y) || !isfinite(acc[c].z) ||
+                      !isfinite(acc[c].w));
+    if (__any_sync(kAll, bad) && lane == 0) atomicOr(nonfinite, 1);
+  }
+}
+
 // Pass 2: out[u] = the chunk sums of segment u, added in chunk order, for the segments pass 1
 // did not write (more than one chunk; none: zeros); a NaN or infinity sets *nonfinite. A warp
 // scans 32 segments, one per lane.
