@@ -49,7 +49,8 @@ inline at::Tensor dedup_bounds(const int64_t* host, int64_t n, int64_t num_table
   const int64_t* f = host + num_tables;
   TORCH_CHECK_VALUE(f[5] == 0, "feature_tables: ", f[5], " entries outside [0, ", num_tables,
                     ")");
-  TORCH_CHECK_VALUE(f[3] == 0, "indices: contains -1, the empty-key sentinel, which is never a key");
+  TORCH_CHECK_VALUE(f[3] == 0,
+                    "indices: contains -1, the empty-key sentinel, which is never a key");
   TORCH_CHECK_VALUE(f[4] == 0, "frequency_counters: contains a negative count");
   TORCH_CHECK_VALUE(f[0] == 0 && f[1] == 0 && f[2] == 0, "offsets: must start at 0, never "
                     "decrease and end at ", n, " (the number of indices); got ", f[1], " ... ",

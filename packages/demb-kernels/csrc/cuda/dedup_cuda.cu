@@ -1,5 +1,5 @@
-// dedup_batch and index_tables on CUDA: the CPU's outputs (dedup.cpp) from a few kernels and two cub radix sorts:
-// the batch's positions sorted by key (sign bit flipped: signed order), then stably by table
+// dedup_batch and index_tables on CUDA: the CPU's outputs (dedup.cpp) from a few kernels and two
+// cub radix sorts: the batch's positions sorted by key (sign bit flipped: signed order), then stably by table
 // (only the bits T needs), which is the one stable order by (table, key, position). Each unique
 // key is the first of its run; the checks ride the kernels into one read-back buffer.
 #include <ATen/ATen.h>

@@ -219,8 +219,8 @@ __global__ void __launch_bounds__(kLookupThreads)
 }
 
 // Pass 1: chunk c summed in k order into partial[c], or straight into out[u] when its segment
-// is one chunk (then a NaN or infinity in it sets *nonfinite). One warp per chunk: its row numbers read by the lanes at once, then its rows
-// added in order (passed round by shuffles; loads of the next rows in flight meanwhile).
+// is one chunk (then a NaN or infinity in it sets *nonfinite). One warp per chunk: its row
+// numbers read by the lanes at once, then its rows added in order (passed round by shuffles).
 template <bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_chunk_sums_kernel(const float* __restrict__ grads, const int64_t* __restrict__ order,

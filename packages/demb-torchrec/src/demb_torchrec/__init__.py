@@ -4,11 +4,8 @@ The spec's public names are exported here with the spec's signatures; demb's own
 (``DynamicEmbeddingTables``, ...) are the same objects.
 """
 
-from demb_torchrec.batched_tables import (
-    BatchedDynamicEmbeddingTablesV2,
-    DynamicEmbeddingTables,
-    optimizer_spec,
-)
+from demb_torchrec._args import optimizer_spec
+from demb_torchrec.batched_tables import BatchedDynamicEmbeddingTablesV2, DynamicEmbeddingTables
 from demb_torchrec.options import (
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,

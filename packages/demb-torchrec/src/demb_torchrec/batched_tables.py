@@ -13,9 +13,7 @@ forward (``module.eval()``) inserts nothing: missing keys read ``eval_initialize
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import Any, cast
 
 import torch
 from demb_kernels.lookup import (
@@ -27,13 +25,7 @@ from demb_kernels.lookup import (
     status_counts,
 )
 from demb_kernels.table import InsertStatus
-from demb_optim import (
-    SPEC_TYPES,
-    OptimizerKind,
-    OptimizerSpec,
-    clip_gradient,
-    reduce_gradients,
-)
+from demb_optim import clip_gradient, reduce_gradients
 from demb_storage import (
     InitializerArgs,
     InitializerMode,
@@ -44,41 +36,16 @@ from demb_storage import (
 )
 from torch.nn import functional
 
+from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_spec, resolve_device
 from demb_torchrec._autograd import Reduced, TrainStep, trained_rows
 from demb_torchrec._dedup import DedupedBatch, dedup
 from demb_torchrec._pooling import pool, pool_uniform
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
-__all__ = ["BatchedDynamicEmbeddingTablesV2", "DynamicEmbeddingTables", "optimizer_spec"]
+__all__ = ["BatchedDynamicEmbeddingTablesV2", "DynamicEmbeddingTables"]
 
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _NONE = DynamicEmbPoolingMode.NONE
-
-
-def optimizer_spec(optimizer: object, hyper_parameters: dict[str, float | bool]) -> OptimizerSpec:
-    """The demb-optim spec of ``optimizer`` (an ``OptimizerSpec``, FBGEMM's ``EmbOptimType``,
-    ``DynamicEmbOptimType`` or a name) with FBGEMM-style keyword hyper-parameters.
-
-    Raises:
-        TypeError: a keyword that is not a hyper-parameter of this optimizer (never ignored).
-        ValueError: a bad value (:class:`demb_optim.OptimizerConfigError`).
-    """
-    if isinstance(optimizer, OptimizerSpec):
-        if hyper_parameters:
-            raise TypeError(
-                f"optimizer is an OptimizerSpec; pass no more hyper-parameters, got "
-                f"{sorted(hyper_parameters)}"
-            )
-        return optimizer
-    spec_type = SPEC_TYPES[OptimizerKind.parse(optimizer)]
-    known = [f.name for f in dataclasses.fields(spec_type)]
-    unknown = sorted(set(hyper_parameters) - set(known))
-    if unknown:
-        raise TypeError(
-            f"{', '.join(unknown)}: not hyper-parameters of {spec_type.kind} "
-            f"(it takes {', '.join(known)})"
-        )
-    return spec_type(**cast(dict[str, Any], hyper_parameters))
 
 
 class DynamicEmbeddingTables(torch.nn.Module):
@@ -134,7 +101,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self.output_dtype = output_dtype
         self.table_names = names
         self.feature_table_map = ftm
-        self.device = _resolve_device(device, options)
+        self.device = resolve_device(device, options)
         self.optimizer = optimizer_spec(optimizer, optimizer_kwargs)
         self.check_gradients = check_gradients
         configs = []
@@ -212,8 +179,11 @@ class DynamicEmbeddingTables(torch.nn.Module):
             SUM / MEAN: ``(B, sum of the features' dims)``; NONE: ``(N, D)``;
             ``output_dtype``.
         """
-        indices, offsets, batch_size = self._check_batch(indices, offsets)
-        self._check_weights(indices, pooling_weights, frequency_counters)
+        features = len(self.feature_table_map)
+        indices, offsets, batch_size = check_batch_args(
+            indices, offsets, self.device, self.index_type, features
+        )
+        check_weight_args(indices, pooling_weights, frequency_counters, self.pooling_mode)
         grad = self.training and torch.is_grad_enabled()
         if grad and not all(self.trainable[t] for t in self.feature_table_map):
             frozen = [n for n, ok in zip(self.table_names, self.trainable, strict=True) if not ok]
@@ -374,57 +344,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
             sources = [outs[t] for t in ftm]
         return pool(sources, local, offsets, batch_size, bounds, self.pooling_mode, weights)
 
-    def _check_batch(
-        self, indices: torch.Tensor, offsets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        for name, t in (("indices", indices), ("offsets", offsets)):
-            if t.dtype not in (torch.int64, torch.int32) or t.dim() != 1:
-                raise TypeError(
-                    f"{name} must be a 1-D int64 or int32 tensor, got {t.dtype} {tuple(t.shape)}"
-                )
-            if t.device != self.device:
-                raise ValueError(f"{name} is on {t.device}, the module on {self.device}")
-        if self.index_type is not None and indices.dtype != self.index_type:
-            raise TypeError(
-                f"indices are {indices.dtype}, but the tables' index_type is {self.index_type}"
-            )
-        features = len(self.feature_table_map)
-        if offsets.numel() < 1 or (offsets.numel() - 1) % features:
-            raise ValueError(
-                f"offsets: {offsets.numel()} entries; expected F * B + 1 with F={features} features"
-            )
-        return indices.to(torch.int64), offsets.to(torch.int64), (offsets.numel() - 1) // features
-
-    def _check_weights(
-        self, indices: torch.Tensor, weights: torch.Tensor | None, counters: torch.Tensor | None
-    ) -> None:
-        if counters is not None and (
-            counters.shape != indices.shape or counters.is_floating_point()
-        ):
-            raise ValueError("frequency_counters: must be an integer tensor shaped like indices")
-        if weights is None:
-            return
-        if self.pooling_mode is not DynamicEmbPoolingMode.SUM:
-            raise ValueError(
-                f"pooling_weights: only SUM pooling takes weights, not {self.pooling_mode.name}"
-            )
-        if weights.dtype != torch.float32:
-            raise ValueError(f"pooling_weights: must be float32, got {weights.dtype}")
-        if weights.numel() != indices.numel():
-            raise ValueError(
-                f"pooling_weights: {weights.numel()} weights for {indices.numel()} indices"
-            )
-        if weights.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                "pooling_weights: requires grad, but weights are not differentiable (detach them, "
-                "or look up under torch.no_grad())"
-            )
-        if counters is not None:
-            raise ValueError(
-                "pooling_weights and frequency_counters: pass one of them (both ride the one "
-                "KJT weights channel)"
-            )
-
     def _empty(self, batch_size: int, grad: bool) -> torch.Tensor:
         """The output of a batch without indices; in training it still takes part in
         backward (a step with no rows: Adam's step count advances, as in FBGEMM)."""
@@ -559,26 +478,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
 
 def _is_zero(args: InitializerArgs) -> bool:
     return args.mode is InitializerMode.CONSTANT and args.value == 0.0
-
-
-def _resolve_device(
-    device: torch.device | str | int | None, options: Sequence[DynamicEmbTableOptions]
-) -> torch.device:
-    """The module's device, with its index (``cuda`` means the current CUDA device)."""
-    if device is None:
-        ids = {o.device_id for o in options if o.device_id is not None}
-        if len(ids) > 1:
-            raise TableConfigError("device_id", sorted(ids), "tables of one module share a device")
-        if ids:
-            device = ids.pop()
-        elif torch.cuda.is_available():
-            device = "cuda"
-        else:
-            device = "cpu"
-    resolved = torch.device(f"cuda:{device}" if isinstance(device, int) else device)
-    if str(resolved) == "cuda":  # no index: the current device
-        resolved = torch.device("cuda", torch.cuda.current_device())
-    return resolved
 
 
 BatchedDynamicEmbeddingTablesV2 = DynamicEmbeddingTables
