@@ -1,0 +1,26 @@
+"""demb-io's exceptions: every error names the file (and the field) it is about."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["FormatError", "IoError"]
+
+
+class IoError(Exception):
+    """Base of demb-io's errors."""
+
+
+class FormatError(IoError, ValueError):
+    """A file or directory that does not hold what its format (or its meta) says.
+
+    Attributes:
+        path: the offending file or directory.
+        field: the meta field or part of the format that disagrees (``""`` if none).
+    """
+
+    def __init__(self, path: str | Path, field: str, message: str) -> None:
+        self.path = Path(path)
+        self.field = field
+        where = f"{self.path}" + (f" [{field}]" if field else "")
+        super().__init__(f"{where}: {message}")

@@ -1,0 +1,246 @@
+"""A whole checkpoint: a directory with a folder per embedding collection and, per table and
+rank, the files of :mod:`demb_io.shard`. Written into a temporary directory and committed
+atomically; readable whatever the world size that wrote it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+import numpy.typing as npt
+
+from demb_io._errors import FormatError, IoError
+from demb_io.meta import CHECKPOINT_FORMAT, FORMAT_VERSION, ShardMeta, read_meta
+from demb_io.shard import ShardData, iter_shard, read_shard, write_shard
+
+__all__ = ["MARKER", "Checkpoint", "CheckpointWriter", "commit_directory"]
+
+MARKER = "FORMAT"
+"""The file that marks a committed checkpoint: ``demb-checkpoint <version>``."""
+
+_RENAME_EXCHANGE = 2  # renameat2 flag: swap two paths atomically (Linux >= 3.15)
+_AT_FDCWD = -100
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths in one step (renameat2 RENAME_EXCHANGE); False where the system
+    cannot."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    ok = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return bool(ok == 0)
+
+
+def commit_directory(staged: Path, target: Path) -> None:
+    """Make ``staged`` (complete, fsynced) the directory at ``target``, atomically: at every
+    moment ``target`` is the old checkpoint or the new one. A missing target is a rename; an
+    existing one is swapped with ``renameat2(RENAME_EXCHANGE)`` and then deleted. Where the
+    system has no exchange, the old directory is first renamed aside (``<target>.old-<id>``), so
+    a crash between the two renames leaves it there, whole."""
+    if not target.exists():
+        os.rename(staged, target)
+        _fsync_dir(target.parent)
+        return
+    if _exchange(staged, target):
+        _fsync_dir(target.parent)
+        shutil.rmtree(staged)  # now the old checkpoint
+        return
+    aside = target.with_name(f"{target.name}.old-{uuid.uuid4().hex[:8]}")
+    os.rename(target, aside)
+    os.rename(staged, target)
+    _fsync_dir(target.parent)
+    shutil.rmtree(aside)
+
+
+class CheckpointWriter:
+    """Writes a checkpoint into ``<path>.tmp-<id>`` and commits it to ``path`` on a clean exit
+    (:func:`commit_directory`); on an exception the temporary directory is removed and ``path``
+    is untouched.
+
+    Example:
+        >>> with CheckpointWriter(path) as ckpt:  # doctest: +SKIP
+        ...     ckpt.write_shard(meta, chunks)
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.staged = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:12]}")
+        self.written: list[ShardMeta] = []
+        self._open = False
+
+    def __enter__(self) -> CheckpointWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.staged.mkdir()
+        self._open = True
+        return self
+
+    def write_shard(self, meta: ShardMeta, chunks: Iterable[ShardData]) -> ShardMeta:
+        """Write one table's shard (one rank's rows) into the collection ``meta.collection``.
+
+        Raises:
+            IoError: outside a ``with`` block, or the shard was written already.
+            ValueError: chunks that do not match ``meta`` (see :func:`demb_io.write_shard`).
+        """
+        if not self._open:
+            raise IoError(f"{self.path}: write_shard outside the writer's with-block")
+        if not meta.collection or "/" in meta.collection or meta.collection.startswith("."):
+            raise ValueError(f"collection {meta.collection!r}: must be a plain folder name")
+        folder = self.staged / meta.collection
+        folder.mkdir(exist_ok=True)
+        if (folder / f"{meta.stem}.meta.json").exists():
+            raise IoError(f"{self.path}: {meta.collection}/{meta.stem} written twice")
+        written = write_shard(folder, meta, chunks)
+        self.written.append(written)
+        return written
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._open = False
+        if kind is not None:
+            shutil.rmtree(self.staged, ignore_errors=True)
+            return
+        marker = self.staged / MARKER
+        with open(marker, "w") as f:
+            f.write(f"{CHECKPOINT_FORMAT} {FORMAT_VERSION}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        for folder in [p for p in self.staged.iterdir() if p.is_dir()] + [self.staged]:
+            _fsync_dir(folder)
+        commit_directory(self.staged, self.path)
+
+
+class Checkpoint:
+    """A committed checkpoint, opened for reading.
+
+    Raises:
+        FormatError: ``path`` is not a committed checkpoint (no marker, or another format).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        marker = self.path / MARKER
+        try:
+            text = marker.read_bytes().decode("ascii").split()
+        except (OSError, UnicodeDecodeError) as err:
+            raise FormatError(marker, "", f"not a committed demb checkpoint ({err})") from err
+        if len(text) != 2 or text[0] != CHECKPOINT_FORMAT or text[1] != str(FORMAT_VERSION):
+            raise FormatError(marker, "", f"expected '{CHECKPOINT_FORMAT} {FORMAT_VERSION}'")
+
+    def collections(self) -> list[str]:
+        """The embedding collections, sorted."""
+        return sorted(p.name for p in self.path.iterdir() if p.is_dir())
+
+    def shards(self, collection: str, table: str | None = None) -> list[ShardMeta]:
+        """The shards of a collection (of one table), sorted by table then rank; each table's
+        ranks must be ``0 .. W-1`` of one world size and one layout.
+
+        Raises:
+            FormatError: a bad meta, a missing or repeated rank, or ranks that disagree.
+        """
+        folder = self.path / collection
+        if not folder.is_dir():
+            raise FormatError(folder, "", "no such collection in the checkpoint")
+        metas = [read_meta(p) for p in sorted(folder.glob("*.meta.json"))]
+        if table is not None:
+            metas = [m for m in metas if m.table == table]
+            if not metas:
+                raise FormatError(folder, "", f"no table {table!r} in the collection")
+        metas.sort(key=lambda m: (m.table, m.rank))
+        for name in sorted({m.table for m in metas}):
+            _check_ranks(folder, [m for m in metas if m.table == name])
+        return metas
+
+    def tables(self, collection: str) -> list[str]:
+        """The tables of a collection, sorted."""
+        return sorted({m.table for m in self.shards(collection)})
+
+    def read_table(self, collection: str, table: str, *, verify: bool = True) -> ShardData:
+        """All of a table's rows, every rank's shard concatenated in rank order."""
+        folder = self.path / collection
+        parts = [read_shard(folder, m, verify=verify) for m in self.shards(collection, table)]
+        return _concat(parts)
+
+    def iter_table(
+        self, collection: str, table: str, chunk_rows: int = 1 << 20, *, verify: bool = True
+    ) -> Iterable[tuple[ShardMeta, ShardData]]:
+        """A table's rows in bounded chunks, rank by rank, with the meta of each chunk's
+        shard."""
+        folder = self.path / collection
+        for meta in self.shards(collection, table):
+            for chunk in iter_shard(folder, meta, chunk_rows, verify=verify):
+                yield meta, chunk
+
+
+_LAYOUT = (
+    "world_size",
+    "dist_type",
+    "embedding_dtype",
+    "score_strategy",
+    "optimizer",
+    "optim_state_dtype",
+    "state_width",
+)
+
+
+def _check_ranks(folder: Path, metas: list[ShardMeta]) -> None:
+    first = metas[0]
+    for m in metas:
+        for name in _LAYOUT:
+            if getattr(m, name) != getattr(first, name):
+                raise FormatError(
+                    folder / f"{m.stem}.meta.json",
+                    name,
+                    f"{getattr(m, name)!r} differs from rank {first.rank}'s "
+                    f"{getattr(first, name)!r}",
+                )
+        if not first.legacy and m.embedding_dim != first.embedding_dim:
+            raise FormatError(folder / f"{m.stem}.meta.json", "embedding_dim", "differs by rank")
+    ranks = [m.rank for m in metas]
+    if ranks != list(range(first.world_size)):
+        raise FormatError(
+            folder,
+            "rank",
+            f"table {first.table!r} has ranks {ranks}; world_size {first.world_size} needs all",
+        )
+
+
+def _concat(parts: list[ShardData]) -> ShardData:
+    def cat(name: str) -> npt.NDArray[np.generic] | None:
+        arrays = [getattr(p, name) for p in parts]
+        if any(a is None for a in arrays):
+            return None
+        return np.concatenate(arrays)
+
+    return ShardData(
+        np.concatenate([p.keys for p in parts]),
+        np.concatenate([p.values for p in parts]),
+        np.concatenate([p.scores for p in parts]),
+        cat("state"),
+        cat("admit_keys"),  # type: ignore[arg-type]
+        cat("admit_counts"),  # type: ignore[arg-type]
+    )

@@ -1,0 +1,233 @@
+"""The meta JSON of one table's shard (one rank's rows) in a checkpoint: what its files hold.
+
+See ``FORMAT.md``. Reading validates every field's type and range and raises
+:class:`~demb_io.FormatError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from demb_io._errors import FormatError
+from demb_io.dtypes import DTYPES
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "FORMAT_VERSION",
+    "PARTS",
+    "FileEntry",
+    "ShardMeta",
+    "read_meta",
+    "shard_stem",
+]
+
+CHECKPOINT_FORMAT = "demb-checkpoint"
+FORMAT_VERSION = 1
+"""The version this code writes; it reads this one and the legacy (unversioned) meta."""
+
+PARTS = ("keys", "values", "state", "scores", "admit_keys", "admit_counts")
+"""The files of a shard, by part name (``state`` and the admission parts are optional)."""
+
+DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
+
+
+def shard_stem(table: str, rank: int, world_size: int) -> str:
+    """The file name stem of a table's shard: ``<table>.rank<r>-of-<W>``."""
+    return f"{table}.rank{rank}-of-{world_size}"
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a shard: its name (in the collection's folder), size and CRC-32 (both None in
+    a legacy meta, which records neither)."""
+
+    name: str
+    bytes: int | None
+    crc32: int | None
+
+
+@dataclass(frozen=True)
+class ShardMeta:
+    """What one rank's part of a table holds.
+
+    Row ``i`` of every part describes key ``i``: ``values`` ``(rows, embedding_dim)`` in
+    ``embedding_dtype``; ``state`` ``(rows, state_width)`` in ``optim_state_dtype`` (absent when
+    ``state_width`` is 0); ``scores`` ``(rows, num_scores)`` int64 in ``score_strategy`` order;
+    ``admit_keys`` / ``admit_counts`` ``(admission_rows,)`` int64 when ``admission_rows`` is not
+    None.
+    """
+
+    collection: str
+    table: str
+    rank: int
+    world_size: int
+    dist_type: str
+    embedding_dtype: str
+    embedding_dim: int
+    rows: int
+    """Keys in the shard (-1: not recorded, in a legacy meta)."""
+    score_strategy: tuple[str, ...] = ("TIMESTAMP",)
+    optimizer: str | None = None
+    optim_state_dtype: str | None = None
+    state_width: int = 0
+    hyper_parameters: dict[str, float | bool] = field(default_factory=dict)
+    admission_rows: int | None = None
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    legacy: bool = False
+    """Read from a meta without the dtype keys (values read as float32, width from the size)."""
+
+    @property
+    def num_scores(self) -> int:
+        """Score words per key."""
+        return len(self.score_strategy)
+
+    @property
+    def stem(self) -> str:
+        return shard_stem(self.table, self.rank, self.world_size)
+
+    def to_json(self) -> str:
+        """The meta file's text."""
+        d: dict[str, Any] = asdict(self)
+        d.pop("legacy")
+        d["format"] = CHECKPOINT_FORMAT
+        d["score_strategy"] = list(self.score_strategy)
+        d["num_scores"] = self.num_scores
+        return json.dumps(d, indent=1, sort_keys=True)
+
+
+_MISSING = object()
+
+
+def _field(
+    d: dict[str, Any],
+    path: Path,
+    name: str,
+    kind: type | tuple[type, ...],
+    default: object = _MISSING,
+) -> Any:  # noqa: ANN401
+    """``d[name]`` if it is a ``kind`` (bools are not ints), else ``default``, else an error."""
+    if name not in d:
+        if default is _MISSING:
+            raise FormatError(path, name, "missing")
+        return default
+    value = d[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        wanted = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+        raise FormatError(path, name, f"expected {wanted}, got {value!r}")
+    return value
+
+
+def _count(d: dict[str, Any], path: Path, name: str, low: int = 0) -> int:
+    value = int(_field(d, path, name, int))
+    if value < low:
+        raise FormatError(path, name, f"must be >= {low}, got {value}")
+    return value
+
+
+def _legacy_files(path: Path, stem: str) -> dict[str, FileEntry]:
+    """A legacy meta's files: the standard names that exist beside it, sizes and CRCs unknown."""
+    files = {}
+    for part in PARTS:
+        name = f"{stem}.{part}"
+        if (path.parent / name).exists():
+            files[part] = FileEntry(name, None, None)
+    return files
+
+
+def _files(d: dict[str, Any], path: Path, legacy_stem: str | None) -> dict[str, FileEntry]:
+    if "files" not in d and legacy_stem is not None:
+        files = _legacy_files(path, legacy_stem)
+        for part in ("keys", "values"):
+            if part not in files:
+                raise FormatError(path.parent / f"{legacy_stem}.{part}", part, "missing")
+        return files
+    raw = _field(d, path, "files", dict)
+    files = {}
+    for part, entry in raw.items():
+        if part not in PARTS:
+            raise FormatError(path, f"files.{part}", f"not a part of a shard ({', '.join(PARTS)})")
+        if not isinstance(entry, dict):
+            raise FormatError(path, f"files.{part}", f"expected an object, got {entry!r}")
+        name = _field(entry, path, "name", str)
+        if "/" in name or name in ("", ".", ".."):
+            raise FormatError(path, f"files.{part}.name", f"not a plain file name: {name!r}")
+        files[part] = FileEntry(name, _count(entry, path, "bytes"), _count(entry, path, "crc32"))
+    for part in ("keys", "values", "scores"):
+        if part not in files and not (legacy_stem is not None and part == "scores"):
+            raise FormatError(path, f"files.{part}", "missing")
+    return files
+
+
+def read_meta(path: str | Path) -> ShardMeta:
+    """Read and validate a shard's meta JSON.
+
+    A meta without ``embedding_dtype`` / ``embedding_dim`` (the legacy format) is returned with
+    ``legacy=True``, float32 values and ``embedding_dim`` 0 (the reader recovers the width from
+    the value file's size); without ``rows``, ``rows`` is -1 (the key file's size tells); without
+    ``files``, the standard file names beside it, sizes and CRCs unknown.
+
+    Raises:
+        FormatError: unreadable JSON, a missing or mistyped field, an unknown dtype or dist type,
+            or an unsupported format version; the message names the file and the field.
+    """
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FormatError(path, "", f"not a readable meta JSON ({err})") from err
+    if not isinstance(d, dict):
+        raise FormatError(path, "", "a meta JSON must hold an object")
+    legacy = "embedding_dtype" not in d and "embedding_dim" not in d
+    version = _field(d, path, "format_version", int, 0 if legacy else ...)
+    if not legacy and version != FORMAT_VERSION:
+        raise FormatError(path, "format_version", f"{version} is not {FORMAT_VERSION}")
+    world_size = _count(d, path, "world_size", 1)
+    rank = _count(d, path, "rank")
+    if rank >= world_size:
+        raise FormatError(path, "rank", f"{rank} is not below world_size {world_size}")
+    dist_type = _field(d, path, "dist_type", str)
+    if dist_type not in DIST_TYPES:
+        raise FormatError(path, "dist_type", f"{dist_type!r} is not one of {DIST_TYPES}")
+    dtype = "float32" if legacy else _field(d, path, "embedding_dtype", str)
+    if dtype not in DTYPES:
+        raise FormatError(path, "embedding_dtype", f"{dtype!r} is not one of {DTYPES}")
+    dim = 0 if legacy else _count(d, path, "embedding_dim", 1)
+    strategy = tuple(_field(d, path, "score_strategy", list, ["TIMESTAMP"] if legacy else _MISSING))
+    if not 1 <= len(strategy) <= 2 or not all(isinstance(s, str) for s in strategy):
+        raise FormatError(path, "score_strategy", f"expected 1 or 2 names, got {strategy!r}")
+    if "num_scores" in d and _count(d, path, "num_scores") != len(strategy):
+        raise FormatError(path, "num_scores", f"disagrees with score_strategy {strategy}")
+    state_width = _count(d, path, "state_width") if "state_width" in d else 0
+    state_dtype = _field(d, path, "optim_state_dtype", (str, type(None)), None)
+    if state_width and (state_dtype if not legacy else "float32") not in DTYPES:
+        raise FormatError(path, "optim_state_dtype", f"{state_dtype!r} is not one of {DTYPES}")
+    hyper = _field(d, path, "hyper_parameters", dict, {})
+    admission = d.get("admission_rows")
+    if admission is not None:
+        admission = _count(d, path, "admission_rows")
+    table = _field(d, path, "table", str)
+    rows = _count(d, path, "rows") if "rows" in d or not legacy else -1
+    return ShardMeta(
+        collection=_field(d, path, "collection", str),
+        table=table,
+        rank=rank,
+        world_size=world_size,
+        dist_type=dist_type,
+        embedding_dtype=dtype,
+        embedding_dim=dim,
+        rows=rows,
+        score_strategy=strategy,
+        optimizer=_field(d, path, "optimizer", (str, type(None)), None),
+        optim_state_dtype=(state_dtype or "float32") if state_width else None,
+        state_width=state_width,
+        hyper_parameters=hyper,
+        admission_rows=admission,
+        files=_files(d, path, shard_stem(table, rank, world_size) if legacy else None),
+        format_version=version,
+        legacy=legacy,
+    )

@@ -1,0 +1,297 @@
+"""One table's shard (one rank's rows) on disk: streamed writes in bounded memory, validated
+reads (sizes against the meta, CRC-32s, dtype and width), whole or in chunks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import numpy.typing as npt
+
+from demb_io._errors import FormatError
+from demb_io.dtypes import storage_dtype
+from demb_io.meta import FileEntry, ShardMeta, read_meta
+
+__all__ = ["ShardData", "iter_shard", "read_shard", "write_shard"]
+
+_KEY = np.dtype("<i8")
+_READ_BLOCK = 1 << 24  # bytes per read while checking a CRC
+
+
+@dataclass
+class ShardData:
+    """Rows of a shard (or a chunk of them); row ``i`` of each array is key ``keys[i]``.
+
+    Attributes:
+        keys: ``(n,)`` int64.
+        values: ``(n, embedding_dim)`` in the storage dtype of ``embedding_dtype``
+            (:func:`demb_io.dtypes.storage_dtype`: bfloat16 as uint16 words).
+        scores: ``(n, num_scores)`` int64, in ``score_strategy`` order.
+        state: ``(n, state_width)`` optimizer state in ``optim_state_dtype``'s storage, or None.
+        admit_keys / admit_counts: ``(m,)`` int64 admission counters, or None (a chunk may
+            carry some of them; they are not aligned with the rows).
+    """
+
+    keys: npt.NDArray[np.int64]
+    values: npt.NDArray[np.generic]
+    scores: npt.NDArray[np.int64]
+    state: npt.NDArray[np.generic] | None = None
+    admit_keys: npt.NDArray[np.int64] | None = None
+    admit_counts: npt.NDArray[np.int64] | None = None
+
+    @property
+    def rows(self) -> int:
+        return int(self.keys.shape[0])
+
+
+class _PartWriter:
+    """Appends arrays to one file, counting bytes and the CRC-32 as it goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed in close())
+        self.bytes = 0
+        self.crc = 0
+
+    def write(self, array: npt.NDArray[np.generic]) -> None:
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        self.file.write(data)
+        self.bytes += len(data)
+        self.crc = zlib.crc32(data, self.crc)
+
+    def close(self) -> FileEntry:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return FileEntry(self.path.name, self.bytes, self.crc)
+
+
+def _check_chunk(meta: ShardMeta, chunk: ShardData) -> None:
+    n = chunk.rows
+    expect = {
+        "keys": ((n,), _KEY),
+        "values": ((n, meta.embedding_dim), storage_dtype(meta.embedding_dtype)),
+        "scores": ((n, meta.num_scores), _KEY),
+    }
+    if meta.state_width:
+        assert meta.optim_state_dtype is not None
+        expect["state"] = ((n, meta.state_width), storage_dtype(meta.optim_state_dtype))
+    elif chunk.state is not None:
+        raise ValueError(f"{meta.stem}: state given, but the meta's state_width is 0")
+    for name, (shape, dtype) in expect.items():
+        array = getattr(chunk, name)
+        if array is None or array.shape != shape or array.dtype.newbyteorder("<") != dtype:
+            got = None if array is None else (array.shape, str(array.dtype))
+            raise ValueError(f"{meta.stem}: {name} must be {shape} {dtype}, got {got}")
+    admission = (chunk.admit_keys, chunk.admit_counts)
+    if (admission[0] is None) != (admission[1] is None) or (
+        admission[0] is not None and meta.admission_rows is None
+    ):
+        raise ValueError(f"{meta.stem}: admit_keys and admit_counts go together, with admission")
+    if (
+        admission[0] is not None
+        and admission[1] is not None
+        and (admission[0].shape != admission[1].shape or admission[0].ndim != 1)
+    ):
+        raise ValueError(f"{meta.stem}: admit_keys and admit_counts must be (m,) alike")
+
+
+def write_shard(directory: str | Path, meta: ShardMeta, chunks: Iterable[ShardData]) -> ShardMeta:
+    """Write a shard's files into ``directory`` chunk by chunk (memory: one chunk), fsync them,
+    then its meta JSON (written last: a shard without its meta is not a shard).
+
+    Args:
+        directory: the collection's folder (exists).
+        meta: the shard's description; ``rows``, ``admission_rows`` (if not None) and ``files``
+            are filled in from what was written.
+        chunks: the rows, in order.
+
+    Returns:
+        The meta as written.
+
+    Raises:
+        ValueError: a chunk whose arrays do not match ``meta`` (nothing is half-explained: the
+            files written so far are left for the caller's temporary directory to drop).
+    """
+    directory = Path(directory)
+    parts = ["keys", "values", "scores"] + (["state"] if meta.state_width else [])
+    if meta.admission_rows is not None:
+        parts += ["admit_keys", "admit_counts"]
+    writers = {p: _PartWriter(directory / f"{meta.stem}.{p}") for p in parts}
+    rows = admitted = 0
+    try:
+        for chunk in chunks:
+            _check_chunk(meta, chunk)
+            for p, w in writers.items():
+                array = getattr(chunk, p)
+                if array is not None:
+                    w.write(array)
+            rows += chunk.rows
+            admitted += 0 if chunk.admit_keys is None else int(chunk.admit_keys.shape[0])
+    finally:
+        files = {p: w.close() for p, w in writers.items()}
+    written = dataclasses.replace(
+        meta,
+        rows=rows,
+        admission_rows=None if meta.admission_rows is None else admitted,
+        files=files,
+        legacy=False,
+    )
+    meta_path = directory / f"{meta.stem}.meta.json"
+    with open(meta_path, "w") as f:
+        f.write(written.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    return written
+
+
+def _part_path(directory: Path, meta: ShardMeta, part: str) -> Path:
+    return directory / meta.files[part].name
+
+
+def _resolve(directory: Path, meta: ShardMeta) -> ShardMeta:
+    """A legacy meta completed from its files: rows from the keys file, the embedding width
+    from the values file (float32), scores and state absent unless their files exist."""
+    if not meta.legacy:
+        return meta
+    keys_path = _part_path(directory, meta, "keys")
+    key_bytes = keys_path.stat().st_size
+    if key_bytes % 8:
+        raise FormatError(keys_path, "keys", f"{key_bytes} bytes is not a whole number of int64")
+    rows = key_bytes // 8 if meta.rows < 0 else meta.rows
+    values_path = _part_path(directory, meta, "values")
+    value_bytes = values_path.stat().st_size
+    if rows == 0 or value_bytes % (4 * rows):
+        raise FormatError(
+            values_path, "embedding_dim", f"{value_bytes} bytes do not hold {rows} float32 rows"
+        )
+    return dataclasses.replace(meta, rows=rows, embedding_dim=value_bytes // (4 * rows))
+
+
+def _widths(meta: ShardMeta) -> dict[str, tuple[int, np.dtype[np.generic]]]:
+    """Per part: values per row and storage dtype."""
+    widths: dict[str, tuple[int, np.dtype[np.generic]]] = {
+        "keys": (1, _KEY),
+        "values": (meta.embedding_dim, storage_dtype(meta.embedding_dtype)),
+        "scores": (meta.num_scores, _KEY),
+    }
+    if meta.state_width:
+        assert meta.optim_state_dtype is not None
+        widths["state"] = (meta.state_width, storage_dtype(meta.optim_state_dtype))
+    return widths
+
+
+def _check_sizes(directory: Path, meta: ShardMeta, verify: bool) -> None:
+    """Every file exists with the size the meta implies (and its CRC when ``verify``)."""
+    expected = {p: meta.rows * w * int(dt.itemsize) for p, (w, dt) in _widths(meta).items()}
+    if meta.admission_rows is not None:
+        expected["admit_keys"] = expected["admit_counts"] = meta.admission_rows * 8
+    for part, size in expected.items():
+        if part not in meta.files:
+            if part == "scores" and meta.legacy:
+                continue
+            raise FormatError(directory / f"{meta.stem}.meta.json", f"files.{part}", "missing")
+        entry = meta.files[part]
+        path = directory / entry.name
+        try:
+            actual = path.stat().st_size
+        except OSError as err:
+            raise FormatError(path, part, f"cannot be read ({err})") from err
+        if actual != size or (entry.bytes is not None and entry.bytes != size):
+            raise FormatError(
+                path, part, f"{actual} bytes on disk, {entry.bytes} in the meta, {size} expected"
+            )
+        if verify and entry.crc32 is not None:
+            crc = 0
+            with open(path, "rb") as f:
+                while block := f.read(_READ_BLOCK):
+                    crc = zlib.crc32(block, crc)
+            if crc != entry.crc32:
+                raise FormatError(
+                    path, part, f"CRC-32 {crc:#010x}, the meta says {entry.crc32:#010x}"
+                )
+
+
+def _read_rows(
+    path: Path, begin: int, count: int, width: int, dtype: np.dtype[np.generic]
+) -> npt.NDArray[np.generic]:
+    """Rows ``[begin, begin + count)`` of a file of ``width``-wide rows, as ``(count, width)``."""
+    array = np.empty((count, width), dtype=dtype)
+    with open(path, "rb") as f:
+        f.seek(begin * width * dtype.itemsize)
+        got = f.readinto(array.reshape(-1).view(np.uint8).data)
+    if got != array.nbytes:
+        raise FormatError(path, "", f"truncated while reading rows {begin}..{begin + count}")
+    return array
+
+
+def iter_shard(
+    directory: str | Path,
+    meta: ShardMeta | str | Path,
+    chunk_rows: int = 1 << 20,
+    *,
+    verify: bool = True,
+) -> Iterator[ShardData]:
+    """The shard's rows in chunks of at most ``chunk_rows`` (memory: one chunk). Sizes are
+    checked against the meta (and CRC-32s when ``verify``) before the first chunk.
+
+    Args:
+        directory: the collection's folder.
+        meta: the shard's meta, or the path of its meta JSON.
+        chunk_rows: rows per chunk (>= 1).
+        verify: check every file's CRC-32 first (one extra read).
+
+    Raises:
+        FormatError: a missing, truncated or corrupted file, naming it and the part.
+    """
+    directory = Path(directory)
+    if not isinstance(meta, ShardMeta):
+        meta = read_meta(meta)
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows={chunk_rows}: must be >= 1")
+    meta = _resolve(directory, meta)
+    _check_sizes(directory, meta, verify)
+    widths = _widths(meta)
+    admit_keys: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=_KEY)
+    admit_counts: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=_KEY)
+    if meta.admission_rows is not None:
+        m = meta.admission_rows
+        admit_keys = _read_rows(_part_path(directory, meta, "admit_keys"), 0, m, 1, _KEY)
+        admit_counts = _read_rows(_part_path(directory, meta, "admit_counts"), 0, m, 1, _KEY)
+    first = True
+    for begin in range(0, max(meta.rows, 1), chunk_rows):
+        count = min(chunk_rows, meta.rows - begin)
+        arrays = {
+            part: _read_rows(_part_path(directory, meta, part), begin, count, w, dt)
+            if part in meta.files
+            else np.zeros((count, w), dtype=dt)
+            for part, (w, dt) in widths.items()
+        }
+        admission = first and meta.admission_rows is not None
+        yield ShardData(
+            keys=arrays["keys"].reshape(count).astype(np.int64, copy=False),
+            values=arrays["values"],
+            scores=arrays["scores"].astype(np.int64, copy=False),
+            state=arrays.get("state"),
+            admit_keys=admit_keys.reshape(-1).astype(np.int64, copy=False) if admission else None,
+            admit_counts=admit_counts.reshape(-1).astype(np.int64, copy=False)
+            if admission
+            else None,
+        )
+        first = False
+
+
+def read_shard(
+    directory: str | Path, meta: ShardMeta | str | Path, *, verify: bool = True
+) -> ShardData:
+    """The whole shard (see :func:`iter_shard`)."""
+    directory = Path(directory)
+    chunks = list(iter_shard(directory, meta, chunk_rows=1 << 62, verify=verify))
+    return chunks[0]

@@ -1,0 +1,329 @@
+"""The checkpoint format: round trips over every dtype, width, score layout and optional part
+(hypothesis), multi-rank tables, atomic commits, the legacy meta, and validation errors that
+name the file and the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from demb_io import (
+    DTYPES,
+    Checkpoint,
+    CheckpointWriter,
+    FormatError,
+    ShardData,
+    ShardMeta,
+    from_float32,
+    iter_shard,
+    read_meta,
+    read_shard,
+    storage_dtype,
+    to_float32,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+
+def make_meta(
+    rank=0,
+    world=1,
+    dtype="float32",
+    dim=4,
+    state=0,
+    state_dtype=None,
+    scores=1,
+    admission=False,
+    table="t",
+    collection="ebc",
+):
+    strategy = ("TIMESTAMP", "LFU")[:scores]
+    return ShardMeta(
+        collection=collection,
+        table=table,
+        rank=rank,
+        world_size=world,
+        dist_type="roundrobin",
+        embedding_dtype=dtype,
+        embedding_dim=dim,
+        rows=0,
+        score_strategy=strategy,
+        optimizer="adam" if state else None,
+        optim_state_dtype=(state_dtype or dtype) if state else None,
+        state_width=state,
+        hyper_parameters={"learning_rate": 0.01} if state else {},
+        admission_rows=0 if admission else None,
+    )
+
+
+def make_rows(meta, n, rng, key_offset=0):
+    values = from_float32(rng.standard_normal((n, meta.embedding_dim)), meta.embedding_dtype)
+    state = None
+    if meta.state_width:
+        state = from_float32(rng.standard_normal((n, meta.state_width)), meta.optim_state_dtype)
+    admit = meta.admission_rows is not None
+    return ShardData(
+        keys=np.arange(key_offset, key_offset + n, dtype=np.int64) * 7 - 3,
+        values=values,
+        scores=rng.integers(-(2**62), 2**62, (n, meta.num_scores), dtype=np.int64),
+        state=state,
+        admit_keys=rng.integers(0, 1000, 5, dtype=np.int64) if admit else None,
+        admit_counts=rng.integers(0, 9, 5, dtype=np.int64) if admit else None,
+    )
+
+
+def split(data, cuts):
+    """``data`` as chunks cut at ``cuts`` (admission rows ride the first chunk)."""
+    bounds = [0, *sorted(c for c in cuts if 0 < c < data.rows), data.rows]
+    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+        yield ShardData(
+            data.keys[a:b],
+            data.values[a:b],
+            data.scores[a:b],
+            None if data.state is None else data.state[a:b],
+            data.admit_keys if i == 0 else None,
+            data.admit_counts if i == 0 else None,
+        )
+
+
+def assert_same(got, want):
+    for f in dataclasses.fields(ShardData):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        if b is None:
+            assert a is None, f.name
+        else:
+            assert a.dtype == b.dtype, f.name
+            np.testing.assert_array_equal(a, b, err_msg=f.name)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    dim=st.integers(1, 70),
+    state=st.sampled_from([0, 1, 2, 16]),
+    state_dtype=st.sampled_from(DTYPES),
+    scores=st.sampled_from([1, 2]),
+    admission=st.booleans(),
+    n=st.integers(0, 300),
+    cuts=st.lists(st.integers(0, 300), max_size=4),
+    chunk_rows=st.integers(1, 400),
+    seed=st.integers(0, 2**31),
+)
+def test_a_shard_round_trips(
+    tmp_path, dtype, dim, state, state_dtype, scores, admission, n, cuts, chunk_rows, seed
+):
+    rng = np.random.default_rng(seed)
+    meta = make_meta(
+        dtype=dtype,
+        dim=dim,
+        state=state,
+        state_dtype=state_dtype,
+        scores=scores,
+        admission=admission,
+    )
+    data = make_rows(meta, n, rng)
+    path = tmp_path / f"ckpt{seed}"
+    with CheckpointWriter(path) as w:
+        written = w.write_shard(meta, split(data, cuts))
+    assert written.rows == n
+    ckpt = Checkpoint(path)
+    assert ckpt.collections() == ["ebc"]
+    assert ckpt.tables("ebc") == ["t"]
+    assert_same(ckpt.read_table("ebc", "t"), data)
+    chunks = [c for _, c in ckpt.iter_table("ebc", "t", chunk_rows)]
+    assert all(c.rows <= chunk_rows for c in chunks)
+    assert_same(
+        ShardData(
+            np.concatenate([c.keys for c in chunks]),
+            np.concatenate([c.values for c in chunks]),
+            np.concatenate([c.scores for c in chunks]),
+            None if data.state is None else np.concatenate([c.state for c in chunks]),
+            chunks[0].admit_keys,
+            chunks[0].admit_counts,
+        ),
+        data,
+    )
+    assert read_meta(path / "ebc" / "t.rank0-of-1.meta.json") == written
+
+
+def test_a_table_of_several_ranks_reads_back_in_rank_order(tmp_path):
+    rng = np.random.default_rng(0)
+    parts = []
+    with CheckpointWriter(tmp_path / "c") as w:
+        for rank in range(3):
+            meta = make_meta(rank=rank, world=3, dim=8, state=8)
+            parts.append(make_rows(meta, 10 + rank, rng, key_offset=100 * rank))
+            w.write_shard(meta, [parts[-1]])
+    table = Checkpoint(tmp_path / "c").read_table("ebc", "t")
+    np.testing.assert_array_equal(table.keys, np.concatenate([p.keys for p in parts]))
+    np.testing.assert_array_equal(table.state, np.concatenate([p.state for p in parts]))
+
+
+def test_missing_ranks_and_disagreeing_layouts_are_named(tmp_path):
+    rng = np.random.default_rng(0)
+    with CheckpointWriter(tmp_path / "c") as w:
+        for rank in (0, 2):
+            meta = make_meta(rank=rank, world=3)
+            w.write_shard(meta, [make_rows(meta, 3, rng)])
+    with pytest.raises(FormatError, match=r"ranks \[0, 2\]; world_size 3 needs all"):
+        Checkpoint(tmp_path / "c").read_table("ebc", "t")
+    with CheckpointWriter(tmp_path / "d") as w:
+        for rank, dtype in ((0, "float32"), (1, "float16")):
+            meta = make_meta(rank=rank, world=2, dtype=dtype)
+            w.write_shard(meta, [make_rows(meta, 3, rng)])
+    with pytest.raises(FormatError, match=r"t\.rank1-of-2\.meta\.json \[embedding_dtype\]"):
+        Checkpoint(tmp_path / "d").shards("ebc")
+
+
+def write_one(path, n=20, **kw):
+    meta = make_meta(**kw)
+    data = make_rows(meta, n, np.random.default_rng(1))
+    with CheckpointWriter(path) as w:
+        w.write_shard(meta, [data])
+    return data
+
+
+def test_a_commit_replaces_the_old_checkpoint_and_a_failed_write_leaves_it(tmp_path):
+    path = tmp_path / "c"
+    write_one(path, n=5)
+    second = write_one(path, n=9)
+    assert_same(Checkpoint(path).read_table("ebc", "t"), second)
+
+    class WriterDiedError(RuntimeError):
+        pass
+
+    def write_then_fail():
+        with CheckpointWriter(path) as w:
+            meta = make_meta(table="u")
+            w.write_shard(meta, [make_rows(meta, 4, np.random.default_rng(2))])
+            raise WriterDiedError
+
+    with pytest.raises(WriterDiedError):
+        write_then_fail()
+    assert Checkpoint(path).tables("ebc") == ["t"]
+    assert_same(Checkpoint(path).read_table("ebc", "t"), second)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # no temporary left
+
+
+@pytest.mark.parametrize("part", ["keys", "values", "scores", "state"])
+def test_truncated_and_corrupted_files_are_named(tmp_path, part):
+    path = tmp_path / "c"
+    write_one(path, state=4)
+    file = path / "ebc" / f"t.rank0-of-1.{part}"
+    blob = bytearray(file.read_bytes())
+    blob[len(blob) // 2] ^= 0x40
+    file.write_bytes(bytes(blob))
+    with pytest.raises(FormatError, match=rf"{part} \[{part}\]: CRC-32"):
+        Checkpoint(path).read_table("ebc", "t")
+    Checkpoint(path).read_table("ebc", "t", verify=False)  # sizes still agree
+    file.write_bytes(bytes(blob[:-3]))
+    with pytest.raises(
+        FormatError, match=rf"t\.rank0-of-1\.{part} \[{part}\]: {len(blob) - 3} bytes"
+    ):
+        Checkpoint(path).read_table("ebc", "t", verify=False)
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "match"),
+    [
+        (lambda d: d.pop("rows"), "rows", "missing"),
+        (lambda d: d.update(rows="7"), "rows", "expected int"),
+        (lambda d: d.update(embedding_dtype="float64"), "embedding_dtype", "not one of"),
+        (lambda d: d.update(rank=3), "rank", "not below world_size"),
+        (lambda d: d.update(format_version=9), "format_version", "9 is not 1"),
+        (lambda d: d.update(dist_type="random"), "dist_type", "not one of"),
+        (lambda d: d["files"]["keys"].update(name="../x"), "files.keys.name", "plain file"),
+        (lambda d: d.update(num_scores=2), "num_scores", "disagrees"),
+    ],
+)
+def test_bad_meta_fields_are_named(tmp_path, edit, field, match):
+    path = tmp_path / "c"
+    write_one(path)
+    meta_path = path / "ebc" / "t.rank0-of-1.meta.json"
+    d = json.loads(meta_path.read_text())
+    edit(d)
+    meta_path.write_text(json.dumps(d))
+    with pytest.raises(FormatError, match=rf"\[{field}\]: .*{match}"):
+        read_meta(meta_path)
+
+
+def test_a_legacy_meta_reads_float32_with_the_width_from_the_file(tmp_path):
+    folder = tmp_path
+    keys = np.array([5, 9, 11], dtype="<i8")
+    values = np.arange(3 * 6, dtype="<f4").reshape(3, 6)
+    (folder / "t.rank0-of-1.keys").write_bytes(keys.tobytes())
+    (folder / "t.rank0-of-1.values").write_bytes(values.tobytes())
+    meta = {
+        "collection": "ebc",
+        "table": "t",
+        "rank": 0,
+        "world_size": 1,
+        "dist_type": "roundrobin",
+    }
+    (folder / "t.rank0-of-1.meta.json").write_text(json.dumps(meta))
+    m = read_meta(folder / "t.rank0-of-1.meta.json")
+    assert m.legacy
+    data = read_shard(folder, m)
+    np.testing.assert_array_equal(data.keys, keys)
+    np.testing.assert_array_equal(data.values, values)
+    assert data.scores.shape == (3, 1)
+    (folder / "t.rank0-of-1.values").write_bytes(values.tobytes()[:-4])
+    with pytest.raises(FormatError, match=r"values \[embedding_dim\]: 68 bytes do not hold 3"):
+        read_shard(folder, m)
+
+
+def test_a_chunk_that_disagrees_with_the_meta_is_refused(tmp_path):
+    meta = make_meta(dim=4)
+    bad = make_rows(dataclasses.replace(meta, embedding_dim=5), 3, np.random.default_rng(0))
+    with (
+        pytest.raises(ValueError, match=r"values must be \(3, 4\)"),
+        CheckpointWriter(tmp_path / "c") as w,
+    ):
+        w.write_shard(meta, [bad])
+    assert not (tmp_path / "c").exists()
+
+
+def test_iter_shard_checks_before_the_first_chunk(tmp_path):
+    path = tmp_path / "c"
+    write_one(path)
+    (path / "ebc" / "t.rank0-of-1.keys").unlink()
+    with pytest.raises(FormatError, match=r"t\.rank0-of-1\.keys \[keys\]: cannot be read"):
+        next(iter_shard(path / "ebc", path / "ebc" / "t.rank0-of-1.meta.json"))
+
+
+def test_not_a_checkpoint_is_named(tmp_path):
+    with pytest.raises(FormatError, match="FORMAT: not a committed demb checkpoint"):
+        Checkpoint(tmp_path)
+
+
+def test_bfloat16_rounds_to_nearest_even_like_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x)]
+    words = from_float32(x, "bfloat16")
+    want = torch.from_numpy(x.copy()).to(torch.bfloat16).view(torch.int16).numpy()
+    np.testing.assert_array_equal(words.view(np.int16), want)
+    back = to_float32(words, "bfloat16")
+    np.testing.assert_array_equal(back, torch.from_numpy(x.copy()).to(torch.bfloat16).float())
+    assert storage_dtype("bfloat16") == np.dtype("<u2")
+    assert np.isnan(
+        to_float32(from_float32(np.array([np.nan], np.float32), "bfloat16"), "bfloat16")
+    )
+
+
+def test_fresh_meta_round_trips_through_json(tmp_path):
+    meta = dataclasses.replace(make_meta(state=3, admission=True), rows=0)
+    path: Path = tmp_path / "c"
+    with CheckpointWriter(path) as w:
+        written = w.write_shard(meta, [])
+    assert written.rows == 0
+    assert written.admission_rows == 0
+    assert read_meta(path / "ebc" / f"{meta.stem}.meta.json") == written
