@@ -1,13 +1,15 @@
-"""demb-io: the on-disk checkpoint format of dynamic embedding tables, its writer and validated
-readers (numpy only, no torch import). See ``FORMAT.md``.
+"""demb-io: the on-disk checkpoint and delta formats of dynamic embedding tables, their writers
+and validated readers, and offline tools (merge, apply, reshard, export; CLI ``demb-io``).
+numpy and demb-planner only, no torch import. See ``FORMAT.md``.
 
 A checkpoint is a directory: a folder per embedding collection; per table and rank, files of
 keys, values (in the table's ``embedding_dtype``), optional optimizer state, scores and optional
 admission counters, and a meta JSON with their sizes and CRC-32s.
 """
 
-from demb_io._errors import FormatError, IoError
+from demb_io._errors import FormatError, IoError, LayoutError
 from demb_io.checkpoint import MARKER, Checkpoint, CheckpointWriter, commit_directory
+from demb_io.delta import DELTA_FORMAT, DeltaMeta, DeltaTable, read_delta, write_delta
 from demb_io.dtypes import DTYPES, from_float32, itemsize, storage_dtype, to_float32
 from demb_io.meta import (
     CHECKPOINT_FORMAT,
@@ -19,28 +21,39 @@ from demb_io.meta import (
     shard_stem,
 )
 from demb_io.shard import ShardData, iter_shard, read_shard, write_shard
+from demb_io.tools import apply_delta, export_npz, merge_deltas, reshard
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "DELTA_FORMAT",
     "DTYPES",
     "FORMAT_VERSION",
     "MARKER",
     "PARTS",
     "Checkpoint",
     "CheckpointWriter",
+    "DeltaMeta",
+    "DeltaTable",
     "FileEntry",
     "FormatError",
     "IoError",
+    "LayoutError",
     "ShardData",
     "ShardMeta",
+    "apply_delta",
     "commit_directory",
+    "export_npz",
     "from_float32",
     "itemsize",
     "iter_shard",
+    "merge_deltas",
+    "read_delta",
     "read_meta",
     "read_shard",
+    "reshard",
     "shard_stem",
     "storage_dtype",
     "to_float32",
+    "write_delta",
     "write_shard",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["FormatError", "IoError"]
+__all__ = ["FormatError", "IoError", "LayoutError"]
 
 
 class IoError(Exception):
@@ -24,3 +24,8 @@ class FormatError(IoError, ValueError):
         self.field = field
         where = f"{self.path}" + (f" [{field}]" if field else "")
         super().__init__(f"{where}: {message}")
+
+
+class LayoutError(IoError, ValueError):
+    """Two things that must share a layout (deltas to merge, a delta and the checkpoint it
+    applies to) do not; the message names the table and the field."""

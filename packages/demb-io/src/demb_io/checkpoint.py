@@ -186,13 +186,19 @@ class Checkpoint:
         return _concat(parts)
 
     def iter_table(
-        self, collection: str, table: str, chunk_rows: int = 1 << 20, *, verify: bool = True
+        self,
+        collection: str,
+        table: str,
+        chunk_rows: int = 1 << 20,
+        *,
+        verify: bool = True,
+        reuse: bool = False,
     ) -> Iterable[tuple[ShardMeta, ShardData]]:
         """A table's rows in bounded chunks, rank by rank, with the meta of each chunk's
-        shard."""
+        shard (``reuse``: see :func:`demb_io.iter_shard`)."""
         folder = self.path / collection
         for meta in self.shards(collection, table):
-            for chunk in iter_shard(folder, meta, chunk_rows, verify=verify):
+            for chunk in iter_shard(folder, meta, chunk_rows, verify=verify, reuse=reuse):
                 yield meta, chunk
 
 

@@ -75,6 +75,8 @@ class ShardMeta:
     state_width: int = 0
     hyper_parameters: dict[str, float | bool] = field(default_factory=dict)
     admission_rows: int | None = None
+    num_embeddings: int | None = None
+    """The table's logical size, when known: ``continuous`` sharding's block size comes from it."""
     files: dict[str, FileEntry] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
     legacy: bool = False
@@ -183,7 +185,7 @@ def read_meta(path: str | Path) -> ShardMeta:
     if not isinstance(d, dict):
         raise FormatError(path, "", "a meta JSON must hold an object")
     legacy = "embedding_dtype" not in d and "embedding_dim" not in d
-    version = _field(d, path, "format_version", int, 0 if legacy else ...)
+    version = _field(d, path, "format_version", int, 0 if legacy else _MISSING)
     if not legacy and version != FORMAT_VERSION:
         raise FormatError(path, "format_version", f"{version} is not {FORMAT_VERSION}")
     world_size = _count(d, path, "world_size", 1)
@@ -210,6 +212,9 @@ def read_meta(path: str | Path) -> ShardMeta:
     admission = d.get("admission_rows")
     if admission is not None:
         admission = _count(d, path, "admission_rows")
+    num_embeddings = d.get("num_embeddings")
+    if num_embeddings is not None:
+        num_embeddings = _count(d, path, "num_embeddings", 1)
     table = _field(d, path, "table", str)
     rows = _count(d, path, "rows") if "rows" in d or not legacy else -1
     return ShardMeta(
@@ -227,6 +232,7 @@ def read_meta(path: str | Path) -> ShardMeta:
         state_width=state_width,
         hyper_parameters=hyper,
         admission_rows=admission,
+        num_embeddings=num_embeddings,
         files=_files(d, path, shard_stem(table, rank, world_size) if legacy else None),
         format_version=version,
         legacy=legacy,

@@ -6,23 +6,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError
+from demb_io._files import PartWriter, file_crc32, read_rows
 from demb_io.dtypes import storage_dtype
-from demb_io.meta import FileEntry, ShardMeta, read_meta
+from demb_io.meta import ShardMeta, read_meta
 
 __all__ = ["ShardData", "iter_shard", "read_shard", "write_shard"]
 
 _KEY = np.dtype("<i8")
-_READ_BLOCK = 1 << 24  # bytes per read while checking a CRC
 
 
 @dataclass
@@ -49,28 +47,6 @@ class ShardData:
     @property
     def rows(self) -> int:
         return int(self.keys.shape[0])
-
-
-class _PartWriter:
-    """Appends arrays to one file, counting bytes and the CRC-32 as it goes."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.file: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed in close())
-        self.bytes = 0
-        self.crc = 0
-
-    def write(self, array: npt.NDArray[np.generic]) -> None:
-        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
-        self.file.write(data)
-        self.bytes += len(data)
-        self.crc = zlib.crc32(data, self.crc)
-
-    def close(self) -> FileEntry:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        return FileEntry(self.path.name, self.bytes, self.crc)
 
 
 def _check_chunk(meta: ShardMeta, chunk: ShardData) -> None:
@@ -124,7 +100,7 @@ def write_shard(directory: str | Path, meta: ShardMeta, chunks: Iterable[ShardDa
     parts = ["keys", "values", "scores"] + (["state"] if meta.state_width else [])
     if meta.admission_rows is not None:
         parts += ["admit_keys", "admit_counts"]
-    writers = {p: _PartWriter(directory / f"{meta.stem}.{p}") for p in parts}
+    writers = {p: PartWriter(directory / f"{meta.stem}.{p}") for p in parts}
     rows = admitted = 0
     try:
         for chunk in chunks:
@@ -209,27 +185,11 @@ def _check_sizes(directory: Path, meta: ShardMeta, verify: bool) -> None:
                 path, part, f"{actual} bytes on disk, {entry.bytes} in the meta, {size} expected"
             )
         if verify and entry.crc32 is not None:
-            crc = 0
-            with open(path, "rb") as f:
-                while block := f.read(_READ_BLOCK):
-                    crc = zlib.crc32(block, crc)
+            crc = file_crc32(path)
             if crc != entry.crc32:
                 raise FormatError(
                     path, part, f"CRC-32 {crc:#010x}, the meta says {entry.crc32:#010x}"
                 )
-
-
-def _read_rows(
-    path: Path, begin: int, count: int, width: int, dtype: np.dtype[np.generic]
-) -> npt.NDArray[np.generic]:
-    """Rows ``[begin, begin + count)`` of a file of ``width``-wide rows, as ``(count, width)``."""
-    array = np.empty((count, width), dtype=dtype)
-    with open(path, "rb") as f:
-        f.seek(begin * width * dtype.itemsize)
-        got = f.readinto(array.reshape(-1).view(np.uint8).data)
-    if got != array.nbytes:
-        raise FormatError(path, "", f"truncated while reading rows {begin}..{begin + count}")
-    return array
 
 
 def iter_shard(
@@ -238,6 +198,7 @@ def iter_shard(
     chunk_rows: int = 1 << 20,
     *,
     verify: bool = True,
+    reuse: bool = False,
 ) -> Iterator[ShardData]:
     """The shard's rows in chunks of at most ``chunk_rows`` (memory: one chunk). Sizes are
     checked against the meta (and CRC-32s when ``verify``) before the first chunk.
@@ -247,6 +208,9 @@ def iter_shard(
         meta: the shard's meta, or the path of its meta JSON.
         chunk_rows: rows per chunk (>= 1).
         verify: check every file's CRC-32 first (one extra read).
+        reuse: read every chunk into the same buffers (a chunk's arrays are then valid until
+            the next chunk is asked for): no fresh memory per chunk, which a large read would
+            otherwise spend its time faulting in.
 
     Raises:
         FormatError: a missing, truncated or corrupted file, naming it and the part.
@@ -263,13 +227,17 @@ def iter_shard(
     admit_counts: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=_KEY)
     if meta.admission_rows is not None:
         m = meta.admission_rows
-        admit_keys = _read_rows(_part_path(directory, meta, "admit_keys"), 0, m, 1, _KEY)
-        admit_counts = _read_rows(_part_path(directory, meta, "admit_counts"), 0, m, 1, _KEY)
+        admit_keys = read_rows(_part_path(directory, meta, "admit_keys"), 0, m, 1, _KEY)
+        admit_counts = read_rows(_part_path(directory, meta, "admit_counts"), 0, m, 1, _KEY)
     first = True
+    size = min(chunk_rows, max(meta.rows, 0))
+    buffers = {p: np.empty((size, w), dtype=dt) for p, (w, dt) in widths.items()} if reuse else {}
     for begin in range(0, max(meta.rows, 1), chunk_rows):
         count = min(chunk_rows, meta.rows - begin)
         arrays = {
-            part: _read_rows(_part_path(directory, meta, part), begin, count, w, dt)
+            part: read_rows(
+                _part_path(directory, meta, part), begin, count, w, dt, buffers.get(part)
+            )
             if part in meta.files
             else np.zeros((count, w), dtype=dt)
             for part, (w, dt) in widths.items()

@@ -1,0 +1,322 @@
+"""The delta format: the file form of the spec's ``DeltaDumpResult`` (what ``incremental_dump``
+returns and ``replay_increment`` applies), one folder per embedding collection, per table its
+rows (keys, embeddings, optional optimizer state, scores with timestamp columns as ages, the
+slot of each key), its erased and evicted keys, and a meta JSON. See ``FORMAT.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from demb_io._errors import FormatError
+from demb_io._files import PartWriter, file_crc32, read_rows
+from demb_io.checkpoint import commit_directory
+from demb_io.dtypes import DTYPES, storage_dtype
+from demb_io.meta import FORMAT_VERSION, FileEntry, _count, _field
+
+__all__ = ["DELTA_FORMAT", "DeltaMeta", "DeltaTable", "read_delta", "write_delta"]
+
+DELTA_FORMAT = "demb-delta"
+_PARTS = ("keys", "values", "state", "scores", "slots", "erased", "evicted")
+_KEY = np.dtype("<i8")
+
+
+@dataclass(frozen=True)
+class DeltaMeta:
+    """A table's delta: its layout (what ``replay_increment`` checks) and its row counts.
+
+    ``score_strategy`` names the score columns in order; ``TIMESTAMP`` columns hold ages
+    (``current_score - score``), the others their values verbatim.
+    """
+
+    collection: str
+    table: str
+    embedding_dtype: str
+    embedding_dim: int
+    score_strategy: tuple[str, ...]
+    current_score: int
+    current_capacity: int
+    row_capacity: tuple[int, ...]
+    bucket_capacity: int
+    world_size: int
+    dist_type: str
+    optim_state_dtype: str | None = None
+    state_width: int = 0
+    rows: int = 0
+    erased_rows: int = 0
+    evicted_rows: int | None = None
+    """None: the table retains no evicted keys (the spec's ``evicted_keys`` entry is None)."""
+    table_options: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_scores(self) -> int:
+        return len(self.score_strategy)
+
+    def layout(self) -> dict[str, object]:
+        """The fields two deltas of one table must share to be merged (and a target to be
+        replayed on)."""
+        return {
+            name: getattr(self, name)
+            for name in (
+                "embedding_dtype",
+                "embedding_dim",
+                "score_strategy",
+                "current_capacity",
+                "row_capacity",
+                "bucket_capacity",
+                "world_size",
+                "dist_type",
+                "optim_state_dtype",
+                "state_width",
+            )
+        }
+
+
+@dataclass
+class DeltaTable:
+    """One table's delta rows (row ``i`` of each array is key ``keys[i]``).
+
+    Attributes:
+        meta: its :class:`DeltaMeta` (``rows`` etc. follow the arrays when written).
+        keys: ``(n,)`` int64. values: ``(n, dim)`` in the storage dtype of ``embedding_dtype``.
+        scores: ``(n, num_scores)`` int64 (timestamp columns as ages).
+        slots: ``(n,)`` int64 slot each key held in the source table (``slot_index``).
+        state: ``(n, state_width)`` or None. erased: ``(e,)`` int64 keys explicitly erased.
+        evicted: ``(v,)`` int64 retained evicted keys, or None.
+    """
+
+    meta: DeltaMeta
+    keys: npt.NDArray[np.int64]
+    values: npt.NDArray[np.generic]
+    scores: npt.NDArray[np.int64]
+    slots: npt.NDArray[np.int64]
+    state: npt.NDArray[np.generic] | None = None
+    erased: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    evicted: npt.NDArray[np.int64] | None = None
+
+    def check(self) -> None:
+        """Raise ValueError when an array disagrees with the meta."""
+        m, n = self.meta, int(self.keys.shape[0])
+        want: dict[str, tuple[tuple[int, ...], np.dtype[np.generic]]] = {
+            "keys": ((n,), _KEY),
+            "values": ((n, m.embedding_dim), storage_dtype(m.embedding_dtype)),
+            "scores": ((n, m.num_scores), _KEY),
+            "slots": ((n,), _KEY),
+        }
+        if m.state_width:
+            assert m.optim_state_dtype is not None
+            want["state"] = ((n, m.state_width), storage_dtype(m.optim_state_dtype))
+        elif self.state is not None:
+            raise ValueError(f"{m.table}: state given, but state_width is 0")
+        for name, (shape, dtype) in want.items():
+            a = getattr(self, name)
+            if a is None or a.shape != shape or a.dtype.newbyteorder("<") != dtype:
+                got = None if a is None else (a.shape, str(a.dtype))
+                raise ValueError(f"{m.table}: {name} must be {shape} {dtype}, got {got}")
+        for name in ("erased", "evicted"):
+            a = getattr(self, name)
+            if a is not None and (a.ndim != 1 or a.dtype != np.int64):
+                raise ValueError(f"{m.table}: {name} must be 1-D int64")
+        if (self.evicted is None) != (m.evicted_rows is None):
+            raise ValueError(f"{m.table}: evicted keys given iff the meta's evicted_rows is set")
+
+
+def _meta_json(meta: DeltaMeta) -> str:
+    d = dataclasses.asdict(meta)
+    d["format"] = DELTA_FORMAT
+    d["score_strategy"] = list(meta.score_strategy)
+    d["row_capacity"] = list(meta.row_capacity)
+    d["num_scores"] = meta.num_scores
+    return json.dumps(d, indent=1, sort_keys=True)
+
+
+def write_delta(path: str | Path, tables: list[DeltaTable]) -> list[DeltaMeta]:
+    """Write a delta directory (all its collections and tables), committed atomically like a
+    checkpoint (a temporary directory, fsync, then a rename or exchange).
+
+    Returns:
+        The metas as written (row counts and files filled in).
+
+    Raises:
+        ValueError: a table whose arrays disagree with its meta, or a table given twice.
+    """
+    path = Path(path)
+    staged = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+    staged.mkdir(parents=True)
+    written = []
+    seen: set[tuple[str, str]] = set()
+    try:
+        for t in tables:
+            t.check()
+            m = t.meta
+            if (m.collection, m.table) in seen:
+                raise ValueError(f"{m.collection}/{m.table}: given twice")
+            seen.add((m.collection, m.table))
+            folder = staged / m.collection
+            folder.mkdir(exist_ok=True)
+            files = {}
+            for part in _PARTS:
+                array = getattr(t, part)
+                if array is None:
+                    continue
+                writer = PartWriter(folder / f"{m.table}.{part}")
+                writer.write(array)
+                files[part] = writer.close()
+            meta = dataclasses.replace(
+                m,
+                rows=int(t.keys.shape[0]),
+                erased_rows=int(t.erased.shape[0]),
+                evicted_rows=None if t.evicted is None else int(t.evicted.shape[0]),
+                files=files,
+            )
+            (folder / f"{m.table}.meta.json").write_text(_meta_json(meta))
+            written.append(meta)
+        (staged / "FORMAT").write_text(f"{DELTA_FORMAT} {FORMAT_VERSION}\n")
+        for folder in [p for p in staged.iterdir() if p.is_dir()] + [staged]:
+            fd = os.open(folder, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        commit_directory(staged, path)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return written
+
+
+def _read_delta_meta(path: Path) -> DeltaMeta:
+    try:
+        d = json.loads(path.read_bytes().decode())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise FormatError(path, "", f"not a readable meta JSON ({err})") from err
+    if not isinstance(d, dict):
+        raise FormatError(path, "", "a meta JSON must hold an object")
+    if _field(d, path, "format_version", int) != FORMAT_VERSION:
+        raise FormatError(path, "format_version", f"{d['format_version']} is not {FORMAT_VERSION}")
+    dtype = _field(d, path, "embedding_dtype", str)
+    if dtype not in DTYPES:
+        raise FormatError(path, "embedding_dtype", f"{dtype!r} is not one of {DTYPES}")
+    strategy = _field(d, path, "score_strategy", list)
+    if not 1 <= len(strategy) <= 2 or not all(isinstance(s, str) for s in strategy):
+        raise FormatError(path, "score_strategy", f"expected 1 or 2 names, got {strategy!r}")
+    row_capacity = _field(d, path, "row_capacity", list)
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in row_capacity):
+        raise FormatError(path, "row_capacity", f"expected counts, got {row_capacity!r}")
+    state_width = _count(d, path, "state_width")
+    state_dtype = _field(d, path, "optim_state_dtype", (str, type(None)), None)
+    if state_width and state_dtype not in DTYPES:
+        raise FormatError(path, "optim_state_dtype", f"{state_dtype!r} is not one of {DTYPES}")
+    evicted = d.get("evicted_rows")
+    files = {}
+    for part, entry in _field(d, path, "files", dict).items():
+        if part not in _PARTS or not isinstance(entry, dict):
+            raise FormatError(path, f"files.{part}", "not a part of a delta table")
+        name = _field(entry, path, "name", str)
+        if "/" in name or name in ("", ".", ".."):
+            raise FormatError(path, f"files.{part}.name", f"not a plain file name: {name!r}")
+        files[part] = FileEntry(name, _count(entry, path, "bytes"), _count(entry, path, "crc32"))
+    current = _field(d, path, "current_score", int)
+    return DeltaMeta(
+        collection=_field(d, path, "collection", str),
+        table=_field(d, path, "table", str),
+        embedding_dtype=dtype,
+        embedding_dim=_count(d, path, "embedding_dim", 1),
+        score_strategy=tuple(strategy),
+        current_score=current,
+        current_capacity=_count(d, path, "current_capacity"),
+        row_capacity=tuple(row_capacity),
+        bucket_capacity=_count(d, path, "bucket_capacity", 1),
+        world_size=_count(d, path, "world_size", 1),
+        dist_type=_field(d, path, "dist_type", str),
+        optim_state_dtype=state_dtype if state_width else None,
+        state_width=state_width,
+        rows=_count(d, path, "rows"),
+        erased_rows=_count(d, path, "erased_rows"),
+        evicted_rows=None if evicted is None else _count(d, path, "evicted_rows"),
+        table_options=_field(d, path, "table_options", dict, {}),
+        files=files,
+    )
+
+
+def _read_table(folder: Path, meta_path: Path, verify: bool) -> DeltaTable:
+    m = _read_delta_meta(meta_path)
+    shapes: dict[str, tuple[int, int, np.dtype[np.generic]]] = {
+        "keys": (m.rows, 1, _KEY),
+        "values": (m.rows, m.embedding_dim, storage_dtype(m.embedding_dtype)),
+        "scores": (m.rows, m.num_scores, _KEY),
+        "slots": (m.rows, 1, _KEY),
+        "erased": (m.erased_rows, 1, _KEY),
+    }
+    if m.state_width:
+        assert m.optim_state_dtype is not None
+        shapes["state"] = (m.rows, m.state_width, storage_dtype(m.optim_state_dtype))
+    if m.evicted_rows is not None:
+        shapes["evicted"] = (m.evicted_rows, 1, _KEY)
+    arrays: dict[str, npt.NDArray[np.generic]] = {}
+    for part, (rows, width, dtype) in shapes.items():
+        entry = m.files.get(part)
+        if entry is None:
+            raise FormatError(meta_path, f"files.{part}", "missing")
+        file = folder / entry.name
+        size = rows * width * dtype.itemsize
+        try:
+            actual = file.stat().st_size
+        except OSError as err:
+            raise FormatError(file, part, f"cannot be read ({err})") from err
+        if actual != size or entry.bytes != size:
+            raise FormatError(
+                file, part, f"{actual} bytes on disk, {entry.bytes} in the meta, {size} expected"
+            )
+        if verify and file_crc32(file) != entry.crc32:
+            raise FormatError(file, part, "CRC-32 differs from the meta's")
+        arrays[part] = read_rows(file, 0, rows, width, dtype)
+    return DeltaTable(
+        meta=m,
+        keys=arrays["keys"].reshape(-1).astype(np.int64, copy=False),
+        values=arrays["values"],
+        scores=arrays["scores"].astype(np.int64, copy=False),
+        slots=arrays["slots"].reshape(-1).astype(np.int64, copy=False),
+        state=arrays.get("state"),
+        erased=arrays["erased"].reshape(-1).astype(np.int64, copy=False),
+        evicted=arrays["evicted"].reshape(-1).astype(np.int64, copy=False)
+        if "evicted" in arrays
+        else None,
+    )
+
+
+def read_delta(path: str | Path, *, verify: bool = True) -> list[DeltaTable]:
+    """Every table of a delta directory, validated (sizes, CRC-32s when ``verify``), sorted by
+    collection then table.
+
+    Raises:
+        FormatError: not a committed delta, or a bad meta or file (named with its field).
+    """
+    path = Path(path)
+    marker = path / "FORMAT"
+    try:
+        text = marker.read_bytes().decode("ascii").split()
+    except (OSError, UnicodeDecodeError) as err:
+        raise FormatError(marker, "", f"not a committed demb delta ({err})") from err
+    if text != [DELTA_FORMAT, str(FORMAT_VERSION)]:
+        raise FormatError(marker, "", f"expected '{DELTA_FORMAT} {FORMAT_VERSION}'")
+    tables = []
+    for folder in sorted(p for p in path.iterdir() if p.is_dir()):
+        for meta_path in sorted(folder.glob("*.meta.json")):
+            table = _read_table(folder, meta_path, verify)
+            if table.meta.collection != folder.name:
+                raise FormatError(
+                    meta_path, "collection", f"differs from its folder {folder.name!r}"
+                )
+            tables.append(table)
+    return tables

@@ -1,0 +1,269 @@
+"""Offline tools over checkpoints and deltas: merge deltas, apply a delta to a checkpoint,
+reshard a checkpoint to another world size or dist type, export a table to npz. Each writes
+its result atomically; inputs are never modified. Tables are processed one at a time, in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from demb_planner import continuous_block_size, owner_rank
+
+from demb_io._errors import LayoutError
+from demb_io.checkpoint import Checkpoint, CheckpointWriter
+from demb_io.delta import DeltaTable
+from demb_io.dtypes import to_float32
+from demb_io.meta import ShardMeta
+from demb_io.shard import ShardData
+
+__all__ = ["apply_delta", "export_npz", "merge_deltas", "reshard"]
+
+_TIMESTAMP = "TIMESTAMP"
+
+
+def _age_columns(strategy: Sequence[str]) -> list[int]:
+    return [i for i, s in enumerate(strategy) if s == _TIMESTAMP]
+
+
+def _take(table: DeltaTable, rows: npt.NDArray[np.bool_]) -> DeltaTable:
+    return dataclasses.replace(
+        table,
+        keys=table.keys[rows],
+        values=table.values[rows],
+        scores=table.scores[rows],
+        slots=table.slots[rows],
+        state=None if table.state is None else table.state[rows],
+    )
+
+
+def _merge_two(old: DeltaTable, new: DeltaTable) -> DeltaTable:
+    """``new`` after ``old``: later rows win, keys ``new`` erased are gone."""
+    name = f"{new.meta.collection}/{new.meta.table}"
+    for field, value in new.meta.layout().items():
+        if old.meta.layout()[field] != value:
+            raise LayoutError(
+                f"{name}: {field} differs between deltas ({old.meta.layout()[field]!r} "
+                f"then {value!r})"
+            )
+    scores = old.scores.copy()
+    for c in _age_columns(old.meta.score_strategy):  # ages were taken at old's current score
+        scores[:, c] += new.meta.current_score - old.meta.current_score
+    old = dataclasses.replace(old, scores=scores)
+    kept = _take(old, ~np.isin(old.keys, np.concatenate([new.keys, new.erased])))
+    keys = np.concatenate([kept.keys, new.keys])
+    erased = np.unique(np.concatenate([old.erased, new.erased]))
+    evicted = None
+    if old.evicted is not None or new.evicted is not None:
+        parts = [e for e in (old.evicted, new.evicted) if e is not None]
+        evicted = np.unique(np.concatenate(parts))
+    return dataclasses.replace(
+        new,
+        keys=keys,
+        values=np.concatenate([kept.values, new.values]),
+        scores=np.concatenate([kept.scores, new.scores]),
+        slots=np.concatenate([kept.slots, new.slots]),
+        state=None if new.state is None else np.concatenate([kept.state, new.state]),
+        erased=erased[~np.isin(erased, keys)],
+        evicted=evicted,
+        meta=dataclasses.replace(new.meta, evicted_rows=None if evicted is None else 0),
+    )
+
+
+def merge_deltas(deltas: Sequence[Sequence[DeltaTable]]) -> list[DeltaTable]:
+    """Fold deltas, oldest first, into one that applies like all of them in order: a key's
+    last row wins, erased keys leave (unless re-inserted later), timestamp ages are rebased to
+    the newest delta's ``current_score``, retained evicted keys are united.
+
+    Raises:
+        LayoutError: a table whose layout (dtype, dim, scores, capacity, world size, ...)
+            changes between deltas.
+    """
+    merged: dict[tuple[str, str], DeltaTable] = {}
+    for delta in deltas:
+        for table in delta:
+            key = (table.meta.collection, table.meta.table)
+            merged[key] = _merge_two(merged[key], table) if key in merged else table
+    return [merged[k] for k in sorted(merged)]
+
+
+def _block(
+    meta: ShardMeta, dist_type: str, world_size: int, num_embeddings: int | None
+) -> int | None:
+    if dist_type != "continuous":
+        return None
+    n = num_embeddings or meta.num_embeddings
+    if n is None:
+        raise LayoutError(
+            f"{meta.collection}/{meta.table}: dist_type 'continuous' needs num_embeddings (not "
+            "in the meta; pass it)"
+        )
+    return continuous_block_size(n, world_size)
+
+
+def _write_routed(
+    writer: CheckpointWriter,
+    template: ShardMeta,
+    rows: ShardData,
+    owners: npt.NDArray[np.int64],
+    admission: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None,
+) -> None:
+    """Write ``rows`` as ``template.world_size`` shards, row ``i`` to rank ``owners[i]`` (in
+    order); ``admission``: (keys, counts, owner rank) of the admission counters."""
+    for rank in range(template.world_size):
+        mine = owners == rank
+        chunk = ShardData(
+            rows.keys[mine],
+            rows.values[mine],
+            rows.scores[mine],
+            None if rows.state is None else rows.state[mine],
+        )
+        if admission is not None:
+            keys, counts, ranks = admission
+            chunk.admit_keys, chunk.admit_counts = keys[ranks == rank], counts[ranks == rank]
+        writer.write_shard(dataclasses.replace(template, rank=rank), [chunk])
+
+
+def reshard(
+    source: str | Path,
+    target: str | Path,
+    world_size: int,
+    dist_type: str,
+    *,
+    num_embeddings: int | None = None,
+) -> None:
+    """Write ``source`` re-sharded over ``world_size`` ranks by ``dist_type`` (demb-planner's
+    ownership rule) into ``target``; rows keep their source order within each new rank.
+
+    Args:
+        num_embeddings: for ``continuous``, the table size its block size comes from (default:
+            each table's meta).
+    """
+    ckpt = Checkpoint(source)
+    with CheckpointWriter(target) as writer:
+        for collection in ckpt.collections():
+            for table in ckpt.tables(collection):
+                first = ckpt.shards(collection, table)[0]
+                rows = ckpt.read_table(collection, table)
+                template = dataclasses.replace(
+                    first,
+                    world_size=world_size,
+                    dist_type=dist_type,
+                    num_embeddings=num_embeddings or first.num_embeddings,
+                )
+                block = _block(template, dist_type, world_size, num_embeddings)
+                owners = owner_rank(rows.keys, world_size, dist_type, block)
+                admission = None
+                if rows.admit_keys is not None and rows.admit_counts is not None:
+                    ranks = owner_rank(rows.admit_keys, world_size, dist_type, block)
+                    admission = (rows.admit_keys, rows.admit_counts, ranks)
+                _write_routed(writer, template, rows, owners, admission)
+
+
+def _check_apply(meta: ShardMeta, delta: DeltaTable) -> None:
+    d = delta.meta
+    name = f"{meta.collection}/{meta.table}"
+    for field in ("embedding_dtype", "embedding_dim", "state_width", "optim_state_dtype"):
+        if getattr(meta, field) != getattr(d, field):
+            raise LayoutError(
+                f"{name}: {field} is {getattr(meta, field)!r} in the checkpoint, "
+                f"{getattr(d, field)!r} in the delta"
+            )
+    if tuple(meta.score_strategy) != tuple(d.score_strategy):
+        raise LayoutError(
+            f"{name}: score_strategy is {meta.score_strategy} in the checkpoint, "
+            f"{d.score_strategy} in the delta"
+        )
+
+
+def apply_delta(source: str | Path, deltas: Sequence[DeltaTable], target: str | Path) -> None:
+    """Write ``source`` with ``deltas`` applied into ``target``: per table, the erased keys
+    removed, then the delta's rows upserted (timestamp ages turned back into scores:
+    ``current_score - age``), each row on the rank the checkpoint's ownership rule gives it.
+    Evicted keys are never applied. Tables of the delta that the checkpoint lacks are skipped
+    with a warning.
+
+    Raises:
+        LayoutError: a delta table whose dtype, dim, state or score columns differ from the
+            checkpoint's (checked for every table before anything is written).
+    """
+    ckpt = Checkpoint(source)
+    by_table = {(d.meta.collection, d.meta.table): d for d in deltas}
+    present = {(c, t) for c in ckpt.collections() for t in ckpt.tables(c)}
+    for key in sorted(set(by_table) - present):
+        warnings.warn(f"delta table {key[0]}/{key[1]} is not in {source}; skipped", stacklevel=2)
+    for key in sorted(set(by_table) & present):
+        _check_apply(ckpt.shards(*key)[0], by_table[key])
+    with CheckpointWriter(target) as writer:
+        for collection, table in sorted(present):
+            first = ckpt.shards(collection, table)[0]
+            rows = ckpt.read_table(collection, table)
+            delta = by_table.get((collection, table))
+            if delta is not None:
+                rows = _upsert(rows, delta)
+            block = _block(first, first.dist_type, first.world_size, None)
+            owners = owner_rank(rows.keys, first.world_size, first.dist_type, block)
+            admission = None
+            if rows.admit_keys is not None and rows.admit_counts is not None:
+                ranks = owner_rank(rows.admit_keys, first.world_size, first.dist_type, block)
+                admission = (rows.admit_keys, rows.admit_counts, ranks)
+            _write_routed(writer, first, rows, owners, admission)
+
+
+def _upsert(rows: ShardData, delta: DeltaTable) -> ShardData:
+    scores = delta.scores.copy()
+    for c in _age_columns(delta.meta.score_strategy):
+        scores[:, c] = delta.meta.current_score - scores[:, c]
+    keep = ~np.isin(rows.keys, delta.erased)
+    rows = ShardData(
+        rows.keys[keep],
+        rows.values[keep],
+        rows.scores[keep],
+        None if rows.state is None else rows.state[keep],
+        rows.admit_keys,
+        rows.admit_counts,
+    )
+    at = {int(k): i for i, k in enumerate(rows.keys.tolist())}
+    hit = np.array([int(k) in at for k in delta.keys.tolist()], dtype=bool)
+    where = np.array([at[int(k)] for k in delta.keys[hit].tolist()], dtype=np.int64)
+    values, state, new_scores = rows.values.copy(), rows.state, rows.scores.copy()
+    values[where] = delta.values[hit]
+    new_scores[where] = scores[hit]
+    if state is not None and delta.state is not None:
+        state = state.copy()
+        state[where] = delta.state[hit]
+    fresh = ~hit
+    return ShardData(
+        np.concatenate([rows.keys, delta.keys[fresh]]),
+        np.concatenate([values, delta.values[fresh]]),
+        np.concatenate([new_scores, scores[fresh]]),
+        None
+        if state is None or delta.state is None
+        else np.concatenate([state, delta.state[fresh]]),
+        rows.admit_keys,
+        rows.admit_counts,
+    )
+
+
+def export_npz(
+    source: str | Path, collection: str, table: str, target: str | Path, *, float32: bool = True
+) -> None:
+    """Save a table's rows (every rank) as an ``.npz``: ``keys``, ``values`` (float32, or the
+    stored words with ``float32=False``), ``scores``, and ``state`` / ``admit_keys`` /
+    ``admit_counts`` when present."""
+    ckpt = Checkpoint(source)
+    meta = ckpt.shards(collection, table)[0]
+    rows = ckpt.read_table(collection, table)
+    arrays: dict[str, npt.NDArray[np.generic]] = {"keys": rows.keys, "scores": rows.scores}
+    arrays["values"] = to_float32(rows.values, meta.embedding_dtype) if float32 else rows.values
+    if rows.state is not None:
+        assert meta.optim_state_dtype is not None
+        arrays["state"] = to_float32(rows.state, meta.optim_state_dtype) if float32 else rows.state
+    if rows.admit_keys is not None and rows.admit_counts is not None:
+        arrays["admit_keys"], arrays["admit_counts"] = rows.admit_keys, rows.admit_counts
+    with open(target, "wb") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]

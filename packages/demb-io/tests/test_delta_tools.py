@@ -1,0 +1,296 @@
+"""Deltas and the offline tools: delta round trips; applying deltas one by one equals applying
+their merge; reshard W -> W' -> W keeps every key's content for every dist type; apply and
+reshard commute; the CLI, also from a plain environment with only numpy, demb-planner and
+demb-io importable."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from demb_io import (
+    Checkpoint,
+    CheckpointWriter,
+    DeltaMeta,
+    DeltaTable,
+    LayoutError,
+    ShardData,
+    ShardMeta,
+    apply_delta,
+    from_float32,
+    merge_deltas,
+    read_delta,
+    reshard,
+    write_delta,
+)
+from demb_io.cli import main
+from demb_planner import continuous_block_size, owner_rank
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+DIM, STATE = 3, 2
+STRATEGY = ("TIMESTAMP", "LFU")
+
+
+def shard_meta(rank, world, dist="roundrobin", table="t"):
+    return ShardMeta(
+        collection="ebc",
+        table=table,
+        rank=rank,
+        world_size=world,
+        dist_type=dist,
+        embedding_dtype="bfloat16",
+        embedding_dim=DIM,
+        rows=0,
+        score_strategy=STRATEGY,
+        optimizer="adagrad",
+        optim_state_dtype="float32",
+        state_width=STATE,
+        num_embeddings=1000,
+    )
+
+
+def make_checkpoint(path, keys, world=2, dist="roundrobin", seed=0, tables=("t",)):
+    rng = np.random.default_rng(seed)
+    keys = np.asarray(keys, dtype=np.int64)
+    with CheckpointWriter(path) as w:
+        for table in tables:
+            block = continuous_block_size(1000, world) if dist == "continuous" else None
+            owners = owner_rank(keys, world, dist, block)
+            for rank in range(world):
+                k = keys[owners == rank]
+                n = k.size
+                w.write_shard(
+                    shard_meta(rank, world, dist, table),
+                    [
+                        ShardData(
+                            k,
+                            from_float32(rng.standard_normal((n, DIM)), "bfloat16"),
+                            rng.integers(0, 10**6, (n, 2), dtype=np.int64),
+                            rng.standard_normal((n, STATE)).astype(np.float32),
+                        )
+                    ],
+                )
+
+
+def make_delta(keys, erased, current, seed, table="t"):
+    rng = np.random.default_rng(seed)
+    keys = np.asarray(keys, dtype=np.int64)
+    n = keys.size
+    meta = DeltaMeta(
+        collection="ebc",
+        table=table,
+        embedding_dtype="bfloat16",
+        embedding_dim=DIM,
+        score_strategy=STRATEGY,
+        current_score=current,
+        current_capacity=1024,
+        row_capacity=(1024,),
+        bucket_capacity=128,
+        world_size=2,
+        dist_type="roundrobin",
+        optim_state_dtype="float32",
+        state_width=STATE,
+        evicted_rows=0,
+        table_options={"dim": DIM, "score_strategy": list(STRATEGY)},
+    )
+    return DeltaTable(
+        meta=meta,
+        keys=keys,
+        values=from_float32(rng.standard_normal((n, DIM)), "bfloat16"),
+        scores=np.stack([rng.integers(0, 1000, n), rng.integers(0, 50, n)], 1).astype(np.int64),
+        slots=rng.integers(0, 1024, n).astype(np.int64),
+        state=rng.standard_normal((n, STATE)).astype(np.float32),
+        erased=np.asarray(erased, dtype=np.int64),
+        evicted=rng.integers(0, 1000, 2).astype(np.int64),
+    )
+
+
+def content(path):
+    """key -> (values, scores, state, rank) over every table of a checkpoint."""
+    ckpt = Checkpoint(path)
+    out = {}
+    for c in ckpt.collections():
+        for t in ckpt.tables(c):
+            for meta, chunk in ckpt.iter_table(c, t):
+                for i, k in enumerate(chunk.keys.tolist()):
+                    out[(c, t, k)] = (
+                        chunk.values[i].tobytes(),
+                        tuple(chunk.scores[i].tolist()),
+                        chunk.state[i].tobytes(),
+                        meta.rank,
+                    )
+    return out
+
+
+def without_rank(c):
+    return {k: v[:3] for k, v in c.items()}
+
+
+def test_a_delta_round_trips(tmp_path):
+    delta = [make_delta([5, 7, 9], [1, 2], 10_000, 0), make_delta([3], [], 10_000, 1, table="u")]
+    written = write_delta(tmp_path / "d", delta)
+    back = read_delta(tmp_path / "d")
+    assert [t.meta for t in back] == written
+    for a, b in zip(back, delta, strict=True):
+        for f in ("keys", "values", "scores", "slots", "state", "erased", "evicted"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sets(st.integers(0, 40), max_size=12),
+            st.sets(st.integers(0, 40), max_size=5),
+            st.integers(0, 1000),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    seed=st.integers(0, 2**31),
+)
+def test_applying_deltas_one_by_one_equals_applying_their_merge(tmp_path, steps, seed):
+    run = Path(tempfile.mkdtemp(dir=tmp_path))  # hypothesis reuses tmp_path across examples
+    make_checkpoint(run / "c0", range(0, 40, 2), seed=seed)
+    deltas, current = [], 5000
+    for i, (keys, erased, advance) in enumerate(steps):
+        current += advance
+        deltas.append([make_delta(sorted(keys), sorted(erased), current, seed + i)])
+    path = run / "c0"
+    for i, d in enumerate(deltas):
+        apply_delta(path, d, run / f"c{i + 1}")
+        path = run / f"c{i + 1}"
+    apply_delta(run / "c0", merge_deltas(deltas), run / "merged")
+    assert content(path) == content(run / "merged")
+    write_delta(run / "m", merge_deltas(deltas))  # and the merge survives the disk
+    apply_delta(run / "c0", read_delta(run / "m"), run / "merged2")
+    assert content(run / "merged2") == content(path)
+
+
+@pytest.mark.parametrize("dist", ["continuous", "roundrobin", "hash_roundrobin"])
+@pytest.mark.parametrize(("world", "other"), [(1, 3), (2, 5), (4, 2)])
+def test_reshard_there_and_back_keeps_every_key(tmp_path, dist, world, other):
+    keys = np.unique(np.random.default_rng(0).integers(-(2**40), 2**40, 300))
+    keys = np.concatenate([keys, np.arange(0, 999, 7)])  # continuous: in-range keys too
+    make_checkpoint(tmp_path / "a", np.unique(keys), world=world, dist=dist)
+    reshard(tmp_path / "a", tmp_path / "b", other, dist)
+    reshard(tmp_path / "b", tmp_path / "c", world, dist)
+    before, middle, after = (content(tmp_path / p) for p in "abc")
+    assert after == before  # same rank too
+    assert without_rank(middle) == without_rank(before)
+    block = continuous_block_size(1000, other) if dist == "continuous" else None
+    for (_, _, key), value in middle.items():
+        assert value[3] == owner_rank(np.array([key]), other, dist, block)[0]
+
+
+def test_apply_and_reshard_commute(tmp_path):
+    make_checkpoint(tmp_path / "c", range(0, 60, 3), world=2, dist="hash_roundrobin")
+    delta = [make_delta([1, 3, 4, 100], [6, 9], 7000, 3)]
+    apply_delta(tmp_path / "c", delta, tmp_path / "applied")
+    reshard(tmp_path / "applied", tmp_path / "applied_resharded", 3, "hash_roundrobin")
+    reshard(tmp_path / "c", tmp_path / "resharded", 3, "hash_roundrobin")
+    apply_delta(tmp_path / "resharded", delta, tmp_path / "resharded_applied")
+    assert content(tmp_path / "applied_resharded") == content(tmp_path / "resharded_applied")
+
+
+def test_apply_turns_ages_back_into_scores_and_keeps_other_columns(tmp_path):
+    make_checkpoint(tmp_path / "c", [2, 4], world=1)
+    delta = make_delta([4, 8], [2], 9000, 0)
+    apply_delta(tmp_path / "c", [delta], tmp_path / "out")
+    got = content(tmp_path / "out")
+    assert sorted(k for _, _, k in got) == [4, 8]
+    for i, key in enumerate([4, 8]):
+        assert got[("ebc", "t", key)][1] == (
+            9000 - int(delta.scores[i, 0]),
+            int(delta.scores[i, 1]),
+        )
+
+
+def test_layouts_that_differ_are_named(tmp_path):
+    make_checkpoint(tmp_path / "c", [1, 2], world=1)
+    bad = make_delta([1], [], 10, 0)
+    bad = dataclasses.replace(
+        bad, meta=dataclasses.replace(bad.meta, embedding_dim=4), values=np.zeros((1, 4), np.uint16)
+    )
+    with pytest.raises(LayoutError, match=r"ebc/t: embedding_dim is 3 in the checkpoint, 4"):
+        apply_delta(tmp_path / "c", [bad], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    moved = make_delta([1], [], 10, 0)
+    moved = dataclasses.replace(moved, meta=dataclasses.replace(moved.meta, current_capacity=2048))
+    with pytest.raises(LayoutError, match="ebc/t: current_capacity differs between deltas"):
+        merge_deltas([[make_delta([1], [], 5, 0)], [moved]])
+    with pytest.warns(UserWarning, match="delta table ebc/x is not in"):
+        apply_delta(tmp_path / "c", [make_delta([1], [], 10, 0, table="x")], tmp_path / "out2")
+
+
+def test_cli_commands(tmp_path, capsys):
+    make_checkpoint(tmp_path / "c", range(10), world=2, tables=("t", "u"))
+    write_delta(tmp_path / "d1", [make_delta([1, 50], [2], 100, 0)])
+    write_delta(tmp_path / "d2", [make_delta([50, 60], [], 200, 1)])
+    assert main(["inspect", str(tmp_path / "c")]) == 0
+    assert "ebc/u" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "c")]) == 0
+    assert main(["merge", str(tmp_path / "m"), str(tmp_path / "d1"), str(tmp_path / "d2")]) == 0
+    assert main(["inspect", str(tmp_path / "m")]) == 0
+    assert main(["apply", str(tmp_path / "c"), str(tmp_path / "m"), str(tmp_path / "c2")]) == 0
+    assert (
+        main(
+            [
+                "reshard",
+                str(tmp_path / "c2"),
+                str(tmp_path / "c3"),
+                "--world-size",
+                "3",
+                "--dist-type",
+                "hash_roundrobin",
+            ]
+        )
+        == 0
+    )
+    assert main(["export", str(tmp_path / "c3"), "ebc", "t", str(tmp_path / "t.npz")]) == 0
+    with np.load(tmp_path / "t.npz") as npz:
+        assert sorted(npz["keys"].tolist()) == [0, 1, 3, 4, 5, 6, 7, 8, 9, 50, 60]
+        assert npz["values"].dtype == np.float32
+    capsys.readouterr()
+    (tmp_path / "c3" / "ebc" / "t.rank1-of-3.values").write_bytes(b"\x00")
+    assert main(["verify", str(tmp_path / "c3")]) == 2
+    err = capsys.readouterr().err
+    assert "t.rank1-of-3.values [values]" in err
+
+
+def test_the_cli_runs_with_only_numpy_demb_planner_and_demb_io(tmp_path):
+    """A plain environment: no site-packages, only the three packages importable (linked into
+    one folder); every subcommand's help and a verify run, and torch never imported."""
+    import demb_io
+    import demb_planner
+
+    plain = tmp_path / "site"
+    plain.mkdir()
+    for module in (np, demb_io, demb_planner):
+        os.symlink(Path(module.__file__).parent, plain / module.__name__)
+    make_checkpoint(tmp_path / "c", range(5), world=1)
+    code = (
+        "import sys; sys.path[:0] = [sys.argv[1]]; from demb_io.cli import main\n"
+        "try:\n    rc = main(sys.argv[2:])\nexcept SystemExit as done:\n    rc = done.code\n"
+        "assert 'torch' not in sys.modules\nsys.exit(rc)"
+    )
+    base = [sys.executable, "-S", "-s", "-c", code, str(plain)]
+    ok = subprocess.run(
+        [*base, "verify", str(tmp_path / "c")], capture_output=True, text=True, check=False
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "ok: checkpoint" in ok.stdout
+    for command in ("", "inspect", "verify", "merge", "apply", "reshard", "export"):
+        args = [command, "--help"] if command else ["--help"]
+        done = subprocess.run([*base, *args], capture_output=True, text=True, check=False)
+        assert done.returncode == 0, (command, done.stderr)
+        assert "usage: demb-io" in done.stdout
