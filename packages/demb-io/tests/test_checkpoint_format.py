@@ -327,3 +327,18 @@ def test_fresh_meta_round_trips_through_json(tmp_path):
     assert written.rows == 0
     assert written.admission_rows == 0
     assert read_meta(path / "ebc" / f"{meta.stem}.meta.json") == written
+
+
+def test_an_expected_precision_converts_with_a_warning_and_a_wrong_dim_is_an_error(tmp_path):
+    path = tmp_path / "c"
+    data = write_one(path, dtype="float16", state=2)
+    with pytest.warns(UserWarning, match=r"t\.rank0-of-1\.meta\.json: rows stored as float16, "):
+        got = Checkpoint(path).read_table("ebc", "t", expect_dtype="bfloat16", expect_dim=4)
+    want = from_float32(to_float32(data.values, "float16"), "bfloat16")
+    np.testing.assert_array_equal(got.values, want)
+    assert got.state is not None
+    assert got.state.dtype == np.uint16
+    with pytest.raises(FormatError, match=r"\[embedding_dim\]: 4 stored, 8 expected"):
+        Checkpoint(path).read_table("ebc", "t", expect_dim=8)
+    same = Checkpoint(path).read_table("ebc", "t", expect_dtype="float16")  # no warning
+    np.testing.assert_array_equal(same.values, data.values)

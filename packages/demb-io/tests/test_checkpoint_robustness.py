@@ -1,6 +1,6 @@
-"""Robustness of the checkpoint reader and writer: 10,000 mutated or truncated inputs never end
-in anything but a FormatError naming a file, and a writer killed with SIGKILL mid-checkpoint
-leaves the previous checkpoint loadable and verified."""
+"""Robustness of the readers and the writer: 10,000 mutated or truncated checkpoints and 10,000
+deltas never end in anything but a FormatError naming a file, and a writer killed with SIGKILL
+mid-checkpoint leaves the previous checkpoint loadable and verified."""
 
 from __future__ import annotations
 
@@ -11,11 +11,22 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from demb_io import Checkpoint, CheckpointWriter, FormatError, ShardData, ShardMeta
+from demb_io import (
+    Checkpoint,
+    CheckpointWriter,
+    DeltaMeta,
+    DeltaTable,
+    FormatError,
+    ShardData,
+    ShardMeta,
+    read_delta,
+    write_delta,
+)
 
 MUTATIONS = 10_000
 
@@ -96,12 +107,54 @@ def read_all(path: Path) -> FormatError | None:
     return None
 
 
-def test_ten_thousand_mutated_inputs_raise_only_format_errors(tmp_path):
-    path = tmp_path / "c"
-    small_checkpoint(path)
+def small_delta(path: Path) -> None:
+    rng = np.random.default_rng(1)
+    meta = DeltaMeta(
+        collection="ebc",
+        table="t",
+        embedding_dtype="float16",
+        embedding_dim=2,
+        score_strategy=("TIMESTAMP",),
+        current_score=99,
+        current_capacity=256,
+        row_capacity=(256,),
+        bucket_capacity=128,
+        world_size=2,
+        dist_type="roundrobin",
+        optim_state_dtype="float16",
+        state_width=1,
+        evicted_rows=0,
+    )
+    write_delta(
+        path,
+        [
+            DeltaTable(
+                meta,
+                np.arange(5, dtype=np.int64),
+                rng.standard_normal((5, 2)).astype(np.float16),
+                np.arange(5, dtype=np.int64)[:, None],
+                np.arange(5, dtype=np.int64),
+                rng.standard_normal((5, 1)).astype(np.float16),
+                np.array([9], dtype=np.int64),
+                np.array([11, 12], dtype=np.int64),
+            )
+        ],
+    )
+
+
+def read_delta_error(path: Path) -> FormatError | None:
+    try:
+        read_delta(path)
+    except FormatError as err:
+        return err
+    return None
+
+
+def fuzz(path: Path, read: Callable[[Path], FormatError | None], seed: int) -> dict[str, int]:
+    """MUTATIONS single mutations of the files under ``path``, each undone after its read."""
     files = sorted(p for p in path.rglob("*") if p.is_file())
     original = {p: p.read_bytes() for p in files}
-    rnd = random.Random(0)
+    rnd = random.Random(seed)
     outcomes = {"format_error": 0, "read": 0}
     for _ in range(MUTATIONS):
         victim = rnd.choice(files)
@@ -111,7 +164,7 @@ def test_ten_thousand_mutated_inputs_raise_only_format_errors(tmp_path):
         else:
             mutated = mutate_bytes(blob, rnd)
         victim.write_bytes(mutated)
-        error = read_all(path)
+        error = read(path)
         if error is None:
             outcomes["read"] += 1
             # a changed data file never reads back (CRC-32s and sizes); the marker and the
@@ -124,7 +177,18 @@ def test_ten_thousand_mutated_inputs_raise_only_format_errors(tmp_path):
         victim.write_bytes(blob)
     assert sum(outcomes.values()) == MUTATIONS
     assert outcomes["format_error"] > MUTATIONS // 2
-    print(f"{MUTATIONS} mutated inputs: {outcomes}")
+    return outcomes
+
+
+def test_ten_thousand_mutated_deltas_raise_only_format_errors(tmp_path):
+    small_delta(tmp_path / "d")
+    print(f"{MUTATIONS} mutated deltas: {fuzz(tmp_path / 'd', read_delta_error, 1)}")
+
+
+def test_ten_thousand_mutated_inputs_raise_only_format_errors(tmp_path):
+    path = tmp_path / "c"
+    small_checkpoint(path)
+    print(f"{MUTATIONS} mutated checkpoints: {fuzz(path, read_all, 0)}")
 
 
 _KILLED_WRITER = """

@@ -27,6 +27,7 @@ from demb_io import (
     merge_deltas,
     read_delta,
     reshard,
+    to_float32,
     write_delta,
 )
 from demb_io.cli import main
@@ -192,12 +193,13 @@ def test_reshard_there_and_back_keeps_every_key(tmp_path, dist, world, other):
         assert value[3] == owner_rank(np.array([key]), other, dist, block)[0]
 
 
-def test_apply_and_reshard_commute(tmp_path):
-    make_checkpoint(tmp_path / "c", range(0, 60, 3), world=2, dist="hash_roundrobin")
-    delta = [make_delta([1, 3, 4, 100], [6, 9], 7000, 3)]
+@pytest.mark.parametrize("dist", ["continuous", "roundrobin", "hash_roundrobin"])
+def test_apply_and_reshard_commute(tmp_path, dist):
+    make_checkpoint(tmp_path / "c", range(0, 60, 3), world=2, dist=dist)
+    delta = [make_delta([1, 3, 4, 100, 2000], [6, 9], 7000, 3)]
     apply_delta(tmp_path / "c", delta, tmp_path / "applied")
-    reshard(tmp_path / "applied", tmp_path / "applied_resharded", 3, "hash_roundrobin")
-    reshard(tmp_path / "c", tmp_path / "resharded", 3, "hash_roundrobin")
+    reshard(tmp_path / "applied", tmp_path / "applied_resharded", 3, dist)
+    reshard(tmp_path / "c", tmp_path / "resharded", 3, dist)
     apply_delta(tmp_path / "resharded", delta, tmp_path / "resharded_applied")
     assert content(tmp_path / "applied_resharded") == content(tmp_path / "resharded_applied")
 
@@ -294,3 +296,28 @@ def test_the_cli_runs_with_only_numpy_demb_planner_and_demb_io(tmp_path):
         done = subprocess.run([*base, *args], capture_output=True, text=True, check=False)
         assert done.returncode == 0, (command, done.stderr)
         assert "usage: demb-io" in done.stdout
+
+
+def test_export_to_parquet(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    make_checkpoint(tmp_path / "c", range(7), world=2)
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "c"),
+                "ebc",
+                "t",
+                str(tmp_path / "t.parquet"),
+                "--format",
+                "parquet",
+            ]
+        )
+        == 0
+    )
+    got = pq.read_table(tmp_path / "t.parquet").to_pydict()
+    rows = Checkpoint(tmp_path / "c").read_table("ebc", "t")
+    assert got["key"] == rows.keys.tolist()
+    assert got["values"] == to_float32(rows.values, "bfloat16").tolist()
+    assert got["scores"] == rows.scores.tolist()
+    assert got["state"] == rows.state.tolist()

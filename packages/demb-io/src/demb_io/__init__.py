@@ -21,7 +21,7 @@ from demb_io.meta import (
     shard_stem,
 )
 from demb_io.shard import ShardData, iter_shard, read_shard, write_shard
-from demb_io.tools import apply_delta, export_npz, merge_deltas, reshard
+from demb_io.tools import apply_delta, export_npz, export_parquet, merge_deltas, reshard
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -43,6 +43,7 @@ __all__ = [
     "apply_delta",
     "commit_directory",
     "export_npz",
+    "export_parquet",
     "from_float32",
     "itemsize",
     "iter_shard",

@@ -179,10 +179,22 @@ class Checkpoint:
         """The tables of a collection, sorted."""
         return sorted({m.table for m in self.shards(collection)})
 
-    def read_table(self, collection: str, table: str, *, verify: bool = True) -> ShardData:
-        """All of a table's rows, every rank's shard concatenated in rank order."""
+    def read_table(
+        self,
+        collection: str,
+        table: str,
+        *,
+        verify: bool = True,
+        expect_dtype: str | None = None,
+        expect_dim: int | None = None,
+    ) -> ShardData:
+        """All of a table's rows, every rank's shard concatenated in rank order
+        (``expect_dtype`` / ``expect_dim``: see :func:`demb_io.iter_shard`)."""
         folder = self.path / collection
-        parts = [read_shard(folder, m, verify=verify) for m in self.shards(collection, table)]
+        parts = [
+            read_shard(folder, m, verify=verify, expect_dtype=expect_dtype, expect_dim=expect_dim)
+            for m in self.shards(collection, table)
+        ]
         return _concat(parts)
 
     def iter_table(

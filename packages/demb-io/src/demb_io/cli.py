@@ -14,7 +14,7 @@ from pathlib import Path
 from demb_io._errors import IoError
 from demb_io.checkpoint import Checkpoint
 from demb_io.delta import read_delta, write_delta
-from demb_io.tools import apply_delta, export_npz, merge_deltas, reshard
+from demb_io.tools import apply_delta, export_npz, export_parquet, merge_deltas, reshard
 
 __all__ = ["main"]
 
@@ -95,7 +95,8 @@ def _reshard(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    export_npz(args.checkpoint, args.collection, args.table, args.out, float32=not args.raw)
+    export = export_parquet if args.format == "parquet" else export_npz
+    export(args.checkpoint, args.collection, args.table, args.out, float32=not args.raw)
     print(f"wrote {args.out}")
 
 
@@ -126,12 +127,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--num-embeddings", type=int, default=None)
     p.set_defaults(run=_reshard)
-    p = sub.add_parser("export", help="export a table to .npz")
+    p = sub.add_parser("export", help="export a table to .npz (or parquet)")
     p.add_argument("checkpoint")
     p.add_argument("collection")
     p.add_argument("table")
     p.add_argument("out")
     p.add_argument("--raw", action="store_true", help="values as stored (bf16 as uint16 words)")
+    p.add_argument(
+        "--format", choices=["npz", "parquet"], default="npz", help="parquet needs pyarrow"
+    )
     p.set_defaults(run=_export)
     return parser
 
@@ -141,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         args.run(args)
-    except (IoError, ValueError, OSError) as err:
+    except (IoError, ValueError, OSError, ImportError) as err:
         print(f"demb-io {args.command}: {err}", file=sys.stderr)
         return 2
     return 0

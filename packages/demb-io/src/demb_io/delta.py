@@ -22,7 +22,7 @@ from demb_io._errors import FormatError
 from demb_io._files import PartWriter, file_crc32, read_rows
 from demb_io.checkpoint import commit_directory
 from demb_io.dtypes import DTYPES, storage_dtype
-from demb_io.meta import FORMAT_VERSION, FileEntry, _count, _field
+from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field
 
 __all__ = ["DELTA_FORMAT", "DeltaMeta", "DeltaTable", "read_delta", "write_delta"]
 
@@ -217,6 +217,9 @@ def _read_delta_meta(path: Path) -> DeltaMeta:
     state_dtype = _field(d, path, "optim_state_dtype", (str, type(None)), None)
     if state_width and state_dtype not in DTYPES:
         raise FormatError(path, "optim_state_dtype", f"{state_dtype!r} is not one of {DTYPES}")
+    dist_type = _field(d, path, "dist_type", str)
+    if dist_type not in DIST_TYPES:
+        raise FormatError(path, "dist_type", f"{dist_type!r} is not one of {DIST_TYPES}")
     evicted = d.get("evicted_rows")
     files = {}
     for part, entry in _field(d, path, "files", dict).items():
@@ -238,7 +241,7 @@ def _read_delta_meta(path: Path) -> DeltaMeta:
         row_capacity=tuple(row_capacity),
         bucket_capacity=_count(d, path, "bucket_capacity", 1),
         world_size=_count(d, path, "world_size", 1),
-        dist_type=_field(d, path, "dist_type", str),
+        dist_type=dist_type,
         optim_state_dtype=state_dtype if state_width else None,
         state_width=state_width,
         rows=_count(d, path, "rows"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ import numpy.typing as npt
 
 from demb_io._errors import FormatError
 from demb_io._files import PartWriter, file_crc32, read_rows
-from demb_io.dtypes import storage_dtype
+from demb_io.dtypes import from_float32, storage_dtype, to_float32
 from demb_io.meta import ShardMeta, read_meta
 
 __all__ = ["ShardData", "iter_shard", "read_shard", "write_shard"]
@@ -199,6 +200,8 @@ def iter_shard(
     *,
     verify: bool = True,
     reuse: bool = False,
+    expect_dtype: str | None = None,
+    expect_dim: int | None = None,
 ) -> Iterator[ShardData]:
     """The shard's rows in chunks of at most ``chunk_rows`` (memory: one chunk). Sizes are
     checked against the meta (and CRC-32s when ``verify``) before the first chunk.
@@ -211,9 +214,14 @@ def iter_shard(
         reuse: read every chunk into the same buffers (a chunk's arrays are then valid until
             the next chunk is asked for): no fresh memory per chunk, which a large read would
             otherwise spend its time faulting in.
+        expect_dtype: the precision the reader holds rows at: values (and state) stored at
+            another one are converted to it (through float32, rounding to nearest even), with
+            a warning naming the shard.
+        expect_dim: the embedding width the reader expects; another one is an error.
 
     Raises:
-        FormatError: a missing, truncated or corrupted file, naming it and the part.
+        FormatError: a missing, truncated or corrupted file, naming it and the part; a stored
+            ``embedding_dim`` other than ``expect_dim``.
     """
     directory = Path(directory)
     if not isinstance(meta, ShardMeta):
@@ -222,6 +230,7 @@ def iter_shard(
         raise ValueError(f"chunk_rows={chunk_rows}: must be >= 1")
     meta = _resolve(directory, meta)
     _check_sizes(directory, meta, verify)
+    convert = _expectations(directory, meta, expect_dtype, expect_dim)
     widths = _widths(meta)
     admit_keys: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=_KEY)
     admit_counts: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=_KEY)
@@ -243,6 +252,11 @@ def iter_shard(
             for part, (w, dt) in widths.items()
         }
         admission = first and meta.admission_rows is not None
+        if convert is not None:
+            arrays["values"] = _convert(arrays["values"], meta.embedding_dtype, convert)
+            if "state" in arrays and meta.optim_state_dtype != convert:
+                assert meta.optim_state_dtype is not None
+                arrays["state"] = _convert(arrays["state"], meta.optim_state_dtype, convert)
         yield ShardData(
             keys=arrays["keys"].reshape(count).astype(np.int64, copy=False),
             values=arrays["values"],
@@ -257,9 +271,48 @@ def iter_shard(
 
 
 def read_shard(
-    directory: str | Path, meta: ShardMeta | str | Path, *, verify: bool = True
+    directory: str | Path,
+    meta: ShardMeta | str | Path,
+    *,
+    verify: bool = True,
+    expect_dtype: str | None = None,
+    expect_dim: int | None = None,
 ) -> ShardData:
     """The whole shard (see :func:`iter_shard`)."""
-    directory = Path(directory)
-    chunks = list(iter_shard(directory, meta, chunk_rows=1 << 62, verify=verify))
-    return chunks[0]
+    chunks = iter_shard(
+        directory,
+        meta,
+        chunk_rows=1 << 62,
+        verify=verify,
+        expect_dtype=expect_dtype,
+        expect_dim=expect_dim,
+    )
+    return next(iter(chunks))
+
+
+def _expectations(
+    directory: Path, meta: ShardMeta, dtype: str | None, dim: int | None
+) -> str | None:
+    """Check ``dim``; return the dtype to convert rows to (None: as stored), warning once."""
+    meta_path = directory / f"{meta.stem}.meta.json"
+    if dim is not None and meta.embedding_dim != dim:
+        raise FormatError(
+            meta_path, "embedding_dim", f"{meta.embedding_dim} stored, {dim} expected"
+        )
+    if dtype is None:
+        return None
+    storage_dtype(dtype)  # a known name, or ValueError
+    stored = {meta.embedding_dtype}
+    if meta.state_width and meta.optim_state_dtype is not None:
+        stored.add(meta.optim_state_dtype)
+    if stored == {dtype}:
+        return None
+    warnings.warn(
+        f"{meta_path}: rows stored as {' / '.join(sorted(stored))}, converted to {dtype}",
+        stacklevel=3,
+    )
+    return dtype
+
+
+def _convert(array: npt.NDArray[np.generic], stored: str, wanted: str) -> npt.NDArray[np.generic]:
+    return array if stored == wanted else from_float32(to_float32(array, stored), wanted)

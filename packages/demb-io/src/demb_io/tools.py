@@ -21,7 +21,7 @@ from demb_io.dtypes import to_float32
 from demb_io.meta import ShardMeta
 from demb_io.shard import ShardData
 
-__all__ = ["apply_delta", "export_npz", "merge_deltas", "reshard"]
+__all__ = ["apply_delta", "export_npz", "export_parquet", "merge_deltas", "reshard"]
 
 _TIMESTAMP = "TIMESTAMP"
 
@@ -249,12 +249,10 @@ def _upsert(rows: ShardData, delta: DeltaTable) -> ShardData:
     )
 
 
-def export_npz(
-    source: str | Path, collection: str, table: str, target: str | Path, *, float32: bool = True
-) -> None:
-    """Save a table's rows (every rank) as an ``.npz``: ``keys``, ``values`` (float32, or the
-    stored words with ``float32=False``), ``scores``, and ``state`` / ``admit_keys`` /
-    ``admit_counts`` when present."""
+def _export_arrays(
+    source: str | Path, collection: str, table: str, float32: bool
+) -> dict[str, npt.NDArray[np.generic]]:
+    """A table's rows (every rank) as named arrays; values and state as float32 or as stored."""
     ckpt = Checkpoint(source)
     meta = ckpt.shards(collection, table)[0]
     rows = ckpt.read_table(collection, table)
@@ -265,5 +263,45 @@ def export_npz(
         arrays["state"] = to_float32(rows.state, meta.optim_state_dtype) if float32 else rows.state
     if rows.admit_keys is not None and rows.admit_counts is not None:
         arrays["admit_keys"], arrays["admit_counts"] = rows.admit_keys, rows.admit_counts
+    return arrays
+
+
+def export_npz(
+    source: str | Path, collection: str, table: str, target: str | Path, *, float32: bool = True
+) -> None:
+    """Save a table's rows (every rank) as an ``.npz``: ``keys``, ``values`` (float32, or the
+    stored words with ``float32=False``), ``scores``, and ``state`` / ``admit_keys`` /
+    ``admit_counts`` when present."""
+    arrays = _export_arrays(source, collection, table, float32)
     with open(target, "wb") as f:
         np.savez(f, **arrays)  # type: ignore[arg-type]
+
+
+def export_parquet(
+    source: str | Path, collection: str, table: str, target: str | Path, *, float32: bool = True
+) -> None:
+    """Save a table's rows (every rank) as a Parquet file, one row per key: ``key``, ``values``
+    (a fixed-size list of float32, or of the stored words with ``float32=False``), ``scores``
+    (a list of int64), and ``state`` when present. Needs the ``parquet`` extra (pyarrow).
+
+    Raises:
+        ImportError: pyarrow is not installed (``pip install demb-io[parquet]``).
+    """
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise ImportError(
+            "export to parquet needs pyarrow: pip install 'demb-io[parquet]'"
+        ) from err
+    arrays = _export_arrays(source, collection, table, float32)
+
+    def rows_of(a: npt.NDArray[np.generic]) -> object:
+        flat = pa.array(np.ascontiguousarray(a).reshape(-1))
+        return pa.FixedSizeListArray.from_arrays(flat, a.shape[1])
+
+    columns = {"key": pa.array(arrays["keys"])}
+    for name in ("values", "scores", "state"):
+        if name in arrays:
+            columns[name] = rows_of(arrays[name])
+    pq.write_table(pa.table(columns), str(target))
