@@ -342,3 +342,26 @@ def test_an_expected_precision_converts_with_a_warning_and_a_wrong_dim_is_an_err
         Checkpoint(path).read_table("ebc", "t", expect_dim=8)
     same = Checkpoint(path).read_table("ebc", "t", expect_dtype="float16")  # no warning
     np.testing.assert_array_equal(same.values, data.values)
+
+
+def test_checksums_per_block_across_chunk_boundaries(tmp_path, monkeypatch):
+    """Blocks of 1,000 bytes (the format's are 64 MiB) cut across chunks of odd sizes: every
+    block's CRC-32 is right, and a flipped byte is reported in its block."""
+    import demb_io._files
+    import demb_io.meta
+
+    monkeypatch.setattr(demb_io._files, "CRC_BLOCK", 1000)
+    monkeypatch.setattr(demb_io.meta, "CRC_BLOCK", 1000)
+    meta = make_meta(dim=5)
+    data = make_rows(meta, 401, np.random.default_rng(3))
+    with CheckpointWriter(tmp_path / "c") as w:
+        written = w.write_shard(meta, split(data, [7, 150, 151, 390]))
+    assert written.files["values"].bytes == 401 * 5 * 4
+    assert len(written.files["values"].crc32) == 9  # 8,020 bytes
+    assert_same(Checkpoint(tmp_path / "c").read_table("ebc", "t"), data)
+    values = tmp_path / "c" / "ebc" / "t.rank0-of-1.values"
+    blob = bytearray(values.read_bytes())
+    blob[2500] ^= 1
+    values.write_bytes(bytes(blob))
+    with pytest.raises(FormatError, match=r"\[values\]: CRC-32 of block 2 is"):
+        Checkpoint(tmp_path / "c").read_table("ebc", "t")

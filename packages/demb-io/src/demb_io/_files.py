@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -12,45 +13,57 @@ import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError
-from demb_io.meta import FileEntry
+from demb_io.meta import CRC_BLOCK, FileEntry
 
-__all__ = ["PartWriter", "file_crc32", "read_rows"]
-
-_READ_BLOCK = 1 << 24  # bytes per read while checking a CRC
+__all__ = ["PartWriter", "check_crcs", "read_rows"]
 
 
 class PartWriter:
-    """Appends arrays to one file, counting bytes and the CRC-32 as it goes. The CRC of a block
-    is computed on a worker thread while the block is written (both release the GIL), in
-    order, so checksumming costs no time beside the write."""
+    """Appends arrays to one file, counting bytes and the CRC-32 of each :data:`CRC_BLOCK`
+    bytes as it goes. The CRCs are computed on a worker thread while the blocks are written
+    (both release the GIL), in order, so checksumming costs no time beside the write."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.file: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed in close())
         self.bytes = 0
-        self.crc = 0
+        self.crcs: list[int] = []
+        self._crc = 0  # of the block being filled (worker thread)
+        self._fill = 0  # its bytes so far (this thread)
         self._crc_worker = ThreadPoolExecutor(max_workers=1)  # one worker: CRCs in order
         self._pending: list[Future[None]] = []
 
-    def _add_crc(self, data: memoryview) -> None:
-        self.crc = zlib.crc32(data, self.crc)
+    def _add_crc(self, data: memoryview, closes_block: bool) -> None:
+        self._crc = zlib.crc32(data, self._crc)
+        if closes_block:
+            self.crcs.append(self._crc)
+            self._crc = 0
 
     def write(self, array: npt.NDArray[np.generic]) -> None:
         data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
-        self._pending.append(self._crc_worker.submit(self._add_crc, data))
+        view = data
+        while len(view):
+            take = min(len(view), CRC_BLOCK - self._fill)
+            self._fill = (self._fill + take) % CRC_BLOCK
+            self._pending.append(
+                self._crc_worker.submit(self._add_crc, view[:take], not self._fill)
+            )
+            view = view[take:]
         self.file.write(data)
         self.bytes += len(data)
-        if len(self._pending) > 2:  # bounded: the blocks in flight stay referenced until done
+        while len(self._pending) > 4:  # bounded: the blocks in flight stay referenced until done
             self._pending.pop(0).result()
 
     def close(self) -> FileEntry:
         for pending in self._pending:
             pending.result()
         self._crc_worker.shutdown()
+        if self._fill:
+            self.crcs.append(self._crc)
         self.file.flush()
         os.fsync(self.file.fileno())
         self.file.close()
-        return FileEntry(self.path.name, self.bytes, self.crc)
+        return FileEntry(self.path.name, self.bytes, tuple(self.crcs))
 
 
 def read_rows(
@@ -72,10 +85,41 @@ def read_rows(
     return array
 
 
-def file_crc32(path: Path) -> int:
-    """The CRC-32 of a whole file, read in blocks."""
-    crc = 0
-    with open(path, "rb") as f:
-        while block := f.read(_READ_BLOCK):
-            crc = zlib.crc32(block, crc)
-    return crc
+_BUFFERS = threading.local()  # one block buffer per checking thread, reused
+
+
+def _block_crc(path: Path, start: int, size: int) -> int:
+    buffer = getattr(_BUFFERS, "block", None)
+    if buffer is None or len(buffer) < CRC_BLOCK:
+        buffer = _BUFFERS.block = bytearray(CRC_BLOCK)
+    view = memoryview(buffer)[: min(CRC_BLOCK, size - start)]
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start)
+        got = f.readinto(view)
+    return zlib.crc32(view[:got])
+
+
+def check_crcs(path: Path, part: str, entry: FileEntry) -> None:
+    """Check a file's blocks against ``entry.crc32``, several blocks at once (one per CPU; each
+    worker holds one block in memory).
+
+    Raises:
+        FormatError: the first block whose CRC-32 differs, naming the file and the part.
+    """
+    if entry.crc32 is None:
+        return
+    size = path.stat().st_size
+    starts = range(0, size, CRC_BLOCK)
+    workers = min(len(starts), os.cpu_count() or 1)
+    if workers <= 1:
+        crcs = [_block_crc(path, start, size) for start in starts]
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            crcs = list(pool.map(lambda start: _block_crc(path, start, size), starts))
+    for i, (got, want) in enumerate(zip(crcs, entry.crc32, strict=False)):
+        if got != want:
+            raise FormatError(
+                path, part, f"CRC-32 of block {i} is {got:#010x}, the meta says {want:#010x}"
+            )
+    if len(crcs) != len(entry.crc32):
+        raise FormatError(path, part, f"{len(crcs)} blocks, the meta lists {len(entry.crc32)}")

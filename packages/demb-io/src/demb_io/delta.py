@@ -19,10 +19,10 @@ import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError
-from demb_io._files import PartWriter, file_crc32, read_rows
+from demb_io._files import PartWriter, check_crcs, read_rows
 from demb_io.checkpoint import commit_directory
 from demb_io.dtypes import DTYPES, storage_dtype
-from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field
+from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field, file_entry
 
 __all__ = ["DELTA_FORMAT", "DeltaMeta", "DeltaTable", "read_delta", "write_delta"]
 
@@ -225,10 +225,7 @@ def _read_delta_meta(path: Path) -> DeltaMeta:
     for part, entry in _field(d, path, "files", dict).items():
         if part not in _PARTS or not isinstance(entry, dict):
             raise FormatError(path, f"files.{part}", "not a part of a delta table")
-        name = _field(entry, path, "name", str)
-        if "/" in name or name in ("", ".", ".."):
-            raise FormatError(path, f"files.{part}.name", f"not a plain file name: {name!r}")
-        files[part] = FileEntry(name, _count(entry, path, "bytes"), _count(entry, path, "crc32"))
+        files[part] = file_entry(entry, path, part)
     current = _field(d, path, "current_score", int)
     return DeltaMeta(
         collection=_field(d, path, "collection", str),
@@ -281,8 +278,8 @@ def _read_table(folder: Path, meta_path: Path, verify: bool) -> DeltaTable:
             raise FormatError(
                 file, part, f"{actual} bytes on disk, {entry.bytes} in the meta, {size} expected"
             )
-        if verify and file_crc32(file) != entry.crc32:
-            raise FormatError(file, part, "CRC-32 differs from the meta's")
+        if verify:
+            check_crcs(file, part, entry)
         arrays[part] = read_rows(file, 0, rows, width, dtype)
     return DeltaTable(
         meta=m,

@@ -16,6 +16,7 @@ from demb_io.dtypes import DTYPES
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "CRC_BLOCK",
     "FORMAT_VERSION",
     "PARTS",
     "FileEntry",
@@ -39,14 +40,19 @@ def shard_stem(table: str, rank: int, world_size: int) -> str:
     return f"{table}.rank{rank}-of-{world_size}"
 
 
+CRC_BLOCK = 1 << 26
+"""Bytes per checksummed block: a file's ``crc32`` lists the CRC-32 of each 64 MiB block (the
+last one shorter), so a reader checks the blocks in parallel."""
+
+
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a shard: its name (in the collection's folder), size and CRC-32 (both None in
-    a legacy meta, which records neither)."""
+    """One file of a shard: its name (in the collection's folder), size and the CRC-32 of each
+    :data:`CRC_BLOCK` bytes (both None in a legacy meta, which records neither)."""
 
     name: str
     bytes: int | None
-    crc32: int | None
+    crc32: tuple[int, ...] | None
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,22 @@ def _count(d: dict[str, Any], path: Path, name: str, low: int = 0) -> int:
     return value
 
 
+def file_entry(entry: dict[str, Any], path: Path, part: str) -> FileEntry:
+    """A ``files`` entry of a meta JSON, validated: a plain name, a size, one CRC-32 per block."""
+    name = _field(entry, path, "name", str)
+    if "/" in name or name in ("", ".", ".."):
+        raise FormatError(path, f"files.{part}.name", f"not a plain file name: {name!r}")
+    size = _count(entry, path, "bytes")
+    crcs = _field(entry, path, "crc32", list)
+    blocks = -(-size // CRC_BLOCK)
+    valid = all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**32 for c in crcs)
+    if not valid or len(crcs) != blocks:
+        raise FormatError(
+            path, f"files.{part}.crc32", f"expected {blocks} CRC-32s (one per block), got {crcs!r}"
+        )
+    return FileEntry(name, size, tuple(crcs))
+
+
 def _legacy_files(path: Path, stem: str) -> dict[str, FileEntry]:
     """A legacy meta's files: the standard names that exist beside it, sizes and CRCs unknown."""
     files = {}
@@ -155,10 +177,7 @@ def _files(d: dict[str, Any], path: Path, legacy_stem: str | None) -> dict[str, 
             raise FormatError(path, f"files.{part}", f"not a part of a shard ({', '.join(PARTS)})")
         if not isinstance(entry, dict):
             raise FormatError(path, f"files.{part}", f"expected an object, got {entry!r}")
-        name = _field(entry, path, "name", str)
-        if "/" in name or name in ("", ".", ".."):
-            raise FormatError(path, f"files.{part}.name", f"not a plain file name: {name!r}")
-        files[part] = FileEntry(name, _count(entry, path, "bytes"), _count(entry, path, "crc32"))
+        files[part] = file_entry(entry, path, part)
     for part in ("keys", "values", "scores"):
         if part not in files and not (legacy_stem is not None and part == "scores"):
             raise FormatError(path, f"files.{part}", "missing")

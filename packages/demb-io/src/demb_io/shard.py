@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError
-from demb_io._files import PartWriter, file_crc32, read_rows
+from demb_io._files import PartWriter, check_crcs, read_rows
 from demb_io.dtypes import from_float32, storage_dtype, to_float32
 from demb_io.meta import ShardMeta, read_meta
 
@@ -186,11 +186,7 @@ def _check_sizes(directory: Path, meta: ShardMeta, verify: bool) -> None:
                 path, part, f"{actual} bytes on disk, {entry.bytes} in the meta, {size} expected"
             )
         if verify and entry.crc32 is not None:
-            crc = file_crc32(path)
-            if crc != entry.crc32:
-                raise FormatError(
-                    path, part, f"CRC-32 {crc:#010x}, the meta says {entry.crc32:#010x}"
-                )
+            check_crcs(path, part, entry)
 
 
 def iter_shard(
