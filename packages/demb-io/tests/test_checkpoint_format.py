@@ -365,3 +365,16 @@ def test_checksums_per_block_across_chunk_boundaries(tmp_path, monkeypatch):
     values.write_bytes(bytes(blob))
     with pytest.raises(FormatError, match=r"\[values\]: CRC-32 of block 2 is"):
         Checkpoint(tmp_path / "c").read_table("ebc", "t")
+
+
+def test_big_endian_arrays_are_stored_little_endian(tmp_path):
+    meta = make_meta(dim=2)
+    data = make_rows(meta, 5, np.random.default_rng(4))
+    swapped = ShardData(
+        data.keys.astype(">i8"), data.values.astype(">f4"), data.scores.astype(">i8")
+    )
+    with CheckpointWriter(tmp_path / "c") as w:
+        w.write_shard(meta, [swapped])
+    assert_same(Checkpoint(tmp_path / "c").read_table("ebc", "t"), data)
+    raw = np.fromfile(tmp_path / "c" / "ebc" / "t.rank0-of-1.keys", dtype="<i8")
+    np.testing.assert_array_equal(raw, data.keys)

@@ -15,7 +15,25 @@ import numpy.typing as npt
 from demb_io._errors import FormatError
 from demb_io.meta import CRC_BLOCK, FileEntry
 
-__all__ = ["PartWriter", "check_crcs", "read_rows"]
+__all__ = ["PartWriter", "check_arrays", "check_crcs", "read_rows"]
+
+
+def check_arrays(
+    owner: str,
+    arrays: object,
+    expected: dict[str, tuple[tuple[int, ...], np.dtype[np.generic]]],
+) -> None:
+    """Each named attribute of ``arrays`` has the expected shape and dtype (any byte order:
+    writers store little-endian).
+
+    Raises:
+        ValueError: naming ``owner`` and the array.
+    """
+    for name, (shape, dtype) in expected.items():
+        a = getattr(arrays, name)
+        if a is None or a.shape != shape or a.dtype.newbyteorder("<") != dtype:
+            got = None if a is None else (a.shape, str(a.dtype))
+            raise ValueError(f"{owner}: {name} must be {shape} {dtype}, got {got}")
 
 
 class PartWriter:
@@ -40,7 +58,8 @@ class PartWriter:
             self._crc = 0
 
     def write(self, array: npt.NDArray[np.generic]) -> None:
-        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))  # the format's
+        data = little.reshape(-1).view(np.uint8).data
         view = data
         while len(view):
             take = min(len(view), CRC_BLOCK - self._fill)

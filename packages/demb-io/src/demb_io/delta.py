@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError
-from demb_io._files import PartWriter, check_crcs, read_rows
+from demb_io._files import PartWriter, check_arrays, check_crcs, read_rows
 from demb_io.checkpoint import commit_directory
 from demb_io.dtypes import DTYPES, storage_dtype
 from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field, file_entry
@@ -120,11 +120,7 @@ class DeltaTable:
             want["state"] = ((n, m.state_width), storage_dtype(m.optim_state_dtype))
         elif self.state is not None:
             raise ValueError(f"{m.table}: state given, but state_width is 0")
-        for name, (shape, dtype) in want.items():
-            a = getattr(self, name)
-            if a is None or a.shape != shape or a.dtype.newbyteorder("<") != dtype:
-                got = None if a is None else (a.shape, str(a.dtype))
-                raise ValueError(f"{m.table}: {name} must be {shape} {dtype}, got {got}")
+        check_arrays(m.table, self, want)
         for name in ("erased", "evicted"):
             a = getattr(self, name)
             if a is not None and (a.ndim != 1 or a.dtype != np.int64):

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError
-from demb_io._files import PartWriter, check_crcs, read_rows
+from demb_io._files import PartWriter, check_arrays, check_crcs, read_rows
 from demb_io.dtypes import from_float32, storage_dtype, to_float32
 from demb_io.meta import ShardMeta, read_meta
 
@@ -62,11 +62,7 @@ def _check_chunk(meta: ShardMeta, chunk: ShardData) -> None:
         expect["state"] = ((n, meta.state_width), storage_dtype(meta.optim_state_dtype))
     elif chunk.state is not None:
         raise ValueError(f"{meta.stem}: state given, but the meta's state_width is 0")
-    for name, (shape, dtype) in expect.items():
-        array = getattr(chunk, name)
-        if array is None or array.shape != shape or array.dtype.newbyteorder("<") != dtype:
-            got = None if array is None else (array.shape, str(array.dtype))
-            raise ValueError(f"{meta.stem}: {name} must be {shape} {dtype}, got {got}")
+    check_arrays(meta.stem, chunk, expect)
     admission = (chunk.admit_keys, chunk.admit_counts)
     if (admission[0] is None) != (admission[1] is None) or (
         admission[0] is not None and meta.admission_rows is None

@@ -227,9 +227,13 @@ def _upsert(rows: ShardData, delta: DeltaTable) -> ShardData:
         rows.admit_keys,
         rows.admit_counts,
     )
-    at = {int(k): i for i, k in enumerate(rows.keys.tolist())}
-    hit = np.array([int(k) in at for k in delta.keys.tolist()], dtype=bool)
-    where = np.array([at[int(k)] for k in delta.keys[hit].tolist()], dtype=np.int64)
+    by_key = np.argsort(rows.keys, kind="stable")  # keys are unique in a table
+    sorted_keys = rows.keys[by_key]
+    pos = np.searchsorted(sorted_keys, delta.keys)
+    inside = pos < sorted_keys.size
+    hit = np.zeros(delta.keys.size, dtype=bool)
+    hit[inside] = sorted_keys[pos[inside]] == delta.keys[inside]
+    where = by_key[pos[hit]]
     values, state, new_scores = rows.values.copy(), rows.state, rows.scores.copy()
     values[where] = delta.values[hit]
     new_scores[where] = scores[hit]
