@@ -26,6 +26,7 @@ from demb_io import (
     from_float32,
     merge_deltas,
     read_delta,
+    read_shard,
     reshard,
     to_float32,
     write_delta,
@@ -167,8 +168,8 @@ def test_applying_deltas_one_by_one_equals_applying_their_merge(tmp_path, steps,
         current += advance
         deltas.append([make_delta(sorted(keys), sorted(erased), current, seed + i)])
     path = run / "c0"
-    for i, d in enumerate(deltas):
-        apply_delta(path, d, run / f"c{i + 1}")
+    for i, d in enumerate(deltas):  # streamed in small chunks; the merge in one
+        apply_delta(path, d, run / f"c{i + 1}", chunk_rows=3)
         path = run / f"c{i + 1}"
     apply_delta(run / "c0", merge_deltas(deltas), run / "merged")
     assert content(path) == content(run / "merged")
@@ -183,7 +184,7 @@ def test_reshard_there_and_back_keeps_every_key(tmp_path, dist, world, other):
     keys = np.unique(np.random.default_rng(0).integers(-(2**40), 2**40, 300))
     keys = np.concatenate([keys, np.arange(0, 999, 7)])  # continuous: in-range keys too
     make_checkpoint(tmp_path / "a", np.unique(keys), world=world, dist=dist)
-    reshard(tmp_path / "a", tmp_path / "b", other, dist)
+    reshard(tmp_path / "a", tmp_path / "b", other, dist, chunk_rows=37)  # streamed in chunks
     reshard(tmp_path / "b", tmp_path / "c", world, dist)
     before, middle, after = (content(tmp_path / p) for p in "abc")
     assert after == before  # same rank too
@@ -321,3 +322,30 @@ def test_export_to_parquet(tmp_path):
     assert got["values"] == to_float32(rows.values, "bfloat16").tolist()
     assert got["scores"] == rows.scores.tolist()
     assert got["state"] == rows.state.tolist()
+
+
+def test_reshard_routes_admission_counters_by_their_keys(tmp_path):
+    with CheckpointWriter(tmp_path / "a") as w:
+        for rank in range(2):
+            meta = dataclasses.replace(shard_meta(rank, 2), admission_rows=0)
+            keys = np.arange(rank, 20, 2, dtype=np.int64)
+            w.write_shard(
+                meta,
+                [
+                    ShardData(
+                        keys,
+                        np.zeros((10, DIM), np.uint16),
+                        np.zeros((10, 2), np.int64),
+                        np.zeros((10, STATE), np.float32),
+                        admit_keys=keys + 100,
+                        admit_counts=keys % 5,
+                    )
+                ],
+            )
+    reshard(tmp_path / "a", tmp_path / "b", 3, "roundrobin", chunk_rows=4)
+    got = {}
+    for meta in Checkpoint(tmp_path / "b").shards("ebc", "t"):
+        data = read_shard(tmp_path / "b" / "ebc", meta)
+        assert (owner_rank(data.admit_keys, 3, "roundrobin") == meta.rank).all()
+        got.update(zip(data.admit_keys.tolist(), data.admit_counts.tolist(), strict=True))
+    assert got == {k + 100: k % 5 for k in range(20)}

@@ -20,7 +20,7 @@ from demb_io.meta import (
     read_meta,
     shard_stem,
 )
-from demb_io.shard import ShardData, iter_shard, read_shard, write_shard
+from demb_io.shard import ShardData, ShardWriter, iter_shard, read_shard, write_shard
 from demb_io.tools import apply_delta, export_npz, export_parquet, merge_deltas, reshard
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "LayoutError",
     "ShardData",
     "ShardMeta",
+    "ShardWriter",
     "apply_delta",
     "commit_directory",
     "export_npz",

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from demb_io._errors import FormatError, IoError
 from demb_io.meta import CHECKPOINT_FORMAT, FORMAT_VERSION, ShardMeta, read_meta
-from demb_io.shard import ShardData, iter_shard, read_shard, write_shard
+from demb_io.shard import ShardData, ShardWriter, iter_shard, read_shard
 
 __all__ = ["MARKER", "Checkpoint", "CheckpointWriter", "commit_directory"]
 
@@ -88,6 +88,7 @@ class CheckpointWriter:
         self.staged = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:12]}")
         self.written: list[ShardMeta] = []
         self._open = False
+        self._opened: set[str] = set()
 
     def __enter__(self) -> CheckpointWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,22 +96,42 @@ class CheckpointWriter:
         self._open = True
         return self
 
-    def write_shard(self, meta: ShardMeta, chunks: Iterable[ShardData]) -> ShardMeta:
-        """Write one table's shard (one rank's rows) into the collection ``meta.collection``.
+    def open_shard(self, meta: ShardMeta) -> ShardWriter:
+        """A writer for one table's shard (one rank's rows) in the collection
+        ``meta.collection``; several may be open at once. Close each (``close()``) before the
+        with-block ends.
 
         Raises:
-            IoError: outside a ``with`` block, or the shard was written already.
-            ValueError: chunks that do not match ``meta`` (see :func:`demb_io.write_shard`).
+            IoError: outside a ``with`` block, or the shard was opened already.
+            ValueError: a collection name that is not a plain folder name.
         """
         if not self._open:
-            raise IoError(f"{self.path}: write_shard outside the writer's with-block")
+            raise IoError(f"{self.path}: a shard written outside the writer's with-block")
         if not meta.collection or "/" in meta.collection or meta.collection.startswith("."):
             raise ValueError(f"collection {meta.collection!r}: must be a plain folder name")
         folder = self.staged / meta.collection
         folder.mkdir(exist_ok=True)
-        if (folder / f"{meta.stem}.meta.json").exists():
-            raise IoError(f"{self.path}: {meta.collection}/{meta.stem} written twice")
-        written = write_shard(folder, meta, chunks)
+        name = f"{meta.collection}/{meta.stem}"
+        if name in self._opened:
+            raise IoError(f"{self.path}: {name} written twice")
+        self._opened.add(name)
+        return ShardWriter(folder, meta)
+
+    def write_shard(self, meta: ShardMeta, chunks: Iterable[ShardData]) -> ShardMeta:
+        """Write one table's shard from ``chunks`` (see :meth:`open_shard`).
+
+        Raises:
+            IoError: outside a ``with`` block, or the shard was written already.
+            ValueError: chunks that do not match ``meta`` (see :class:`demb_io.ShardWriter`).
+        """
+        shard = self.open_shard(meta)
+        try:
+            for chunk in chunks:
+                shard.append(chunk)
+        except BaseException:
+            shard.close(commit=False)
+            raise
+        written = shard.close()
         self.written.append(written)
         return written
 

@@ -19,7 +19,7 @@ from demb_io._files import PartWriter, check_arrays, check_crcs, read_rows
 from demb_io.dtypes import from_float32, storage_dtype, to_float32
 from demb_io.meta import ShardMeta, read_meta
 
-__all__ = ["ShardData", "iter_shard", "read_shard", "write_shard"]
+__all__ = ["ShardData", "ShardWriter", "iter_shard", "read_shard", "write_shard"]
 
 _KEY = np.dtype("<i8")
 
@@ -76,53 +76,79 @@ def _check_chunk(meta: ShardMeta, chunk: ShardData) -> None:
         raise ValueError(f"{meta.stem}: admit_keys and admit_counts must be (m,) alike")
 
 
-def write_shard(directory: str | Path, meta: ShardMeta, chunks: Iterable[ShardData]) -> ShardMeta:
-    """Write a shard's files into ``directory`` chunk by chunk (memory: one chunk), fsync them,
-    then its meta JSON (written last: a shard without its meta is not a shard).
+class ShardWriter:
+    """Writes one shard's files chunk by chunk (memory: one chunk); :meth:`close` fsyncs them
+    and writes the meta JSON last (a shard without its meta is not a shard).
 
     Args:
         directory: the collection's folder (exists).
         meta: the shard's description; ``rows``, ``admission_rows`` (if not None) and ``files``
             are filled in from what was written.
-        chunks: the rows, in order.
+    """
 
-    Returns:
-        The meta as written.
+    def __init__(self, directory: str | Path, meta: ShardMeta) -> None:
+        self.directory = Path(directory)
+        self.meta = meta
+        parts = ["keys", "values", "scores"] + (["state"] if meta.state_width else [])
+        if meta.admission_rows is not None:
+            parts += ["admit_keys", "admit_counts"]
+        self._writers = {p: PartWriter(self.directory / f"{meta.stem}.{p}") for p in parts}
+        self.rows = self.admitted = 0
+        self._closed = False
+
+    def append(self, chunk: ShardData) -> None:
+        """Append rows (and admission counters).
+
+        Raises:
+            ValueError: arrays that do not match the meta (the shard stays unfinished: no
+                meta is written for it).
+        """
+        _check_chunk(self.meta, chunk)
+        for p, w in self._writers.items():
+            array = getattr(chunk, p)
+            if array is not None:
+                w.write(array)
+        self.rows += chunk.rows
+        self.admitted += 0 if chunk.admit_keys is None else int(chunk.admit_keys.shape[0])
+
+    def close(self, *, commit: bool = True) -> ShardMeta:
+        """Close the files; with ``commit``, fsync them and write the meta. Returns the meta
+        as written (or as far as it got)."""
+        if self._closed:
+            raise ValueError(f"{self.meta.stem}: closed twice")
+        self._closed = True
+        files = {p: w.close() for p, w in self._writers.items()}
+        written = dataclasses.replace(
+            self.meta,
+            rows=self.rows,
+            admission_rows=None if self.meta.admission_rows is None else self.admitted,
+            files=files,
+            legacy=False,
+        )
+        if commit:
+            meta_path = self.directory / f"{self.meta.stem}.meta.json"
+            with open(meta_path, "w") as f:
+                f.write(written.to_json())
+                f.flush()
+                os.fsync(f.fileno())
+        return written
+
+
+def write_shard(directory: str | Path, meta: ShardMeta, chunks: Iterable[ShardData]) -> ShardMeta:
+    """Write a shard from ``chunks`` (see :class:`ShardWriter`); returns the meta as written.
 
     Raises:
-        ValueError: a chunk whose arrays do not match ``meta`` (nothing is half-explained: the
-            files written so far are left for the caller's temporary directory to drop).
+        ValueError: a chunk whose arrays do not match ``meta`` (no meta is written then; the
+            caller's temporary directory drops the files).
     """
-    directory = Path(directory)
-    parts = ["keys", "values", "scores"] + (["state"] if meta.state_width else [])
-    if meta.admission_rows is not None:
-        parts += ["admit_keys", "admit_counts"]
-    writers = {p: PartWriter(directory / f"{meta.stem}.{p}") for p in parts}
-    rows = admitted = 0
+    writer = ShardWriter(directory, meta)
     try:
         for chunk in chunks:
-            _check_chunk(meta, chunk)
-            for p, w in writers.items():
-                array = getattr(chunk, p)
-                if array is not None:
-                    w.write(array)
-            rows += chunk.rows
-            admitted += 0 if chunk.admit_keys is None else int(chunk.admit_keys.shape[0])
-    finally:
-        files = {p: w.close() for p, w in writers.items()}
-    written = dataclasses.replace(
-        meta,
-        rows=rows,
-        admission_rows=None if meta.admission_rows is None else admitted,
-        files=files,
-        legacy=False,
-    )
-    meta_path = directory / f"{meta.stem}.meta.json"
-    with open(meta_path, "w") as f:
-        f.write(written.to_json())
-        f.flush()
-        os.fsync(f.fileno())
-    return written
+            writer.append(chunk)
+    except BaseException:
+        writer.close(commit=False)
+        raise
+    return writer.close()
 
 
 def _part_path(directory: Path, meta: ShardMeta, part: str) -> Path:

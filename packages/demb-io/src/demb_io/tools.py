@@ -1,6 +1,7 @@
 """Offline tools over checkpoints and deltas: merge deltas, apply a delta to a checkpoint,
 reshard a checkpoint to another world size or dist type, export a table to npz. Each writes
-its result atomically; inputs are never modified. Tables are processed one at a time, in memory.
+its result atomically; inputs are never modified. Reshard and apply stream a table chunk by
+chunk; merge and export hold what they handle (deltas, one exported table) in memory.
 """
 
 from __future__ import annotations
@@ -105,27 +106,44 @@ def _block(
     return continuous_block_size(n, world_size)
 
 
-def _write_routed(
-    writer: CheckpointWriter,
-    template: ShardMeta,
-    rows: ShardData,
-    owners: npt.NDArray[np.int64],
-    admission: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]] | None,
-) -> None:
-    """Write ``rows`` as ``template.world_size`` shards, row ``i`` to rank ``owners[i]`` (in
-    order); ``admission``: (keys, counts, owner rank) of the admission counters."""
-    for rank in range(template.world_size):
-        mine = owners == rank
-        chunk = ShardData(
-            rows.keys[mine],
-            rows.values[mine],
-            rows.scores[mine],
-            None if rows.state is None else rows.state[mine],
-        )
-        if admission is not None:
-            keys, counts, ranks = admission
-            chunk.admit_keys, chunk.admit_counts = keys[ranks == rank], counts[ranks == rank]
-        writer.write_shard(dataclasses.replace(template, rank=rank), [chunk])
+class _RoutedTable:
+    """One table's new shards, open together: chunks are split by the ownership rule and
+    appended to their ranks' shards (memory: one chunk)."""
+
+    def __init__(self, writer: CheckpointWriter, template: ShardMeta, block: int | None) -> None:
+        self.template = template
+        self.block = block
+        self.shards = [
+            writer.open_shard(dataclasses.replace(template, rank=rank))
+            for rank in range(template.world_size)
+        ]
+
+    def owners(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        t = self.template
+        return owner_rank(keys, t.world_size, t.dist_type, self.block)
+
+    def append(self, rows: ShardData) -> None:
+        """Each row (and admission counter) to the rank that owns its key, in order."""
+        owners = self.owners(rows.keys)
+        admit_keys, admit_counts = rows.admit_keys, rows.admit_counts
+        admit = None if admit_keys is None else self.owners(admit_keys)
+        for rank, shard in enumerate(self.shards):
+            mine = owners == rank
+            chunk = ShardData(
+                rows.keys[mine],
+                rows.values[mine],
+                rows.scores[mine],
+                None if rows.state is None else rows.state[mine],
+            )
+            if admit is not None and admit_keys is not None and admit_counts is not None:
+                chunk.admit_keys = admit_keys[admit == rank]
+                chunk.admit_counts = admit_counts[admit == rank]
+            if chunk.rows or chunk.admit_keys is not None:
+                shard.append(chunk)
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
 
 
 def reshard(
@@ -135,33 +153,34 @@ def reshard(
     dist_type: str,
     *,
     num_embeddings: int | None = None,
+    chunk_rows: int = 1 << 20,
 ) -> None:
     """Write ``source`` re-sharded over ``world_size`` ranks by ``dist_type`` (demb-planner's
-    ownership rule) into ``target``; rows keep their source order within each new rank.
+    ownership rule) into ``target``, chunk by chunk (memory: one chunk); rows keep their source
+    order within each new rank.
 
     Args:
         num_embeddings: for ``continuous``, the table size its block size comes from (default:
             each table's meta).
+        chunk_rows: rows read at a time.
     """
     ckpt = Checkpoint(source)
     with CheckpointWriter(target) as writer:
         for collection in ckpt.collections():
             for table in ckpt.tables(collection):
                 first = ckpt.shards(collection, table)[0]
-                rows = ckpt.read_table(collection, table)
                 template = dataclasses.replace(
                     first,
                     world_size=world_size,
                     dist_type=dist_type,
                     num_embeddings=num_embeddings or first.num_embeddings,
                 )
-                block = _block(template, dist_type, world_size, num_embeddings)
-                owners = owner_rank(rows.keys, world_size, dist_type, block)
-                admission = None
-                if rows.admit_keys is not None and rows.admit_counts is not None:
-                    ranks = owner_rank(rows.admit_keys, world_size, dist_type, block)
-                    admission = (rows.admit_keys, rows.admit_counts, ranks)
-                _write_routed(writer, template, rows, owners, admission)
+                routed = _RoutedTable(
+                    writer, template, _block(template, dist_type, world_size, num_embeddings)
+                )
+                for _, chunk in ckpt.iter_table(collection, table, chunk_rows):
+                    routed.append(chunk)
+                routed.close()
 
 
 def _check_apply(meta: ShardMeta, delta: DeltaTable) -> None:
@@ -180,12 +199,19 @@ def _check_apply(meta: ShardMeta, delta: DeltaTable) -> None:
         )
 
 
-def apply_delta(source: str | Path, deltas: Sequence[DeltaTable], target: str | Path) -> None:
-    """Write ``source`` with ``deltas`` applied into ``target``: per table, the erased keys
-    removed, then the delta's rows upserted (timestamp ages turned back into scores:
-    ``current_score - age``), each row on the rank the checkpoint's ownership rule gives it.
-    Evicted keys are never applied. Tables of the delta that the checkpoint lacks are skipped
-    with a warning.
+def apply_delta(
+    source: str | Path,
+    deltas: Sequence[DeltaTable],
+    target: str | Path,
+    *,
+    chunk_rows: int = 1 << 20,
+) -> None:
+    """Write ``source`` with ``deltas`` applied into ``target``, chunk by chunk (memory: one
+    chunk and the delta): per table, the erased keys removed, then the delta's rows upserted
+    (timestamp ages turned back into scores: ``current_score - age``): a key the checkpoint
+    holds keeps its place, a new one goes after the rank's rows, each on the rank the
+    checkpoint's ownership rule gives it. Evicted keys are never applied. Tables of the delta
+    that the checkpoint lacks are skipped with a warning.
 
     Raises:
         LayoutError: a delta table whose dtype, dim, state or score columns differ from the
@@ -201,56 +227,56 @@ def apply_delta(source: str | Path, deltas: Sequence[DeltaTable], target: str | 
     with CheckpointWriter(target) as writer:
         for collection, table in sorted(present):
             first = ckpt.shards(collection, table)[0]
-            rows = ckpt.read_table(collection, table)
+            routed = _RoutedTable(
+                writer, first, _block(first, first.dist_type, first.world_size, None)
+            )
             delta = by_table.get((collection, table))
-            if delta is not None:
-                rows = _upsert(rows, delta)
-            block = _block(first, first.dist_type, first.world_size, None)
-            owners = owner_rank(rows.keys, first.world_size, first.dist_type, block)
-            admission = None
-            if rows.admit_keys is not None and rows.admit_counts is not None:
-                ranks = owner_rank(rows.admit_keys, first.world_size, first.dist_type, block)
-                admission = (rows.admit_keys, rows.admit_counts, ranks)
-            _write_routed(writer, first, rows, owners, admission)
+            upsert = None if delta is None else _Upsert(delta)
+            for _, chunk in ckpt.iter_table(collection, table, chunk_rows):
+                routed.append(chunk if upsert is None else upsert.update(chunk))
+            if upsert is not None:
+                routed.append(upsert.fresh())
+            routed.close()
 
 
-def _upsert(rows: ShardData, delta: DeltaTable) -> ShardData:
-    scores = delta.scores.copy()
-    for c in _age_columns(delta.meta.score_strategy):
-        scores[:, c] = delta.meta.current_score - scores[:, c]
-    keep = ~np.isin(rows.keys, delta.erased)
-    rows = ShardData(
-        rows.keys[keep],
-        rows.values[keep],
-        rows.scores[keep],
-        None if rows.state is None else rows.state[keep],
-        rows.admit_keys,
-        rows.admit_counts,
-    )
-    by_key = np.argsort(rows.keys, kind="stable")  # keys are unique in a table
-    sorted_keys = rows.keys[by_key]
-    pos = np.searchsorted(sorted_keys, delta.keys)
-    inside = pos < sorted_keys.size
-    hit = np.zeros(delta.keys.size, dtype=bool)
-    hit[inside] = sorted_keys[pos[inside]] == delta.keys[inside]
-    where = by_key[pos[hit]]
-    values, state, new_scores = rows.values.copy(), rows.state, rows.scores.copy()
-    values[where] = delta.values[hit]
-    new_scores[where] = scores[hit]
-    if state is not None and delta.state is not None:
-        state = state.copy()
-        state[where] = delta.state[hit]
-    fresh = ~hit
-    return ShardData(
-        np.concatenate([rows.keys, delta.keys[fresh]]),
-        np.concatenate([values, delta.values[fresh]]),
-        np.concatenate([new_scores, scores[fresh]]),
-        None
-        if state is None or delta.state is None
-        else np.concatenate([state, delta.state[fresh]]),
-        rows.admit_keys,
-        rows.admit_counts,
-    )
+class _Upsert:
+    """A delta table applied to a stream of a checkpoint's chunks: erased keys dropped, the
+    keys it holds updated in place, the rest of its rows handed out at the end."""
+
+    def __init__(self, delta: DeltaTable) -> None:
+        scores = delta.scores.copy()
+        for c in _age_columns(delta.meta.score_strategy):
+            scores[:, c] = delta.meta.current_score - scores[:, c]
+        self.delta = dataclasses.replace(delta, scores=scores)
+        self.by_key = np.argsort(delta.keys, kind="stable")
+        self.sorted_keys = delta.keys[self.by_key]
+        self.erased = np.unique(delta.erased)
+        self.seen = np.zeros(delta.keys.size, dtype=bool)
+
+    def update(self, rows: ShardData) -> ShardData:
+        keep = ~np.isin(rows.keys, self.erased)
+        keys = rows.keys[keep]
+        values, scores = rows.values[keep].copy(), rows.scores[keep].copy()
+        state = None if rows.state is None else rows.state[keep].copy()
+        pos = np.searchsorted(self.sorted_keys, keys)
+        inside = pos < self.sorted_keys.size
+        hit = np.zeros(keys.size, dtype=bool)
+        hit[inside] = self.sorted_keys[pos[inside]] == keys[inside]
+        source = self.by_key[pos[hit]]
+        self.seen[source] = True
+        d = self.delta
+        values[hit] = d.values[source]
+        scores[hit] = d.scores[source]
+        if state is not None and d.state is not None:
+            state[hit] = d.state[source]
+        return ShardData(keys, values, scores, state, rows.admit_keys, rows.admit_counts)
+
+    def fresh(self) -> ShardData:
+        """The delta's rows no chunk held, in delta order."""
+        d, new = self.delta, ~self.seen
+        return ShardData(
+            d.keys[new], d.values[new], d.scores[new], None if d.state is None else d.state[new]
+        )
 
 
 def _export_arrays(
