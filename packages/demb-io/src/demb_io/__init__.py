@@ -8,7 +8,8 @@ admission counters, and a meta JSON with their sizes and CRC-32s.
 """
 
 from demb_io._errors import FormatError, IoError, LayoutError
-from demb_io.checkpoint import MARKER, Checkpoint, CheckpointWriter, commit_directory
+from demb_io._staging import MARKER, commit_directory
+from demb_io.checkpoint import Checkpoint, CheckpointWriter
 from demb_io.delta import DELTA_FORMAT, DeltaMeta, DeltaTable, read_delta, write_delta
 from demb_io.dtypes import DTYPES, from_float32, itemsize, storage_dtype, to_float32
 from demb_io.meta import (

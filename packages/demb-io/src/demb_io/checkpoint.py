@@ -5,11 +5,7 @@ atomically; readable whatever the world size that wrote it.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
 import shutil
-import uuid
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -18,59 +14,11 @@ import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError, IoError
+from demb_io._staging import commit_staged, read_marker, staging_path
 from demb_io.meta import CHECKPOINT_FORMAT, FORMAT_VERSION, ShardMeta, read_meta
 from demb_io.shard import ShardData, ShardWriter, iter_shard, read_shard
 
-__all__ = ["MARKER", "Checkpoint", "CheckpointWriter", "commit_directory"]
-
-MARKER = "FORMAT"
-"""The file that marks a committed checkpoint: ``demb-checkpoint <version>``."""
-
-_RENAME_EXCHANGE = 2  # renameat2 flag: swap two paths atomically (Linux >= 3.15)
-_AT_FDCWD = -100
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two existing paths in one step (renameat2 RENAME_EXCHANGE); False where the system
-    cannot."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is None:
-        return False
-    ok = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    return bool(ok == 0)
-
-
-def commit_directory(staged: Path, target: Path) -> None:
-    """Make ``staged`` (complete, fsynced) the directory at ``target``, atomically: at every
-    moment ``target`` is the old checkpoint or the new one. A missing target is a rename; an
-    existing one is swapped with ``renameat2(RENAME_EXCHANGE)`` and then deleted. Where the
-    system has no exchange, the old directory is first renamed aside (``<target>.old-<id>``), so
-    a crash between the two renames leaves it there, whole."""
-    if not target.exists():
-        os.rename(staged, target)
-        _fsync_dir(target.parent)
-        return
-    if _exchange(staged, target):
-        _fsync_dir(target.parent)
-        shutil.rmtree(staged)  # now the old checkpoint
-        return
-    aside = target.with_name(f"{target.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(target, aside)
-    os.rename(staged, target)
-    _fsync_dir(target.parent)
-    shutil.rmtree(aside)
+__all__ = ["Checkpoint", "CheckpointWriter"]
 
 
 class CheckpointWriter:
@@ -85,7 +33,7 @@ class CheckpointWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.staged = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:12]}")
+        self.staged = staging_path(self.path)
         self.written: list[ShardMeta] = []
         self._open = False
         self._opened: set[str] = set()
@@ -145,14 +93,7 @@ class CheckpointWriter:
         if kind is not None:
             shutil.rmtree(self.staged, ignore_errors=True)
             return
-        marker = self.staged / MARKER
-        with open(marker, "w") as f:
-            f.write(f"{CHECKPOINT_FORMAT} {FORMAT_VERSION}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        for folder in [p for p in self.staged.iterdir() if p.is_dir()] + [self.staged]:
-            _fsync_dir(folder)
-        commit_directory(self.staged, self.path)
+        commit_staged(self.staged, self.path, f"{CHECKPOINT_FORMAT} {FORMAT_VERSION}")
 
 
 class Checkpoint:
@@ -164,13 +105,7 @@ class Checkpoint:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        marker = self.path / MARKER
-        try:
-            text = marker.read_bytes().decode("ascii").split()
-        except (OSError, UnicodeDecodeError) as err:
-            raise FormatError(marker, "", f"not a committed demb checkpoint ({err})") from err
-        if len(text) != 2 or text[0] != CHECKPOINT_FORMAT or text[1] != str(FORMAT_VERSION):
-            raise FormatError(marker, "", f"expected '{CHECKPOINT_FORMAT} {FORMAT_VERSION}'")
+        read_marker(self.path, f"{CHECKPOINT_FORMAT} {FORMAT_VERSION}", "checkpoint")
 
     def collections(self) -> list[str]:
         """The embedding collections, sorted."""

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ import numpy.typing as npt
 
 from demb_io._errors import FormatError
 from demb_io._files import PartWriter, check_arrays, check_crcs, read_rows
-from demb_io.checkpoint import commit_directory
+from demb_io._staging import commit_staged, read_marker, staging_path, write_synced
 from demb_io.dtypes import DTYPES, storage_dtype
 from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field, file_entry
 
@@ -149,7 +147,7 @@ def write_delta(path: str | Path, tables: list[DeltaTable]) -> list[DeltaMeta]:
         ValueError: a table whose arrays disagree with its meta, or a table given twice.
     """
     path = Path(path)
-    staged = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+    staged = staging_path(path)
     staged.mkdir(parents=True)
     written = []
     seen: set[tuple[str, str]] = set()
@@ -177,14 +175,9 @@ def write_delta(path: str | Path, tables: list[DeltaTable]) -> list[DeltaMeta]:
                 evicted_rows=None if t.evicted is None else int(t.evicted.shape[0]),
                 files=files,
             )
-            (folder / f"{m.table}.meta.json").write_text(_meta_json(meta))
+            write_synced(folder / f"{m.table}.meta.json", _meta_json(meta))
             written.append(meta)
-        (staged / "FORMAT").write_text(f"{DELTA_FORMAT} {FORMAT_VERSION}\n")
-        for folder in [p for p in staged.iterdir() if p.is_dir()] + [staged]:
-            fd = os.open(folder, os.O_RDONLY)
-            os.fsync(fd)
-            os.close(fd)
-        commit_directory(staged, path)
+        commit_staged(staged, path, f"{DELTA_FORMAT} {FORMAT_VERSION}")
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
@@ -299,13 +292,7 @@ def read_delta(path: str | Path, *, verify: bool = True) -> list[DeltaTable]:
         FormatError: not a committed delta, or a bad meta or file (named with its field).
     """
     path = Path(path)
-    marker = path / "FORMAT"
-    try:
-        text = marker.read_bytes().decode("ascii").split()
-    except (OSError, UnicodeDecodeError) as err:
-        raise FormatError(marker, "", f"not a committed demb delta ({err})") from err
-    if text != [DELTA_FORMAT, str(FORMAT_VERSION)]:
-        raise FormatError(marker, "", f"expected '{DELTA_FORMAT} {FORMAT_VERSION}'")
+    read_marker(path, f"{DELTA_FORMAT} {FORMAT_VERSION}", "delta")
     tables = []
     for folder in sorted(p for p in path.iterdir() if p.is_dir()):
         for meta_path in sorted(folder.glob("*.meta.json")):

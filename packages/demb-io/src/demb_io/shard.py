@@ -5,7 +5,6 @@ reads (sizes against the meta, CRC-32s, dtype and width), whole or in chunks.
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import numpy.typing as npt
 
 from demb_io._errors import FormatError
 from demb_io._files import PartWriter, check_arrays, check_crcs, read_rows
+from demb_io._staging import write_synced
 from demb_io.dtypes import from_float32, storage_dtype, to_float32
 from demb_io.meta import ShardMeta, read_meta
 
@@ -126,11 +126,7 @@ class ShardWriter:
             legacy=False,
         )
         if commit:
-            meta_path = self.directory / f"{self.meta.stem}.meta.json"
-            with open(meta_path, "w") as f:
-                f.write(written.to_json())
-                f.flush()
-                os.fsync(f.fileno())
+            write_synced(self.directory / f"{self.meta.stem}.meta.json", written.to_json())
         return written
 
 
