@@ -5,6 +5,7 @@ atomically; readable whatever the world size that wrote it.
 
 from __future__ import annotations
 
+import glob
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -72,14 +73,7 @@ class CheckpointWriter:
             IoError: outside a ``with`` block, or the shard was written already.
             ValueError: chunks that do not match ``meta`` (see :class:`demb_io.ShardWriter`).
         """
-        shard = self.open_shard(meta)
-        try:
-            for chunk in chunks:
-                shard.append(chunk)
-        except BaseException:
-            shard.close(commit=False)
-            raise
-        written = shard.close()
+        written = self.open_shard(meta).write_all(chunks)
         self.written.append(written)
         return written
 
@@ -121,9 +115,10 @@ class Checkpoint:
         folder = self.path / collection
         if not folder.is_dir():
             raise FormatError(folder, "", "no such collection in the checkpoint")
-        metas = [read_meta(p) for p in sorted(folder.glob("*.meta.json"))]
+        pattern = "*.meta.json" if table is None else f"{glob.escape(table)}.rank*-of-*.meta.json"
+        metas = [read_meta(p) for p in sorted(folder.glob(pattern))]
         if table is not None:
-            metas = [m for m in metas if m.table == table]
+            metas = [m for m in metas if m.table == table]  # a name may hold ".rank"
             if not metas:
                 raise FormatError(folder, "", f"no table {table!r} in the collection")
         metas.sort(key=lambda m: (m.table, m.rank))

@@ -111,6 +111,17 @@ class ShardWriter:
         self.rows += chunk.rows
         self.admitted += 0 if chunk.admit_keys is None else int(chunk.admit_keys.shape[0])
 
+    def write_all(self, chunks: Iterable[ShardData]) -> ShardMeta:
+        """Append every chunk, then close and commit; on an error, close without a meta and
+        re-raise."""
+        try:
+            for chunk in chunks:
+                self.append(chunk)
+        except BaseException:
+            self.close(commit=False)
+            raise
+        return self.close()
+
     def close(self, *, commit: bool = True) -> ShardMeta:
         """Close the files; with ``commit``, fsync them and write the meta. Returns the meta
         as written (or as far as it got)."""
@@ -137,14 +148,7 @@ def write_shard(directory: str | Path, meta: ShardMeta, chunks: Iterable[ShardDa
         ValueError: a chunk whose arrays do not match ``meta`` (no meta is written then; the
             caller's temporary directory drops the files).
     """
-    writer = ShardWriter(directory, meta)
-    try:
-        for chunk in chunks:
-            writer.append(chunk)
-    except BaseException:
-        writer.close(commit=False)
-        raise
-    return writer.close()
+    return ShardWriter(directory, meta).write_all(chunks)
 
 
 def _part_path(directory: Path, meta: ShardMeta, part: str) -> Path:
