@@ -7,15 +7,66 @@ import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError
+from demb_io.dtypes import storage_dtype
 from demb_io.meta import CRC_BLOCK, FileEntry
 
-__all__ = ["PartWriter", "check_arrays", "check_crcs", "read_rows"]
+__all__ = [
+    "KEY",
+    "PartWriter",
+    "RowMeta",
+    "check_arrays",
+    "check_crcs",
+    "read_rows",
+    "row_layout",
+    "row_shapes",
+]
+
+
+KEY = np.dtype("<i8")
+"""Keys, scores, slots and counters: int64, little-endian."""
+
+
+class RowMeta(Protocol):
+    """What a shard's or a delta table's meta says about its row-aligned parts."""
+
+    @property
+    def embedding_dim(self) -> int: ...
+    @property
+    def embedding_dtype(self) -> str: ...
+    @property
+    def state_width(self) -> int: ...
+    @property
+    def optim_state_dtype(self) -> str | None: ...
+    @property
+    def num_scores(self) -> int: ...
+
+
+def row_layout(meta: RowMeta) -> dict[str, tuple[int, np.dtype[np.generic]]]:
+    """Per row-aligned part (``keys``, ``values``, ``scores``, and ``state`` when the meta
+    has one): values per row and storage dtype."""
+    layout: dict[str, tuple[int, np.dtype[np.generic]]] = {
+        "keys": (1, KEY),
+        "values": (meta.embedding_dim, storage_dtype(meta.embedding_dtype)),
+        "scores": (meta.num_scores, KEY),
+    }
+    if meta.state_width:
+        assert meta.optim_state_dtype is not None
+        layout["state"] = (meta.state_width, storage_dtype(meta.optim_state_dtype))
+    return layout
+
+
+def row_shapes(meta: RowMeta, n: int) -> dict[str, tuple[tuple[int, ...], np.dtype[np.generic]]]:
+    """The arrays of ``n`` rows: ``keys`` ``(n,)``, the other parts ``(n, width)``."""
+    return {
+        part: ((n,) if part == "keys" else (n, width), dtype)
+        for part, (width, dtype) in row_layout(meta).items()
+    }
 
 
 def check_arrays(

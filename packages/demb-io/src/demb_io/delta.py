@@ -17,16 +17,23 @@ import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError
-from demb_io._files import PartWriter, check_arrays, check_crcs, read_rows
+from demb_io._files import (
+    KEY,
+    PartWriter,
+    check_arrays,
+    check_crcs,
+    read_rows,
+    row_layout,
+    row_shapes,
+)
 from demb_io._staging import commit_staged, read_marker, staging_path, write_synced
-from demb_io.dtypes import DTYPES, storage_dtype
+from demb_io.dtypes import DTYPES
 from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field, file_entry
 
 __all__ = ["DELTA_FORMAT", "DeltaMeta", "DeltaTable", "read_delta", "write_delta"]
 
 DELTA_FORMAT = "demb-delta"
 _PARTS = ("keys", "values", "state", "scores", "slots", "erased", "evicted")
-_KEY = np.dtype("<i8")
 
 
 @dataclass(frozen=True)
@@ -107,18 +114,9 @@ class DeltaTable:
     def check(self) -> None:
         """Raise ValueError when an array disagrees with the meta."""
         m, n = self.meta, int(self.keys.shape[0])
-        want: dict[str, tuple[tuple[int, ...], np.dtype[np.generic]]] = {
-            "keys": ((n,), _KEY),
-            "values": ((n, m.embedding_dim), storage_dtype(m.embedding_dtype)),
-            "scores": ((n, m.num_scores), _KEY),
-            "slots": ((n,), _KEY),
-        }
-        if m.state_width:
-            assert m.optim_state_dtype is not None
-            want["state"] = ((n, m.state_width), storage_dtype(m.optim_state_dtype))
-        elif self.state is not None:
+        if not m.state_width and self.state is not None:
             raise ValueError(f"{m.table}: state given, but state_width is 0")
-        check_arrays(m.table, self, want)
+        check_arrays(m.table, self, {**row_shapes(m, n), "slots": ((n,), KEY)})
         for name in ("erased", "evicted"):
             a = getattr(self, name)
             if a is not None and (a.ndim != 1 or a.dtype != np.int64):
@@ -240,18 +238,11 @@ def _read_delta_meta(path: Path) -> DeltaMeta:
 
 def _read_table(folder: Path, meta_path: Path, verify: bool) -> DeltaTable:
     m = _read_delta_meta(meta_path)
-    shapes: dict[str, tuple[int, int, np.dtype[np.generic]]] = {
-        "keys": (m.rows, 1, _KEY),
-        "values": (m.rows, m.embedding_dim, storage_dtype(m.embedding_dtype)),
-        "scores": (m.rows, m.num_scores, _KEY),
-        "slots": (m.rows, 1, _KEY),
-        "erased": (m.erased_rows, 1, _KEY),
-    }
-    if m.state_width:
-        assert m.optim_state_dtype is not None
-        shapes["state"] = (m.rows, m.state_width, storage_dtype(m.optim_state_dtype))
+    shapes = {part: (m.rows, w, dt) for part, (w, dt) in row_layout(m).items()}
+    shapes["slots"] = (m.rows, 1, KEY)
+    shapes["erased"] = (m.erased_rows, 1, KEY)
     if m.evicted_rows is not None:
-        shapes["evicted"] = (m.evicted_rows, 1, _KEY)
+        shapes["evicted"] = (m.evicted_rows, 1, KEY)
     arrays: dict[str, npt.NDArray[np.generic]] = {}
     for part, (rows, width, dtype) in shapes.items():
         entry = m.files.get(part)

@@ -14,14 +14,20 @@ import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError
-from demb_io._files import PartWriter, check_arrays, check_crcs, read_rows
+from demb_io._files import (
+    KEY,
+    PartWriter,
+    check_arrays,
+    check_crcs,
+    read_rows,
+    row_layout,
+    row_shapes,
+)
 from demb_io._staging import write_synced
 from demb_io.dtypes import from_float32, storage_dtype, to_float32
 from demb_io.meta import ShardMeta, read_meta
 
 __all__ = ["ShardData", "ShardWriter", "iter_shard", "read_shard", "write_shard"]
-
-_KEY = np.dtype("<i8")
 
 
 @dataclass
@@ -51,18 +57,9 @@ class ShardData:
 
 
 def _check_chunk(meta: ShardMeta, chunk: ShardData) -> None:
-    n = chunk.rows
-    expect = {
-        "keys": ((n,), _KEY),
-        "values": ((n, meta.embedding_dim), storage_dtype(meta.embedding_dtype)),
-        "scores": ((n, meta.num_scores), _KEY),
-    }
-    if meta.state_width:
-        assert meta.optim_state_dtype is not None
-        expect["state"] = ((n, meta.state_width), storage_dtype(meta.optim_state_dtype))
-    elif chunk.state is not None:
+    if not meta.state_width and chunk.state is not None:
         raise ValueError(f"{meta.stem}: state given, but the meta's state_width is 0")
-    check_arrays(meta.stem, chunk, expect)
+    check_arrays(meta.stem, chunk, row_shapes(meta, chunk.rows))
     admission = (chunk.admit_keys, chunk.admit_counts)
     if (admission[0] is None) != (admission[1] is None) or (
         admission[0] is not None and meta.admission_rows is None
@@ -174,22 +171,9 @@ def _resolve(directory: Path, meta: ShardMeta) -> ShardMeta:
     return dataclasses.replace(meta, rows=rows, embedding_dim=value_bytes // (4 * rows))
 
 
-def _widths(meta: ShardMeta) -> dict[str, tuple[int, np.dtype[np.generic]]]:
-    """Per part: values per row and storage dtype."""
-    widths: dict[str, tuple[int, np.dtype[np.generic]]] = {
-        "keys": (1, _KEY),
-        "values": (meta.embedding_dim, storage_dtype(meta.embedding_dtype)),
-        "scores": (meta.num_scores, _KEY),
-    }
-    if meta.state_width:
-        assert meta.optim_state_dtype is not None
-        widths["state"] = (meta.state_width, storage_dtype(meta.optim_state_dtype))
-    return widths
-
-
 def _check_sizes(directory: Path, meta: ShardMeta, verify: bool) -> None:
     """Every file exists with the size the meta implies (and its CRC when ``verify``)."""
-    expected = {p: meta.rows * w * int(dt.itemsize) for p, (w, dt) in _widths(meta).items()}
+    expected = {p: meta.rows * w * int(dt.itemsize) for p, (w, dt) in row_layout(meta).items()}
     if meta.admission_rows is not None:
         expected["admit_keys"] = expected["admit_counts"] = meta.admission_rows * 8
     for part, size in expected.items():
@@ -249,13 +233,13 @@ def iter_shard(
     meta = _resolve(directory, meta)
     _check_sizes(directory, meta, verify)
     convert = _expectations(directory, meta, expect_dtype, expect_dim)
-    widths = _widths(meta)
-    admit_keys: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=_KEY)
-    admit_counts: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=_KEY)
+    widths = row_layout(meta)
+    admit_keys: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=KEY)
+    admit_counts: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=KEY)
     if meta.admission_rows is not None:
         m = meta.admission_rows
-        admit_keys = read_rows(_part_path(directory, meta, "admit_keys"), 0, m, 1, _KEY)
-        admit_counts = read_rows(_part_path(directory, meta, "admit_counts"), 0, m, 1, _KEY)
+        admit_keys = read_rows(_part_path(directory, meta, "admit_keys"), 0, m, 1, KEY)
+        admit_counts = read_rows(_part_path(directory, meta, "admit_counts"), 0, m, 1, KEY)
     first = True
     size = min(chunk_rows, max(meta.rows, 0))
     buffers = {p: np.empty((size, w), dtype=dt) for p, (w, dt) in widths.items()} if reuse else {}
