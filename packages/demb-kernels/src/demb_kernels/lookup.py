@@ -31,6 +31,9 @@ __all__ = [
 MAX_GATHER_TABLES = 64
 """The most tables one ``gather_table_rows`` call takes."""
 
+_BATCH_CHECK_WORDS = 6
+"""The batch checks index_tables and dedup_batch read back (kDedupFlags in dedup_checks.h)."""
+
 SEGMENT_CHUNK = 32
 """Rows a chunk of ``segment_sum_rows`` sums before the chunks are added."""
 
@@ -257,4 +260,5 @@ def _index_tables_fake(
     num_tables: int,
     batch_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return indices.new_empty(indices.shape), indices.new_empty((6 + feature_tables.shape[0] + 1,))
+    checks = _BATCH_CHECK_WORDS + feature_tables.shape[0] + 1
+    return indices.new_empty(indices.shape), indices.new_empty((checks,))

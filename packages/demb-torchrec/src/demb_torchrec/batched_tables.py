@@ -422,17 +422,13 @@ class DynamicEmbeddingTables(torch.nn.Module):
         ``eval_initializer_args`` in eval); when all tables have one dim they are views of one
         ``(U, D)`` tensor, returned too."""
         b = batch.table_bounds
-        uniform = len(set(self.dims)) == 1
-        whole = (
-            torch.empty(b[-1], self.dims[0], device=self.device, dtype=torch.float32)
-            if uniform
-            else None
-        )
-        if whole is not None and self._fused_gather:
-            every = torch.arange(b[-1], device=self.device)
+        whole: torch.Tensor | None = None
+        if self._fused_gather:  # one dim: every unique key's row in one launch
             whole = gather_table_rows(
-                self.tables.values, slots, batch.tables, every, self.dims[0], check=False
+                self.tables.values, slots, batch.tables, None, self.dims[0], check=False
             )
+        elif len(set(self.dims)) == 1:
+            whole = torch.empty(b[-1], self.dims[0], device=self.device, dtype=torch.float32)
         rows = []
         for t in range(self.num_tables):
             s = slots[b[t] : b[t + 1]]
