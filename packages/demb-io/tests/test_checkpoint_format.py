@@ -347,11 +347,12 @@ def test_an_expected_precision_converts_with_a_warning_and_a_wrong_dim_is_an_err
 def test_checksums_per_block_across_chunk_boundaries(tmp_path, monkeypatch):
     """Blocks of 1,000 bytes (the format's are 64 MiB) cut across chunks of odd sizes: every
     block's CRC-32 is right, and a flipped byte is reported in its block."""
+    import demb_io._crc
     import demb_io._files
     import demb_io.meta
 
-    monkeypatch.setattr(demb_io._files, "CRC_BLOCK", 1000)
-    monkeypatch.setattr(demb_io.meta, "CRC_BLOCK", 1000)
+    for module in (demb_io._crc, demb_io._files, demb_io.meta):
+        monkeypatch.setattr(module, "CRC_BLOCK", 1000)
     meta = make_meta(dim=5)
     data = make_rows(meta, 401, np.random.default_rng(3))
     with CheckpointWriter(tmp_path / "c") as w:
@@ -365,6 +366,13 @@ def test_checksums_per_block_across_chunk_boundaries(tmp_path, monkeypatch):
     values.write_bytes(bytes(blob))
     with pytest.raises(FormatError, match=r"\[values\]: CRC-32 of block 2 is"):
         Checkpoint(tmp_path / "c").read_table("ebc", "t")
+    # Chunks of 30 rows (600 value bytes): the ones before block 2 (bytes 2000..2999) come out,
+    # the one reaching into it is held back by the failed check.
+    chunks = iter(Checkpoint(tmp_path / "c").iter_table("ebc", "t", 30))
+    got = [next(chunks)[1].keys.copy() for _ in range(3)]  # rows 0..89: bytes 0..1799
+    np.testing.assert_array_equal(np.concatenate(got), data.keys[:90])
+    with pytest.raises(FormatError, match=r"\[values\]: CRC-32 of block 2 is"):
+        next(chunks)  # rows 90..119 reach byte 2399
 
 
 def test_big_endian_arrays_are_stored_little_endian(tmp_path):

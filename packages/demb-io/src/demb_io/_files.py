@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -21,7 +20,6 @@ __all__ = [
     "PartWriter",
     "RowMeta",
     "check_arrays",
-    "check_crcs",
     "read_rows",
     "row_layout",
     "row_shapes",
@@ -153,43 +151,3 @@ def read_rows(
     if got != array.nbytes:
         raise FormatError(path, "", f"truncated while reading rows {begin}..{begin + count}")
     return array
-
-
-_BUFFERS = threading.local()  # one block buffer per checking thread, reused
-
-
-def _block_crc(path: Path, start: int, size: int) -> int:
-    buffer = getattr(_BUFFERS, "block", None)
-    if buffer is None or len(buffer) < CRC_BLOCK:
-        buffer = _BUFFERS.block = bytearray(CRC_BLOCK)
-    view = memoryview(buffer)[: min(CRC_BLOCK, size - start)]
-    with open(path, "rb", buffering=0) as f:
-        f.seek(start)
-        got = f.readinto(view)
-    return zlib.crc32(view[:got])
-
-
-def check_crcs(path: Path, part: str, entry: FileEntry) -> None:
-    """Check a file's blocks against ``entry.crc32``, several blocks at once (one per CPU; each
-    worker holds one block in memory).
-
-    Raises:
-        FormatError: the first block whose CRC-32 differs, naming the file and the part.
-    """
-    if entry.crc32 is None:
-        return
-    size = path.stat().st_size
-    starts = range(0, size, CRC_BLOCK)
-    workers = min(len(starts), os.cpu_count() or 1)
-    if workers <= 1:
-        crcs = [_block_crc(path, start, size) for start in starts]
-    else:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            crcs = list(pool.map(lambda start: _block_crc(path, start, size), starts))
-    for i, (got, want) in enumerate(zip(crcs, entry.crc32, strict=False)):
-        if got != want:
-            raise FormatError(
-                path, part, f"CRC-32 of block {i} is {got:#010x}, the meta says {want:#010x}"
-            )
-    if len(crcs) != len(entry.crc32):
-        raise FormatError(path, part, f"{len(crcs)} blocks, the meta lists {len(entry.crc32)}")

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from demb_io._crc import check_crcs
 from demb_io._errors import FormatError
 from demb_io._files import (
     KEY,
     PartWriter,
     check_arrays,
-    check_crcs,
     read_rows,
     row_layout,
     row_shapes,

@@ -13,19 +13,19 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from demb_io._crc import BlockChecks
 from demb_io._errors import FormatError
 from demb_io._files import (
     KEY,
     PartWriter,
     check_arrays,
-    check_crcs,
     read_rows,
     row_layout,
     row_shapes,
 )
 from demb_io._staging import write_synced
 from demb_io.dtypes import from_float32, storage_dtype, to_float32
-from demb_io.meta import ShardMeta, read_meta
+from demb_io.meta import FileEntry, ShardMeta, read_meta
 
 __all__ = ["ShardData", "ShardWriter", "iter_shard", "read_shard", "write_shard"]
 
@@ -171,11 +171,12 @@ def _resolve(directory: Path, meta: ShardMeta) -> ShardMeta:
     return dataclasses.replace(meta, rows=rows, embedding_dim=value_bytes // (4 * rows))
 
 
-def _check_sizes(directory: Path, meta: ShardMeta, verify: bool) -> None:
-    """Every file exists with the size the meta implies (and its CRC when ``verify``)."""
+def _check_sizes(directory: Path, meta: ShardMeta) -> list[tuple[str, Path, FileEntry]]:
+    """Every file exists with the size the meta implies; returns them (part, path, entry)."""
     expected = {p: meta.rows * w * int(dt.itemsize) for p, (w, dt) in row_layout(meta).items()}
     if meta.admission_rows is not None:
         expected["admit_keys"] = expected["admit_counts"] = meta.admission_rows * 8
+    files = []
     for part, size in expected.items():
         if part not in meta.files:
             if part == "scores" and meta.legacy:
@@ -191,8 +192,8 @@ def _check_sizes(directory: Path, meta: ShardMeta, verify: bool) -> None:
             raise FormatError(
                 path, part, f"{actual} bytes on disk, {entry.bytes} in the meta, {size} expected"
             )
-        if verify and entry.crc32 is not None:
-            check_crcs(path, part, entry)
+        files.append((part, path, entry))
+    return files
 
 
 def iter_shard(
@@ -206,13 +207,15 @@ def iter_shard(
     expect_dim: int | None = None,
 ) -> Iterator[ShardData]:
     """The shard's rows in chunks of at most ``chunk_rows`` (memory: one chunk). Sizes are
-    checked against the meta (and CRC-32s when ``verify``) before the first chunk.
+    checked against the meta before the first chunk; with ``verify``, the CRC-32 of every
+    block a chunk covers is checked before the chunk is yielded (the checks run on worker
+    threads beside the reads), so no unchecked byte is ever handed out.
 
     Args:
         directory: the collection's folder.
         meta: the shard's meta, or the path of its meta JSON.
         chunk_rows: rows per chunk (>= 1).
-        verify: check every file's CRC-32 first (one extra read).
+        verify: check the files' CRC-32s (see above).
         reuse: read every chunk into the same buffers (a chunk's arrays are then valid until
             the next chunk is asked for): no fresh memory per chunk, which a large read would
             otherwise spend its time faulting in.
@@ -231,8 +234,22 @@ def iter_shard(
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows={chunk_rows}: must be >= 1")
     meta = _resolve(directory, meta)
-    _check_sizes(directory, meta, verify)
+    files = _check_sizes(directory, meta)
     convert = _expectations(directory, meta, expect_dtype, expect_dim)
+    with BlockChecks(files if verify else []) as checks:
+        yield from _chunks(directory, meta, chunk_rows, reuse, convert, checks)
+
+
+def _chunks(
+    directory: Path,
+    meta: ShardMeta,
+    chunk_rows: int,
+    reuse: bool,
+    convert: str | None,
+    checks: BlockChecks,
+) -> Iterator[ShardData]:
+    """iter_shard's chunks: each read, then held until the CRC-32 checks of the blocks it
+    covers (running beside the reads) pass."""
     widths = row_layout(meta)
     admit_keys: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=KEY)
     admit_counts: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=KEY)
@@ -240,6 +257,8 @@ def iter_shard(
         m = meta.admission_rows
         admit_keys = read_rows(_part_path(directory, meta, "admit_keys"), 0, m, 1, KEY)
         admit_counts = read_rows(_part_path(directory, meta, "admit_counts"), 0, m, 1, KEY)
+        checks.wait("admit_keys")
+        checks.wait("admit_counts")
     first = True
     size = min(chunk_rows, max(meta.rows, 0))
     buffers = {p: np.empty((size, w), dtype=dt) for p, (w, dt) in widths.items()} if reuse else {}
@@ -253,6 +272,8 @@ def iter_shard(
             else np.zeros((count, w), dtype=dt)
             for part, (w, dt) in widths.items()
         }
+        for part, (w, dt) in widths.items():
+            checks.wait(part, (begin + count) * w * dt.itemsize)
         admission = first and meta.admission_rows is not None
         if convert is not None:
             arrays["values"] = _convert(arrays["values"], meta.embedding_dtype, convert)

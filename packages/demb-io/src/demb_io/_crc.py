@@ -1,0 +1,106 @@
+"""Checking files against the CRC-32 of each of their :data:`CRC_BLOCK`-byte blocks that a meta
+lists. The blocks are read through a read-only memory map, so a check costs the checksum and no
+copy; ``zlib.crc32`` releases the GIL, so checks run on worker threads beside the reading."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from demb_io._errors import FormatError
+from demb_io.meta import CRC_BLOCK, FileEntry
+
+__all__ = ["BlockChecks", "check_crcs"]
+
+
+def _mapped(path: Path, size: int) -> memoryview | None:
+    """The file's first ``size`` bytes, mapped read-only (None when empty)."""
+    if size == 0:
+        return None
+    with open(path, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    return memoryview(mapping)
+
+
+def _expected(path: Path, part: str, entry: FileEntry, size: int) -> tuple[int, ...]:
+    assert entry.crc32 is not None
+    blocks = -(-size // CRC_BLOCK)
+    if blocks != len(entry.crc32):
+        raise FormatError(path, part, f"{blocks} blocks, the meta lists {len(entry.crc32)}")
+    return entry.crc32
+
+
+def _compare(path: Path, part: str, block: int, got: int, want: int) -> None:
+    if got != want:
+        raise FormatError(
+            path, part, f"CRC-32 of block {block} is {got:#010x}, the meta says {want:#010x}"
+        )
+
+
+class BlockChecks:
+    """The CRC-32 checks of several files' blocks, running on worker threads (one per CPU, at
+    most ``workers``) from the moment it is made, blocks in the order a chunked read needs them
+    (by their position in their file). :meth:`wait` returns once the blocks a read used are
+    checked, so a reader that reads a chunk and then waits overlaps checking with reading.
+
+    Use as a context manager: leaving it stops the checks not started.
+    """
+
+    def __init__(self, files: list[tuple[str, Path, FileEntry]], workers: int = 2) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1)))
+        self._files: dict[str, tuple[Path, tuple[int, ...]]] = {}
+        self._futures: dict[str, list[Future[int]]] = {}
+        self._checked: dict[str, int] = {}
+        tasks: list[tuple[float, int, str, memoryview, int]] = []
+        for order, (part, path, entry) in enumerate(files):
+            if entry.crc32 is None:
+                continue
+            size = path.stat().st_size
+            self._files[part] = (path, _expected(path, part, entry, size))
+            self._futures[part] = []
+            self._checked[part] = 0
+            view = _mapped(path, size)
+            for start in range(0, size, CRC_BLOCK):
+                assert view is not None
+                block = view[start : start + CRC_BLOCK]
+                tasks.append((start / size, order, part, block, start))
+        for _, _, part, block, _ in sorted(tasks, key=lambda t: t[:2]):
+            self._futures[part].append(self._pool.submit(zlib.crc32, block))
+
+    def wait(self, part: str, end: int | None = None) -> None:
+        """Wait for the checks of ``part``'s blocks that start below byte ``end`` (all without
+        ``end``); a part without CRCs passes.
+
+        Raises:
+            FormatError: a block whose CRC-32 differs, naming the file, the part and the block.
+        """
+        if part not in self._files:
+            return
+        path, want = self._files[part]
+        futures = self._futures[part]
+        block = self._checked[part]
+        while block < len(futures) and (end is None or block * CRC_BLOCK < end):
+            _compare(path, part, block, futures[block].result(), want[block])
+            block += 1
+        self._checked[part] = block
+
+    def __enter__(self) -> BlockChecks:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def check_crcs(path: Path, part: str, entry: FileEntry) -> None:
+    """Check a file's blocks against ``entry.crc32``, several blocks at once (one per CPU).
+
+    Raises:
+        FormatError: the first block whose CRC-32 differs, naming the file and the part.
+    """
+    if entry.crc32 is None:
+        return
+    with BlockChecks([(part, path, entry)], workers=os.cpu_count() or 1) as checks:
+        checks.wait(part)
