@@ -1,12 +1,13 @@
 """Deltas and the offline tools: delta round trips; applying deltas one by one equals applying
 their merge; reshard W -> W' -> W keeps every key's content for every dist type; apply and
-reshard commute; the CLI, also from a plain environment with only numpy, demb-planner and
-demb-io importable."""
+reshard commute; the CLI, also from a fresh venv with only demb-io and its dependencies
+installed."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,11 +20,15 @@ from demb_io import (
     CheckpointWriter,
     DeltaMeta,
     DeltaTable,
+    FormatError,
     LayoutError,
     ShardData,
     ShardMeta,
     apply_delta,
+    export_npz,
+    export_parquet,
     from_float32,
+    merge_delta_files,
     merge_deltas,
     read_delta,
     read_shard,
@@ -37,6 +42,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 DIM, STATE = 3, 2
+PACKAGES = Path(__file__).resolve().parents[2]
 STRATEGY = ("TIMESTAMP", "LFU")
 
 
@@ -270,31 +276,66 @@ def test_cli_commands(tmp_path, capsys):
     assert "t.rank1-of-3.values [values]" in err
 
 
-def test_the_cli_runs_with_only_numpy_demb_planner_and_demb_io(tmp_path):
-    """A plain environment: no site-packages, only the three packages importable (linked into
-    one folder); every subcommand's help and a verify run, and torch never imported."""
-    import demb_io
-    import demb_planner
+def _uv() -> str:
+    """The uv that set up this environment (README), to install into a fresh venv offline."""
+    found = os.environ.get("UV") or shutil.which("uv")
+    if found is None:
+        pytest.skip("uv (the README's installer) is not on PATH")
+    return found
 
-    plain = tmp_path / "site"
-    plain.mkdir()
-    for module in (np, demb_io, demb_planner):
-        os.symlink(Path(module.__file__).parent, plain / module.__name__)
+
+def test_the_cli_runs_in_a_venv_with_only_demb_io_installed(tmp_path):
+    """A fresh venv (no pip, no torch) where uv installs, from its cache only, demb-io and the
+    two dependencies it declares (demb-planner, numpy) and nothing else: the installed
+    ``demb-io`` script runs every subcommand's help, a verify and an inspect, and torch is not
+    importable there."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    sources = tmp_path / "src"
+    for name in ("demb-planner", "demb-io"):  # copies: the build leaves the checkout alone
+        shutil.copytree(PACKAGES / name, sources / name, ignore=shutil.ignore_patterns("build"))
+    install = [_uv(), "pip", "install", "--python", str(python), "--offline", "--quiet"]
+    packages = [str(sources / "demb-planner"), str(sources / "demb-io"), f"numpy=={np.__version__}"]
+    subprocess.run([*install, "--no-deps", *packages], check=True)
+    script = venv / "bin" / "demb-io"
+    listed = subprocess.run(
+        [
+            str(python),
+            "-c",
+            "import importlib.metadata as m; print(sorted(d.name for d in m.distributions()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert listed.strip() == "['demb-io', 'demb-planner', 'numpy']", listed
+    declared = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.requires('demb-io'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "numpy" in declared
+    assert "demb-planner" in declared
+    assert "torch" not in declared
+    no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, check=False)
+    assert no_torch.returncode != 0
     make_checkpoint(tmp_path / "c", range(5), world=1)
-    code = (
-        "import sys; sys.path[:0] = [sys.argv[1]]; from demb_io.cli import main\n"
-        "try:\n    rc = main(sys.argv[2:])\nexcept SystemExit as done:\n    rc = done.code\n"
-        "assert 'torch' not in sys.modules\nsys.exit(rc)"
+    for args in (["verify"], ["inspect"]):
+        done = subprocess.run(
+            [str(script), *args, str(tmp_path / "c")], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, done.stderr
+    assert (
+        "ok: checkpoint"
+        in subprocess.run(
+            [str(script), "verify", str(tmp_path / "c")], capture_output=True, text=True, check=True
+        ).stdout
     )
-    base = [sys.executable, "-S", "-s", "-c", code, str(plain)]
-    ok = subprocess.run(
-        [*base, "verify", str(tmp_path / "c")], capture_output=True, text=True, check=False
-    )
-    assert ok.returncode == 0, ok.stderr
-    assert "ok: checkpoint" in ok.stdout
     for command in ("", "inspect", "verify", "merge", "apply", "reshard", "export"):
         args = [command, "--help"] if command else ["--help"]
-        done = subprocess.run([*base, *args], capture_output=True, text=True, check=False)
+        done = subprocess.run([str(script), *args], capture_output=True, text=True, check=False)
         assert done.returncode == 0, (command, done.stderr)
         assert "usage: demb-io" in done.stdout
 
@@ -349,3 +390,84 @@ def test_reshard_routes_admission_counters_by_their_keys(tmp_path):
         assert (owner_rank(data.admit_keys, 3, "roundrobin") == meta.rank).all()
         got.update(zip(data.admit_keys.tolist(), data.admit_counts.tolist(), strict=True))
     assert got == {k + 100: k % 5 for k in range(20)}
+
+
+def test_merging_delta_directories_streams_table_by_table(tmp_path):
+    """merge_delta_files (one table of each delta in memory) writes what merge_deltas of the
+    whole deltas gives, with tables present in only some deltas."""
+    deltas = [
+        [make_delta([1, 2, 3], [9], 100, 0), make_delta([4], [], 100, 1, table="u")],
+        [make_delta([2, 5], [1], 150, 2, table="u")],
+        [make_delta([3, 7], [2], 300, 3), make_delta([8], [], 300, 4, table="v")],
+    ]
+    paths = [tmp_path / f"d{i}" for i in range(len(deltas))]
+    for path, delta in zip(paths, deltas, strict=True):
+        write_delta(path, delta)
+    written = merge_delta_files(paths, tmp_path / "m")
+    got, want = read_delta(tmp_path / "m"), merge_deltas(deltas)
+    assert [t.meta for t in got] == written
+    assert [(t.meta.table, t.meta.current_score) for t in got] == [
+        (t.meta.table, t.meta.current_score) for t in want
+    ]
+    for a, b in zip(got, want, strict=True):
+        for f in ("keys", "values", "scores", "slots", "state", "erased", "evicted"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+    moved = dataclasses.replace(
+        deltas[0][0], meta=dataclasses.replace(deltas[0][0].meta, dist_type="continuous")
+    )
+    write_delta(tmp_path / "bad", [moved])
+    with pytest.raises(LayoutError, match="dist_type differs"):
+        merge_delta_files([tmp_path / "d0", tmp_path / "bad"], tmp_path / "m2")
+    assert not (tmp_path / "m2").exists()
+
+
+@pytest.mark.parametrize("float32", [True, False])
+def test_exports_stream_chunk_by_chunk(tmp_path, float32):
+    """npz and parquet exports read in 3-row chunks equal the whole table, admission counters
+    included (npz), and an empty table exports empty arrays of the right shapes."""
+    with CheckpointWriter(tmp_path / "c") as w:
+        for rank, n in enumerate((7, 0, 5)):
+            keys = np.arange(rank, 3 * n, 3, dtype=np.int64)[:n]
+            w.write_shard(
+                dataclasses.replace(shard_meta(rank, 3), admission_rows=0),
+                [
+                    ShardData(
+                        keys,
+                        from_float32(np.arange(n * DIM).reshape(n, DIM), "bfloat16"),
+                        np.arange(2 * n, dtype=np.int64).reshape(n, 2),
+                        np.ones((n, STATE), np.float32),
+                        admit_keys=keys + 1000,
+                        admit_counts=keys,
+                    )
+                ],
+            )
+    rows = Checkpoint(tmp_path / "c").read_table("ebc", "t")
+    values = to_float32(rows.values, "bfloat16") if float32 else rows.values
+    export_npz(tmp_path / "c", "ebc", "t", tmp_path / "t.npz", float32=float32, chunk_rows=3)
+    with np.load(tmp_path / "t.npz") as npz:
+        np.testing.assert_array_equal(npz["keys"], rows.keys)
+        np.testing.assert_array_equal(npz["values"], values)
+        assert npz["values"].dtype == values.dtype
+        np.testing.assert_array_equal(npz["scores"], rows.scores)
+        np.testing.assert_array_equal(npz["state"], rows.state)
+        np.testing.assert_array_equal(npz["admit_keys"], rows.admit_keys)
+        np.testing.assert_array_equal(npz["admit_counts"], rows.admit_counts)
+    pq = pytest.importorskip("pyarrow.parquet")
+    export_parquet(tmp_path / "c", "ebc", "t", tmp_path / "t.pq", float32=float32, chunk_rows=3)
+    got = pq.read_table(tmp_path / "t.pq")
+    assert got.column("key").to_pylist() == rows.keys.tolist()
+    assert got.column("values").to_pylist() == values.tolist()
+    assert got.column("scores").to_pylist() == rows.scores.tolist()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "t.npz", "t.pq"]  # no scratch
+
+
+def test_an_empty_table_exports_and_a_failed_export_leaves_nothing(tmp_path):
+    make_checkpoint(tmp_path / "c", [], world=2)
+    export_npz(tmp_path / "c", "ebc", "t", tmp_path / "t.npz", chunk_rows=2)
+    with np.load(tmp_path / "t.npz") as npz:
+        assert npz["keys"].shape == (0,)
+        assert npz["values"].shape == (0, DIM)
+        assert npz["state"].shape == (0, STATE)
+    with pytest.raises(FormatError):
+        export_npz(tmp_path / "c", "ebc", "nope", tmp_path / "x.npz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "t.npz"]

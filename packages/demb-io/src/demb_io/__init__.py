@@ -10,8 +10,17 @@ admission counters, and a meta JSON with their sizes and CRC-32s.
 from demb_io._errors import FormatError, IoError, LayoutError
 from demb_io._staging import MARKER, commit_directory
 from demb_io.checkpoint import Checkpoint, CheckpointWriter
-from demb_io.delta import DELTA_FORMAT, DeltaMeta, DeltaTable, read_delta, write_delta
+from demb_io.delta import (
+    DELTA_FORMAT,
+    DeltaMeta,
+    DeltaTable,
+    DeltaWriter,
+    iter_delta,
+    read_delta,
+    write_delta,
+)
 from demb_io.dtypes import DTYPES, from_float32, itemsize, storage_dtype, to_float32
+from demb_io.export import export_npz, export_parquet
 from demb_io.meta import (
     CHECKPOINT_FORMAT,
     FORMAT_VERSION,
@@ -22,7 +31,7 @@ from demb_io.meta import (
     shard_stem,
 )
 from demb_io.shard import ShardData, ShardWriter, iter_shard, read_shard, write_shard
-from demb_io.tools import apply_delta, export_npz, export_parquet, merge_deltas, reshard
+from demb_io.tools import apply_delta, merge_delta_files, merge_deltas, reshard
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -35,6 +44,7 @@ __all__ = [
     "CheckpointWriter",
     "DeltaMeta",
     "DeltaTable",
+    "DeltaWriter",
     "FileEntry",
     "FormatError",
     "IoError",
@@ -48,7 +58,9 @@ __all__ = [
     "export_parquet",
     "from_float32",
     "itemsize",
+    "iter_delta",
     "iter_shard",
+    "merge_delta_files",
     "merge_deltas",
     "read_delta",
     "read_meta",

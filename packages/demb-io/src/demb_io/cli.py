@@ -13,8 +13,9 @@ from pathlib import Path
 
 from demb_io._errors import IoError
 from demb_io.checkpoint import Checkpoint
-from demb_io.delta import read_delta, write_delta
-from demb_io.tools import apply_delta, export_npz, export_parquet, merge_deltas, reshard
+from demb_io.delta import read_delta
+from demb_io.export import export_npz, export_parquet
+from demb_io.tools import apply_delta, merge_delta_files, reshard
 
 __all__ = ["main"]
 
@@ -73,8 +74,7 @@ def _verify(args: argparse.Namespace) -> None:
 
 
 def _merge(args: argparse.Namespace) -> None:
-    merged = merge_deltas([read_delta(p) for p in args.deltas])
-    write_delta(args.out, merged)
+    merged = merge_delta_files(args.deltas, args.out)
     print(f"wrote {args.out}: {len(merged)} tables from {len(args.deltas)} deltas")
 
 

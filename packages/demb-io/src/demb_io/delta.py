@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,15 @@ from demb_io._staging import commit_staged, read_marker, staging_path, write_syn
 from demb_io.dtypes import DTYPES
 from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field, file_entry
 
-__all__ = ["DELTA_FORMAT", "DeltaMeta", "DeltaTable", "read_delta", "write_delta"]
+__all__ = [
+    "DELTA_FORMAT",
+    "DeltaMeta",
+    "DeltaTable",
+    "DeltaWriter",
+    "iter_delta",
+    "read_delta",
+    "write_delta",
+]
 
 DELTA_FORMAT = "demb-delta"
 _PARTS = ("keys", "values", "state", "scores", "slots", "erased", "evicted")
@@ -134,9 +143,75 @@ def _meta_json(meta: DeltaMeta) -> str:
     return json.dumps(d, indent=1, sort_keys=True)
 
 
-def write_delta(path: str | Path, tables: list[DeltaTable]) -> list[DeltaMeta]:
-    """Write a delta directory (all its collections and tables), committed atomically like a
-    checkpoint (a temporary directory, fsync, then a rename or exchange).
+class DeltaWriter:
+    """Writes a delta directory table by table (only the table being written in memory), then
+    commits it atomically like a checkpoint (a temporary directory, fsync, then a rename or
+    exchange) when the ``with`` block ends cleanly; on an error nothing is committed.
+
+    Example::
+
+        with DeltaWriter(path) as w:
+            for table in tables:
+                w.write(table)
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._staged = staging_path(self.path)
+        self._staged.mkdir(parents=True)
+        self._seen: set[tuple[str, str]] = set()
+        self.written: list[DeltaMeta] = []
+        """The metas as written (row counts and files filled in)."""
+
+    def write(self, t: DeltaTable) -> DeltaMeta:
+        """Write one table.
+
+        Raises:
+            ValueError: its arrays disagree with its meta, or it was written before.
+        """
+        t.check()
+        m = t.meta
+        if (m.collection, m.table) in self._seen:
+            raise ValueError(f"{m.collection}/{m.table}: given twice")
+        self._seen.add((m.collection, m.table))
+        folder = self._staged / m.collection
+        folder.mkdir(exist_ok=True)
+        files = {}
+        for part in _PARTS:
+            array = getattr(t, part)
+            if array is None:
+                continue
+            writer = PartWriter(folder / f"{m.table}.{part}")
+            writer.write(array)
+            files[part] = writer.close()
+        meta = dataclasses.replace(
+            m,
+            rows=int(t.keys.shape[0]),
+            erased_rows=int(t.erased.shape[0]),
+            evicted_rows=None if t.evicted is None else int(t.evicted.shape[0]),
+            files=files,
+        )
+        write_synced(folder / f"{m.table}.meta.json", _meta_json(meta))
+        self.written.append(meta)
+        return meta
+
+    def __enter__(self) -> DeltaWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            try:
+                commit_staged(self._staged, self.path, f"{DELTA_FORMAT} {FORMAT_VERSION}")
+                return
+            except BaseException:
+                shutil.rmtree(self._staged, ignore_errors=True)
+                raise
+        shutil.rmtree(self._staged, ignore_errors=True)
+
+
+def write_delta(path: str | Path, tables: Iterable[DeltaTable]) -> list[DeltaMeta]:
+    """Write a delta directory (all its collections and tables), committed atomically
+    (:class:`DeltaWriter`).
 
     Returns:
         The metas as written (row counts and files filled in).
@@ -144,42 +219,10 @@ def write_delta(path: str | Path, tables: list[DeltaTable]) -> list[DeltaMeta]:
     Raises:
         ValueError: a table whose arrays disagree with its meta, or a table given twice.
     """
-    path = Path(path)
-    staged = staging_path(path)
-    staged.mkdir(parents=True)
-    written = []
-    seen: set[tuple[str, str]] = set()
-    try:
+    with DeltaWriter(path) as w:
         for t in tables:
-            t.check()
-            m = t.meta
-            if (m.collection, m.table) in seen:
-                raise ValueError(f"{m.collection}/{m.table}: given twice")
-            seen.add((m.collection, m.table))
-            folder = staged / m.collection
-            folder.mkdir(exist_ok=True)
-            files = {}
-            for part in _PARTS:
-                array = getattr(t, part)
-                if array is None:
-                    continue
-                writer = PartWriter(folder / f"{m.table}.{part}")
-                writer.write(array)
-                files[part] = writer.close()
-            meta = dataclasses.replace(
-                m,
-                rows=int(t.keys.shape[0]),
-                erased_rows=int(t.erased.shape[0]),
-                evicted_rows=None if t.evicted is None else int(t.evicted.shape[0]),
-                files=files,
-            )
-            write_synced(folder / f"{m.table}.meta.json", _meta_json(meta))
-            written.append(meta)
-        commit_staged(staged, path, f"{DELTA_FORMAT} {FORMAT_VERSION}")
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
-    return written
+            w.write(t)
+    return w.written
 
 
 def _read_delta_meta(path: Path) -> DeltaMeta:
@@ -275,16 +318,15 @@ def _read_table(folder: Path, meta_path: Path, verify: bool) -> DeltaTable:
     )
 
 
-def read_delta(path: str | Path, *, verify: bool = True) -> list[DeltaTable]:
-    """Every table of a delta directory, validated (sizes, CRC-32s when ``verify``), sorted by
-    collection then table.
+def iter_delta(path: str | Path, *, verify: bool = True) -> Iterator[DeltaTable]:
+    """The tables of a delta directory one at a time (memory: one table), validated (sizes,
+    CRC-32s when ``verify``), in collection then table order.
 
     Raises:
         FormatError: not a committed delta, or a bad meta or file (named with its field).
     """
     path = Path(path)
     read_marker(path, f"{DELTA_FORMAT} {FORMAT_VERSION}", "delta")
-    tables = []
     for folder in sorted(p for p in path.iterdir() if p.is_dir()):
         for meta_path in sorted(folder.glob("*.meta.json")):
             table = _read_table(folder, meta_path, verify)
@@ -292,5 +334,9 @@ def read_delta(path: str | Path, *, verify: bool = True) -> list[DeltaTable]:
                 raise FormatError(
                     meta_path, "collection", f"differs from its folder {folder.name!r}"
                 )
-            tables.append(table)
-    return tables
+            yield table
+
+
+def read_delta(path: str | Path, *, verify: bool = True) -> list[DeltaTable]:
+    """Every table of a delta directory (see :func:`iter_delta`)."""
+    return list(iter_delta(path, verify=verify))

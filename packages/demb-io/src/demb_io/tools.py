@@ -1,7 +1,8 @@
 """Offline tools over checkpoints and deltas: merge deltas, apply a delta to a checkpoint,
-reshard a checkpoint to another world size or dist type, export a table to npz. Each writes
-its result atomically; inputs are never modified. Reshard and apply stream a table chunk by
-chunk; merge and export hold what they handle (deltas, one exported table) in memory.
+reshard a checkpoint to another world size or dist type (exports are in ``export.py``). Each
+writes its result atomically; inputs are never modified. Reshard and apply stream a table chunk
+by chunk (one chunk and the delta in memory); merging delta directories holds one table of each
+delta at a time.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ from demb_planner import continuous_block_size, owner_rank
 
 from demb_io._errors import LayoutError
 from demb_io.checkpoint import Checkpoint, CheckpointWriter
-from demb_io.delta import DeltaTable
-from demb_io.dtypes import to_float32
+from demb_io.delta import DeltaMeta, DeltaTable, DeltaWriter, iter_delta
 from demb_io.meta import ShardMeta
 from demb_io.shard import ShardData
 
-__all__ = ["apply_delta", "export_npz", "export_parquet", "merge_deltas", "reshard"]
+__all__ = ["apply_delta", "merge_delta_files", "merge_deltas", "reshard"]
 
 _TIMESTAMP = "TIMESTAMP"
 
@@ -90,6 +90,39 @@ def merge_deltas(deltas: Sequence[Sequence[DeltaTable]]) -> list[DeltaTable]:
             key = (table.meta.collection, table.meta.table)
             merged[key] = _merge_two(merged[key], table) if key in merged else table
     return [merged[k] for k in sorted(merged)]
+
+
+def merge_delta_files(
+    paths: Sequence[str | Path], target: str | Path, *, verify: bool = True
+) -> list[DeltaMeta]:
+    """:func:`merge_deltas` from delta directories (oldest first) into a new delta directory
+    ``target``, table by table: memory holds one table of each delta at a time.
+
+    Returns:
+        The merged tables' metas as written.
+
+    Raises:
+        FormatError: a bad delta (named with its file and field).
+        LayoutError: as :func:`merge_deltas`.
+    """
+    readers = [iter_delta(p, verify=verify) for p in paths]
+    heads: list[DeltaTable | None] = [next(r, None) for r in readers]
+
+    def name(t: DeltaTable) -> tuple[str, str]:
+        return (t.meta.collection, t.meta.table)
+
+    with DeltaWriter(target) as out:
+        while any(h is not None for h in heads):
+            first = min(name(h) for h in heads if h is not None)
+            merged: DeltaTable | None = None
+            for i, head in enumerate(heads):  # oldest first
+                if head is None or name(head) != first:
+                    continue
+                merged = head if merged is None else _merge_two(merged, head)
+                heads[i] = next(readers[i], None)
+            assert merged is not None
+            out.write(merged)
+    return out.written
 
 
 def _block(
@@ -277,61 +310,3 @@ class _Upsert:
         return ShardData(
             d.keys[new], d.values[new], d.scores[new], None if d.state is None else d.state[new]
         )
-
-
-def _export_arrays(
-    source: str | Path, collection: str, table: str, float32: bool
-) -> dict[str, npt.NDArray[np.generic]]:
-    """A table's rows (every rank) as named arrays; values and state as float32 or as stored."""
-    ckpt = Checkpoint(source)
-    meta = ckpt.shards(collection, table)[0]
-    rows = ckpt.read_table(collection, table)
-    arrays: dict[str, npt.NDArray[np.generic]] = {"keys": rows.keys, "scores": rows.scores}
-    arrays["values"] = to_float32(rows.values, meta.embedding_dtype) if float32 else rows.values
-    if rows.state is not None:
-        assert meta.optim_state_dtype is not None
-        arrays["state"] = to_float32(rows.state, meta.optim_state_dtype) if float32 else rows.state
-    if rows.admit_keys is not None and rows.admit_counts is not None:
-        arrays["admit_keys"], arrays["admit_counts"] = rows.admit_keys, rows.admit_counts
-    return arrays
-
-
-def export_npz(
-    source: str | Path, collection: str, table: str, target: str | Path, *, float32: bool = True
-) -> None:
-    """Save a table's rows (every rank) as an ``.npz``: ``keys``, ``values`` (float32, or the
-    stored words with ``float32=False``), ``scores``, and ``state`` / ``admit_keys`` /
-    ``admit_counts`` when present."""
-    arrays = _export_arrays(source, collection, table, float32)
-    with open(target, "wb") as f:
-        np.savez(f, **arrays)  # type: ignore[arg-type]
-
-
-def export_parquet(
-    source: str | Path, collection: str, table: str, target: str | Path, *, float32: bool = True
-) -> None:
-    """Save a table's rows (every rank) as a Parquet file, one row per key: ``key``, ``values``
-    (a fixed-size list of float32, or of the stored words with ``float32=False``), ``scores``
-    (a list of int64), and ``state`` when present. Needs the ``parquet`` extra (pyarrow).
-
-    Raises:
-        ImportError: pyarrow is not installed (``pip install demb-io[parquet]``).
-    """
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as err:
-        raise ImportError(
-            "export to parquet needs pyarrow: pip install 'demb-io[parquet]'"
-        ) from err
-    arrays = _export_arrays(source, collection, table, float32)
-
-    def rows_of(a: npt.NDArray[np.generic]) -> object:
-        flat = pa.array(np.ascontiguousarray(a).reshape(-1))
-        return pa.FixedSizeListArray.from_arrays(flat, a.shape[1])
-
-    columns = {"key": pa.array(arrays["keys"])}
-    for name in ("values", "scores", "state"):
-        if name in arrays:
-            columns[name] = rows_of(arrays[name])
-    pq.write_table(pa.table(columns), str(target))
