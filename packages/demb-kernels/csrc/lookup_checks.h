@@ -1,5 +1,5 @@
-// Argument checks of gather_table_rows and segment_sum_rows, shared by the CPU and CUDA
-// bindings.
+// Argument checks of gather_table_rows, table_find_rows and segment_sum_rows, shared by the CPU
+// and CUDA bindings.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -7,15 +7,13 @@
 #include <optional>
 
 #include "lookup_rule.h"
+#include "table_checks.h"
 
 namespace demb {
 
-// values: T tensors (R_t, W_t >= dim), one float dtype, contiguous, on one device; slots and
-// tables (U,) int64; inverse (N,) int64 or none (N = U, row i is key i). Returns the tables'
-// pointers.
-inline GatherTables check_gather_tables(at::TensorList values, const at::Tensor& slots,
-                                        const at::Tensor& tables,
-                                        const std::optional<at::Tensor>& inverse, int64_t dim) {
+// values: T tensors (R_t, W_t >= dim), one float dtype, contiguous, on one device. Returns the
+// tables' pointers.
+inline GatherTables check_gather_values(at::TensorList values, int64_t dim) {
   const auto t_count = static_cast<int64_t>(values.size());
   TORCH_CHECK_VALUE(t_count >= 1 && t_count <= kMaxGatherTables, "values: ", t_count,
                     " tables; gather_table_rows takes 1 to ", kMaxGatherTables);
@@ -38,6 +36,15 @@ inline GatherTables check_gather_tables(at::TensorList values, const at::Tensor&
     g.rows[t] = v.size(0);
     g.width[t] = v.size(1);
   }
+  return g;
+}
+
+// values as check_gather_values; slots and tables (U,) int64; inverse (N,) int64 or none (N = U,
+// row i is key i). Returns the tables' pointers.
+inline GatherTables check_gather_tables(at::TensorList values, const at::Tensor& slots,
+                                        const at::Tensor& tables,
+                                        const std::optional<at::Tensor>& inverse, int64_t dim) {
+  const GatherTables g = check_gather_values(values, dim);
   const at::Tensor& every = inverse ? *inverse : slots;  // no inverse: row i is key i
   for (const auto& [name, x] : {std::pair<const char*, const at::Tensor&>{"slots", slots},
                                 {"tables", tables},
@@ -49,6 +56,20 @@ inline GatherTables check_gather_tables(at::TensorList values, const at::Tensor&
   }
   TORCH_CHECK_VALUE(tables.numel() == slots.numel(), "tables and slots must have one entry per "
                     "unique key, got ", tables.numel(), " and ", slots.numel());
+  return g;
+}
+
+// table_find_rows: the index's T tables each have a values buffer (as check_gather_values) on
+// the index's device; keys and table_ids as the table ops take them.
+inline GatherTables check_find_rows(const IndexTensors& ix, at::TensorList values,
+                                    const at::Tensor& keys, const at::Tensor& table_ids,
+                                    int64_t dim) {
+  check_batch(ix, keys, table_ids, std::nullopt, std::nullopt);
+  const GatherTables g = check_gather_values(values, dim);
+  TORCH_CHECK_VALUE(g.count == ix.num_tables(), "values: ", g.count, " buffers for an index of ",
+                    ix.num_tables(), " tables");
+  TORCH_CHECK_VALUE(values[0].device() == ix.keys.device(), "values are on ",
+                    values[0].device(), ", the index on ", ix.keys.device());
   return g;
 }
 

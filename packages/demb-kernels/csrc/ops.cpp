@@ -29,6 +29,11 @@ TORCH_LIBRARY(demb, m) {
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
       "Tensor table_ids) -> Tensor");
   m.def("table_timestamp(Tensor like) -> Tensor");
+  // A lookup that also reads each found key's row (float32; zeros for a missing key).
+  m.def(
+      "table_find_rows(Tensor index_keys, Tensor digests, Tensor scores, Tensor slot_offsets, "
+      "Tensor bucket_widths, Tensor policies, Tensor[] values, Tensor keys, Tensor table_ids, "
+      "int dim) -> (Tensor, Tensor)");
   // Value rows addressed by slot (-1: none).
   m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
   m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");

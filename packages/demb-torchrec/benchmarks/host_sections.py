@@ -47,7 +47,7 @@ def main() -> None:
     wrap(ag, "apply_update", "bwd.apply_update")
     wrap(bt, "index_tables", "eval.index_tables")
     wrap(bt, "check_batch", "eval.check_batch(sync)")
-    wrap(st.ScoredHashTable, "find", "eval.find")
+    wrap(st.ScoredHashTable, "find_rows", "eval.find_rows")
     dev = torch.device("cuda")
     w = Workload()
     m = build(w, dev)

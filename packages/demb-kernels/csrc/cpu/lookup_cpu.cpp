@@ -9,12 +9,15 @@
 #include <tuple>
 #include <vector>
 
+#include "cpu/lookup_cpu.h"
 #include "lookup_checks.h"
 
 namespace demb {
 namespace {
 
 constexpr int64_t kPrefetchAhead = 8;  // rows gather_table_rows asks memory for in advance
+
+}  // namespace
 
 at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots_in,
                                  const at::Tensor& tables_in,
@@ -72,6 +75,8 @@ at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots_
       });
   return out;
 }
+
+namespace {
 
 std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(const at::Tensor& grads_in,
                                                         const at::Tensor& order_in,

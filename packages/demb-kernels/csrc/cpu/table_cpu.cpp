@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/lookup_cpu.h"
+#include "lookup_checks.h"
 #include "table_checks.h"
 #include "table_rule.h"
 
@@ -369,6 +371,24 @@ at::Tensor table_erase_cpu(const at::Tensor& index_keys, const at::Tensor& diges
   return slots;
 }
 
+// table_find_rows: table_lookup (no score touched), then gather_table_rows of the slots.
+std::tuple<at::Tensor, at::Tensor> table_find_rows_cpu(
+    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
+    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
+    at::TensorList values, const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim) {
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const GatherTables g = check_find_rows(ix, values, keys, table_ids, dim);
+  const int64_t* offsets = slot_offsets.const_data_ptr<int64_t>();
+  for (int64_t t = 0; t < g.count; ++t) {
+    TORCH_CHECK_VALUE(g.rows[t] >= offsets[t + 1] - offsets[t], "values[", t, "] has ",
+                      g.rows[t], " rows for a table of ", offsets[t + 1] - offsets[t], " slots");
+  }
+  at::Tensor slots = table_lookup_cpu(index_keys, digests, scores, slot_offsets, bucket_widths,
+                                      policies, keys, table_ids, std::nullopt, std::nullopt);
+  return {gather_table_rows_cpu(values, slots, table_ids.contiguous(), std::nullopt, dim), slots};
+}
+
 at::Tensor table_timestamp_cpu(const at::Tensor& like) {
   const auto now = std::chrono::steady_clock::now().time_since_epoch();
   const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
@@ -383,6 +403,7 @@ TORCH_LIBRARY_IMPL(demb, CPU, m) {
   m.impl("table_insert_or_assign", &table_insert_or_assign_cpu);
   m.impl("table_erase", &table_erase_cpu);
   m.impl("table_timestamp", &table_timestamp_cpu);
+  m.impl("table_find_rows", &table_find_rows_cpu);
 }
 
 }  // namespace demb

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -88,17 +89,21 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads
   const int64_t n = grads.size(0);
   const int64_t d = grads.size(1);
   const int64_t unique = starts.numel();
-  at::Tensor nonfinite = at::zeros({}, grads.options().dtype(at::kInt));
+  TORCH_CHECK_VALUE(n < std::numeric_limits<int32_t>::max(), "grads: ", n,
+                    " rows; segment_sum_rows on CUDA takes fewer than 2^31 - 1");
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor nonfinite = at::empty({}, grads.options().dtype(at::kInt));
+  C10_CUDA_CHECK(cudaMemsetAsync(nonfinite.data_ptr(), 0, sizeof(int32_t), stream));
   if (unique == 0 || n == 0 || d == 0) {
     return {at::zeros({unique, d}, grads.options()), nonfinite.to(at::kBool)};
   }
   at::Tensor out = at::empty({unique, d}, grads.options());  // pass 1 or 2 writes every row
   int32_t* bad = nonfinite.data_ptr<int32_t>();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const unsigned segment_blocks =
       static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
-  at::Tensor chunk_offsets = at::zeros({unique + 1}, starts.options());
+  at::Tensor chunk_offsets = at::empty({unique + 1}, starts.options());
   int64_t* co = chunk_offsets.data_ptr<int64_t>();
+  C10_CUDA_CHECK(cudaMemsetAsync(co, 0, sizeof(int64_t), stream));  // the kernel writes the rest
   cuda::segment_chunk_counts_kernel<<<segment_blocks, cuda::kLookupThreads, 0, stream>>>(
       starts.const_data_ptr<int64_t>(), unique, n, co);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

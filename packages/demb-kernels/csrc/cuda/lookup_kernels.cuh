@@ -1,38 +1,15 @@
 // CUDA kernels of gather_table_rows and segment_sum_rows (lookup_rule.h); plain CUDA, no torch
 // headers. One warp per output row; each lane loads its elements of a 128-column block into
-// registers before storing or adding them.
+// registers before storing or adding them. Include from one .cu file only: it defines kernels.
 #pragma once
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <cstdint>
 
+#include "cuda/gather_rows.cuh"
 #include "lookup_rule.h"
 
 namespace demb {
 namespace cuda {
-
-constexpr int kLookupWarp = 32;
-constexpr int kLookupThreads = 256;
-constexpr int kLookupPerLane = 4;  // a 128-column block per warp pass
-constexpr int kLookupBlock = kLookupWarp * kLookupPerLane;
-
-__device__ __forceinline__ float lookup_float(float x) { return x; }
-__device__ __forceinline__ float lookup_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float lookup_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-__device__ __forceinline__ int64_t warp_index() {
-  return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kLookupWarp;
-}
-
-// Rows a warp gathers at once when a row is at most one float4 per lane (dim <= 128 float32):
-// their loads are all in flight together, so the gather is not bound by one row's latency.
-constexpr int kGatherRows = 4;
-
-__device__ __forceinline__ bool no_row(const GatherTables& g, int64_t s, int64_t t) {
-  return s < 0 || t < 0 || t >= g.count || s >= g.rows[t];
-}
 
 // out[i] (dim floats) = row slots[u] of table tables[u], u = inverse[i] (u = i without
 // inverse); zeros when the slot is -1 or anything is out of range. With `Vec4` (float32 rows,
@@ -45,7 +22,6 @@ __global__ void __launch_bounds__(kLookupThreads)
                              const int64_t* __restrict__ tables,
                              const int64_t* __restrict__ inverse, int64_t unique, int64_t n,
                              int64_t dim, int rows_per_warp, float* __restrict__ out) {
-  constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
   if constexpr (Vec4) {
     if (rows_per_warp == kGatherRows) {  // dim / 4 <= 32: one float4 per lane and row
@@ -60,24 +36,7 @@ __global__ void __launch_bounds__(kLookupThreads)
           my_table = tables[u];
         }
       }
-      const int64_t quads = dim / 4;
-      float4 v[kGatherRows];
-#pragma unroll
-      for (int r = 0; r < kGatherRows; ++r) {
-        const int64_t s = __shfl_sync(kAll, my_slot, r);
-        const int64_t t = __shfl_sync(kAll, my_table, r);
-        v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (lane < quads && !no_row(g, s, t)) {
-          const float* src = static_cast<const float*>(g.base[t]) + s * g.width[t];
-          v[r] = __ldg(reinterpret_cast<const float4*>(src) + lane);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kGatherRows; ++r) {
-        if (lane < quads && first + r < n) {
-          reinterpret_cast<float4*>(out + (first + r) * dim)[lane] = v[r];
-        }
-      }
+      warp_copy_rows4(g, my_slot, my_table, 1, first, n, dim, lane, out);
       return;
     }
   }
@@ -90,40 +49,7 @@ __global__ void __launch_bounds__(kLookupThreads)
     s = slots[u];
     t = tables[u];
   }
-  float* row = out + i * dim;
-  const bool none = no_row(g, s, t);
-  const T* src = none ? nullptr : static_cast<const T*>(g.base[t]) + s * g.width[t];
-  if constexpr (Vec4) {
-    const int64_t quads = dim / 4;
-    for (int64_t base = lane; base < quads; base += kLookupBlock) {
-      float4 v[kLookupPerLane];
-#pragma unroll
-      for (int q = 0; q < kLookupPerLane; ++q) {
-        const int64_t j = base + q * kLookupWarp;
-        v[q] = (none || j >= quads) ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
-                                    : __ldg(reinterpret_cast<const float4*>(src) + j);
-      }
-#pragma unroll
-      for (int q = 0; q < kLookupPerLane; ++q) {
-        const int64_t j = base + q * kLookupWarp;
-        if (j < quads) reinterpret_cast<float4*>(row)[j] = v[q];
-      }
-    }
-  } else {
-    for (int64_t base = lane; base < dim; base += kLookupBlock) {
-      float v[kLookupPerLane];
-#pragma unroll
-      for (int q = 0; q < kLookupPerLane; ++q) {
-        const int64_t j = base + q * kLookupWarp;
-        v[q] = (none || j >= dim) ? 0.0f : lookup_float(src[j]);
-      }
-#pragma unroll
-      for (int q = 0; q < kLookupPerLane; ++q) {
-        const int64_t j = base + q * kLookupWarp;
-        if (j < dim) row[j] = v[q];
-      }
-    }
-  }
+  warp_copy_row<T, Vec4>(g, s, t, dim, lane, out + i * dim);
 }
 
 // Adds (or, first, stores) rows of `d` floats: a lane's part of a pass over the row: columns
@@ -258,7 +184,7 @@ __global__ void __launch_bounds__(kLookupThreads)
 // Pass 1 when a row is one float4 per lane (d <= 128, 16-byte aligned): a warp sums
 // kGatherRows consecutive chunks together, one row of each in flight at a time, in the same
 // order per chunk as segment_chunk_sums_kernel (so the same floats).
-__global__ void __launch_bounds__(kLookupThreads)
+__global__ void __launch_bounds__(kLookupThreads, 6)
     segment_chunk_sums_packed_kernel(const float* __restrict__ grads,
                                      const int64_t* __restrict__ order,
                                      const int64_t* __restrict__ chunk_begin,
@@ -267,15 +193,16 @@ __global__ void __launch_bounds__(kLookupThreads)
                                      const int64_t* __restrict__ total_chunks, int64_t d,
                                      int64_t max_chunks, float* __restrict__ partial,
                                      float* __restrict__ out, int32_t* __restrict__ nonfinite) {
+  // Row numbers and lengths as 32-bit words (N < 2^31, checked by the binding) and each
+  // chunk's destination read again at the end: 40 registers, 6 blocks per SM.
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
   const int64_t first = warp_index() * kGatherRows;
   const int64_t total = *total_chunks < max_chunks ? *total_chunks : max_chunks;
   if (first >= total) return;  // the same for the warp's lanes
-  const int64_t quads = d / 4;
+  const int quads = static_cast<int>(d / 4);
   int len[kGatherRows];
-  int64_t dest[kGatherRows];
-  int64_t my_row[kGatherRows];
+  int32_t my_row[kGatherRows];
   int longest = 0;
 #pragma unroll
   for (int c = 0; c < kGatherRows; ++c) {
@@ -283,19 +210,19 @@ __global__ void __launch_bounds__(kLookupThreads)
     const bool ok = cc < total;
     const int64_t b = ok ? chunk_begin[cc] : 0;
     len[c] = ok ? static_cast<int>(chunk_len[cc]) : 0;
-    dest[c] = ok ? chunk_dest[cc] : 0;
-    my_row[c] = lane < len[c] ? order[b + lane] : 0;
+    my_row[c] = lane < len[c] ? static_cast<int32_t>(order[b + lane]) : 0;
     longest = len[c] > longest ? len[c] : longest;
   }
   float4 acc[kGatherRows];
 #pragma unroll
   for (int c = 0; c < kGatherRows; ++c) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float4* rows = reinterpret_cast<const float4*>(grads);
   for (int r = 0; r < longest; ++r) {
 #pragma unroll
     for (int c = 0; c < kGatherRows; ++c) {
-      const int64_t row = __shfl_sync(kAll, my_row[c], r);
+      const int32_t row = __shfl_sync(kAll, my_row[c], r);
       if (r < len[c] && lane < quads) {
-        const float4 x = __ldg(reinterpret_cast<const float4*>(grads + row * d) + lane);
+        const float4 x = __ldg(rows + static_cast<int64_t>(row) * quads + lane);
         acc[c].x += x.x;
         acc[c].y += x.y;
         acc[c].z += x.z;
@@ -306,9 +233,10 @@ __global__ void __launch_bounds__(kLookupThreads)
 #pragma unroll
   for (int c = 0; c < kGatherRows; ++c) {
     if (len[c] == 0) continue;  // the same for the warp's lanes
-    float* dst = dest[c] >= 0 ? out + dest[c] * d : partial + (~dest[c]) * d;
+    const int64_t dest = chunk_dest[first + c];
+    float* dst = dest >= 0 ? out + dest * d : partial + (~dest) * d;
     if (lane < quads) reinterpret_cast<float4*>(dst)[lane] = acc[c];
-    const bool bad = dest[c] >= 0 && lane < quads &&
+    const bool bad = dest >= 0 && lane < quads &&
                      (!isfinite(acc[c].x) || !isfinite(acc[c].y) || !isfinite(acc[c].z) ||
                       !isfinite(acc[c].w));
     if (__any_sync(kAll, bad) && lane == 0) atomicOr(nonfinite, 1);

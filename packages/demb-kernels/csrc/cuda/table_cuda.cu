@@ -19,7 +19,7 @@
 namespace demb {
 namespace {
 
-using cuda::cub_call;
+using cuda::cub_sequence;
 
 constexpr int kThreads = cuda::kWarp * cuda::kWarpsPerBlock;
 
@@ -41,48 +41,47 @@ int end_bit_for(uint64_t skip) {
 }
 
 // The phase-B schedule: entries stably sorted by sort key (bucket order, batch order within a
-// bucket), cut into runs of equal keys. The tensors back the pointers of `runs`.
+// bucket), cut into runs of equal keys. Phase A fills sort_keys, order (the sort's values) and
+// zeroed run_lengths (PhaseBPrep); build() sorts and cuts. Two allocations back every array.
 struct Schedule {
-  at::Tensor positions, run_keys, run_offsets, run_lengths, run_count;
-  cuda::Runs runs() const {
-    return cuda::Runs{reinterpret_cast<const uint64_t*>(run_keys.const_data_ptr<int64_t>()),
-                      run_offsets.const_data_ptr<int32_t>(), run_lengths.const_data_ptr<int32_t>(),
-                      run_count.const_data_ptr<int32_t>(), positions.const_data_ptr<int32_t>()};
+  at::Tensor words;  // int64 (3, N): sort keys, sorted keys, run keys
+  at::Tensor ints;   // int32 (4N + 1): order, positions, run lengths, run offsets, run count
+  int64_t n;
+  uint64_t skip;
+
+  Schedule(const at::Tensor& like, int64_t n_, uint64_t skip_)
+      : words(at::empty({3, n_}, like.options().dtype(at::kLong))),
+        ints(at::empty({4 * n_ + 1}, like.options().dtype(at::kInt))),
+        n(n_),
+        skip(skip_) {}
+
+  uint64_t* word(int64_t k) const {
+    return reinterpret_cast<uint64_t*>(words.data_ptr<int64_t>()) + k * n;
+  }
+  int32_t* int32(int64_t k) const { return ints.data_ptr<int32_t>() + k * n; }
+
+  cuda::PhaseBPrep prep() const { return cuda::PhaseBPrep{word(0), int32(0), int32(2), skip}; }
+
+  cuda::Runs runs() const { return cuda::Runs{word(2), int32(3), int32(2), int32(4), int32(1)}; }
+
+  void build(cudaStream_t stream) const {
+    const auto n32 = static_cast<int>(n);
+    const int end_bit = end_bit_for(skip);
+    cub_sequence(
+        words,
+        [&](void* temp, size_t& bytes) {
+          return cub::DeviceRadixSort::SortPairs(temp, bytes, word(0), word(1), int32(0),
+                                                 int32(1), n32, 0, end_bit, stream);
+        },
+        [&](void* temp, size_t& bytes) {
+          return cub::DeviceRunLengthEncode::Encode(temp, bytes, word(1), word(2), int32(2),
+                                                    int32(4), n32, stream);
+        },
+        [&](void* temp, size_t& bytes) {
+          return cub::DeviceScan::ExclusiveSum(temp, bytes, int32(2), int32(3), n32, stream);
+        });
   }
 };
-
-Schedule schedule(const at::Tensor& sort_keys, uint64_t skip, cudaStream_t stream) {
-  const int64_t n = sort_keys.numel();
-  const auto n32 = static_cast<int>(n);
-  const at::Tensor order = at::arange(n, sort_keys.options().dtype(at::kInt));
-  Schedule out;
-  out.positions = at::empty_like(order);
-  at::Tensor sorted = at::empty_like(sort_keys);
-  const auto* k_in = reinterpret_cast<const uint64_t*>(sort_keys.const_data_ptr<int64_t>());
-  auto* k_out = reinterpret_cast<uint64_t*>(sorted.data_ptr<int64_t>());
-  const int end_bit = end_bit_for(skip);
-  cub_call(sort_keys, [&](void* temp, size_t& bytes) {
-    return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
-                                           order.const_data_ptr<int32_t>(),
-                                           out.positions.data_ptr<int32_t>(), n32, 0, end_bit,
-                                           stream);
-  });
-  out.run_keys = at::empty_like(sort_keys);
-  out.run_lengths = at::zeros({n}, order.options());
-  out.run_count = at::empty({1}, order.options());
-  auto* unique = reinterpret_cast<uint64_t*>(out.run_keys.data_ptr<int64_t>());
-  cub_call(sort_keys, [&](void* temp, size_t& bytes) {
-    return cub::DeviceRunLengthEncode::Encode(temp, bytes, k_out, unique,
-                                              out.run_lengths.data_ptr<int32_t>(),
-                                              out.run_count.data_ptr<int32_t>(), n32, stream);
-  });
-  out.run_offsets = at::empty_like(out.run_lengths);
-  cub_call(sort_keys, [&](void* temp, size_t& bytes) {
-    return cub::DeviceScan::ExclusiveSum(temp, bytes, out.run_lengths.const_data_ptr<int32_t>(),
-                                         out.run_offsets.data_ptr<int32_t>(), n32, stream);
-  });
-  return out;
-}
 
 at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
                              const at::Tensor& scores, const at::Tensor& slot_offsets,
@@ -106,7 +105,7 @@ at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& dig
   const cuda::BatchOut out{slots.data_ptr<int64_t>(), nullptr, nullptr, nullptr};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(
-      make_view(ix, nullptr), in, out, nullptr, 0);
+      make_view(ix, nullptr), in, out, cuda::PhaseBPrep{});
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return slots;
 }
@@ -132,9 +131,10 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
   const bool inserts = op != BucketOp::kErase;
   at::Tensor slots = at::empty({n}, keys.options());
   at::Tensor status = inserts ? at::empty({n}, keys.options()) : at::Tensor();
-  at::Tensor victim_keys = inserts ? at::full({n}, kEmptyKey, keys.options()) : at::Tensor();
-  at::Tensor victim_scores =
-      inserts ? at::zeros({ix.score_words(), n}, keys.options()) : at::Tensor();
+  // Phase A sets the victim outputs of every entry (an empty key, zero scores).
+  at::Tensor victim_keys = inserts ? at::empty({n}, keys.options()) : at::Tensor();
+  at::Tensor victim_scores = inserts ? at::empty({ix.score_words(), n}, keys.options())
+                                     : at::Tensor();
   if (n == 0) return {slots, status, victim_keys, victim_scores};
 
   const TableView v = make_view(ix, &sizes);
@@ -146,16 +146,15 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
                            inserts ? victim_scores.data_ptr<int64_t>() : nullptr};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const uint64_t skip = static_cast<uint64_t>(ix.num_slots()) << 1;  // above every sort key
-  at::Tensor sort_keys = at::empty({n}, keys.options());
-  auto* sort_ptr = reinterpret_cast<uint64_t*>(sort_keys.data_ptr<int64_t>());
+  const Schedule plan(keys, n, skip);
   if (op == BucketOp::kInsert) {
-    cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(v, in, out, sort_ptr,
-                                                                             skip);
+    cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(v, in, out,
+                                                                             plan.prep());
   } else {
-    cuda::bucket_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, in, out, sort_ptr, skip);
+    cuda::bucket_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, in, out, plan.prep());
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const Schedule plan = schedule(sort_keys, skip, stream);
+  plan.build(stream);
   cuda::bucket_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, op, in, out, plan.runs(),
                                                               skip);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

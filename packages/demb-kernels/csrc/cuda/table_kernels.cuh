@@ -1,24 +1,17 @@
 // CUDA kernels of the scored hash table (HASH_TABLE.md); plain CUDA, no torch headers.
 //
-// What the ops share, and phase A: a tile of 8 lanes per key, each lane covering 16 slots of
-// every 128-slot step through the bucket. Phase B is in table_bucket.cuh. The choices are those
-// of the CPU kernels (cpu/table_cpu.cpp): same bucket, same empty slot, same victim.
+// What the ops share, and phase A (one tile of lanes per key, table_find.cuh). Phase B is in
+// table_bucket.cuh. The choices are those of the CPU kernels (cpu/table_cpu.cpp): same bucket,
+// same empty slot, same victim. Include this header from one .cu file only: it defines kernels.
 #pragma once
-
-#include <cooperative_groups.h>
 
 #include <cstdint>
 
+#include "cuda/table_find.cuh"
 #include "table_rule.h"
 
 namespace demb {
 namespace cuda {
-
-constexpr int kWarp = 32;
-constexpr int kWarpsPerBlock = 8;
-constexpr int kFindTile = 8;  // lanes per key in lookups (16 slots per lane and step)
-
-namespace cg = cooperative_groups;
 
 struct BatchIn {
   const int64_t* keys;
@@ -36,10 +29,6 @@ struct BatchOut {
   int64_t* victim_scores;  // (W, N), null for lookup / erase
 };
 
-__device__ __forceinline__ bool valid_entry(const TableView& v, int64_t key, int64_t t) {
-  return t >= 0 && t < v.num_tables && key != kEmptyKey;
-}
-
 __device__ __forceinline__ void atomic_sat_add(int64_t* word, int64_t count) {
   auto* addr = reinterpret_cast<unsigned long long*>(word);
   unsigned long long old = *addr;
@@ -51,42 +40,34 @@ __device__ __forceinline__ void atomic_sat_add(int64_t* word, int64_t count) {
   } while (old != assumed);
 }
 
-// Global slot of `key` in the bucket at global slot `base`, or -1; the same in every lane of
-// the tile. Each lane compares 16 digests at once (one 16-byte load) per step.
-template <typename Tile>
-__device__ int64_t tile_find(const Tile& tile, const TableView& v, int64_t base, int64_t width,
-                             int64_t key, uint8_t digest) {
-  const int lane = static_cast<int>(tile.thread_rank());
-  const uint32_t pattern = 0x01010101u * digest;
-  const int64_t step = 16 * static_cast<int64_t>(tile.num_threads());
-  for (int64_t c = 0; c < width; c += step) {
-    const int64_t j0 = c + 16 * lane;
-    int64_t hit = -1;
-    if (j0 < width) {
-      const uint4 d = *reinterpret_cast<const uint4*>(v.digests + base + j0);
-      const uint32_t words[4] = {d.x, d.y, d.z, d.w};
-      for (int q = 0; q < 4; ++q) {
-        uint32_t m = __vcmpeq4(words[q] & 0x7F7F7F7Fu, pattern);
-        while (m) {
-          const int b = (__ffs(m) - 1) >> 3;
-          const int64_t g = base + j0 + 4 * q + b;
-          if (v.keys[g] == key) hit = g;
-          m &= ~(0xFFu << (8 * b));
-        }
-      }
-    }
-    const unsigned mask = tile.ballot(hit >= 0);
-    if (mask) return tile.shfl(hit, __ffs(mask) - 1);
+// What phase A writes for phase B besides each entry's sort key: the sort's values (batch
+// positions), zeroed run lengths, and the entry's "no victim" outputs (an empty victim key and
+// zero victim scores; phase B overwrites them for EVICTED entries). All null for a lookup.
+struct PhaseBPrep {
+  uint64_t* sort_keys;   // (N,) (bucket start << 1) | hit, or `skip`
+  int32_t* positions;    // (N,) i
+  int32_t* run_lengths;  // (N,) 0
+  uint64_t skip;
+};
+
+__device__ __forceinline__ void prepare_entry(const PhaseBPrep& prep, const BatchOut& out,
+                                              int64_t words, int64_t n, int64_t i,
+                                              uint64_t sort_key) {
+  prep.sort_keys[i] = sort_key;
+  prep.positions[i] = static_cast<int32_t>(i);
+  prep.run_lengths[i] = 0;
+  if (out.victim_keys) {
+    out.victim_keys[i] = kEmptyKey;
+    for (int64_t w = 0; w < words; ++w) out.victim_scores[w * n + i] = 0;
   }
-  return -1;
 }
 
 // Lookup / phase A: one tile of kFindTile lanes per key. With score_args, touch found keys
-// (atomically: other tiles may touch the same key). With `sort_keys`, also write each key's
-// phase-B sort key: (its bucket's global start slot << 1) | hit; invalid entries miss, are
-// FAILED (status) and get `skip`.
+// (atomically: other tiles may touch the same key). With `prep.sort_keys`, also prepare each
+// entry for phase B; its sort key is (its bucket's global start slot << 1) | hit; invalid
+// entries miss, are FAILED (status) and get `skip`.
 __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
-    lookup_kernel(TableView v, BatchIn in, BatchOut out, uint64_t* sort_keys, uint64_t skip) {
+    lookup_kernel(TableView v, BatchIn in, BatchOut out, PhaseBPrep prep) {
   const auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kFindTile;
   if (i >= in.n) return;
@@ -97,7 +78,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
     if (leader) {
       out.slots[i] = -1;
       if (out.status) out.status[i] = static_cast<int64_t>(InsertStatus::kFailed);
-      if (sort_keys) sort_keys[i] = skip;
+      if (prep.sort_keys) prepare_entry(prep, out, v.words, in.n, i, prep.skip);
     }
     return;
   }
@@ -107,7 +88,10 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
   const int64_t g = tile_find(tile, v, base, width, key, home.digest);
   if (!leader) return;
   out.slots[i] = g < 0 ? -1 : g - v.slot_offsets[t];
-  if (sort_keys) sort_keys[i] = (static_cast<uint64_t>(base) << 1) | (g < 0 ? 0 : 1);
+  if (prep.sort_keys) {
+    const uint64_t sort_key = (static_cast<uint64_t>(base) << 1) | (g < 0 ? 0 : 1);
+    prepare_entry(prep, out, v.words, in.n, i, sort_key);
+  }
   if (out.status) out.status[i] = static_cast<int64_t>(InsertStatus::kHit);
   if (g < 0 || !in.score_args) return;
   const auto policy = static_cast<ScorePolicy>(v.policies[t]);
@@ -124,9 +108,9 @@ inline unsigned blocks_for_tiles(int64_t tiles) {
   return static_cast<unsigned>((tiles + per_block - 1) / per_block);
 }
 
-// Phase-B sort keys of every entry (insert_or_assign, erase): bucket start << 1, or `skip`.
-__global__ void bucket_keys_kernel(TableView v, BatchIn in, BatchOut out, uint64_t* sort_keys,
-                                   uint64_t skip) {
+// Phase B's preparation of every entry (insert_or_assign, erase): sort key bucket start << 1,
+// or `skip`.
+__global__ void bucket_keys_kernel(TableView v, BatchIn in, BatchOut out, PhaseBPrep prep) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= in.n) return;
   const int64_t key = in.keys[i];
@@ -134,11 +118,12 @@ __global__ void bucket_keys_kernel(TableView v, BatchIn in, BatchOut out, uint64
   if (!valid_entry(v, key, t)) {
     out.slots[i] = -1;
     if (out.status) out.status[i] = static_cast<int64_t>(InsertStatus::kFailed);
-    sort_keys[i] = skip;
+    prepare_entry(prep, out, v.words, in.n, i, prep.skip);
     return;
   }
   const Home home = home_of(key, v.capacity(t), v.bucket_widths[t]);
-  sort_keys[i] = static_cast<uint64_t>(v.slot_offsets[t] + home.bucket_base) << 1;
+  prepare_entry(prep, out, v.words, in.n, i,
+                static_cast<uint64_t>(v.slot_offsets[t] + home.bucket_base) << 1);
 }
 
 __global__ void timestamp_kernel(int64_t* out) {

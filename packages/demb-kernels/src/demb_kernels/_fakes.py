@@ -29,6 +29,15 @@ def _lookup_fake(*args: torch.Tensor | None) -> torch.Tensor:
     return keys.new_empty(keys.shape)
 
 
+@torch.library.register_fake("demb::table_find_rows")  # type: ignore[untyped-decorator]
+def _find_rows_fake(
+    *args: torch.Tensor | list[torch.Tensor] | int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    keys, dim = args[7], args[9]
+    assert isinstance(keys, torch.Tensor) and isinstance(dim, int)
+    return keys.new_empty((keys.shape[0], dim), dtype=torch.float32), keys.new_empty(keys.shape)
+
+
 @torch.library.register_fake("demb::table_find_or_insert")  # type: ignore[untyped-decorator]
 def _find_or_insert_fake(
     *args: torch.Tensor | None,

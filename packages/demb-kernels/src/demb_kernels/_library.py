@@ -17,6 +17,7 @@ OPS = (
     "table_insert_or_assign",
     "table_erase",
     "table_timestamp",
+    "table_find_rows",
     "gather_rows",
     "scatter_rows",
     "init_rows",

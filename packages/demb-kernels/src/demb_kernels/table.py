@@ -45,6 +45,7 @@ __all__ = [
     "find_or_insert",
     "insert_or_assign",
     "lookup",
+    "lookup_rows",
     "rehash",
     "timestamp",
 ]
@@ -120,6 +121,39 @@ def lookup(
         *index._tensors(), keys, table_ids, score_args, counts
     )
     return slots
+
+
+def lookup_rows(
+    index: TableIndex,
+    values: list[torch.Tensor],
+    keys: torch.Tensor,
+    table_ids: torch.Tensor,
+    dim: int,
+    *,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each key's row, read where :func:`lookup` finds it (no score touched): a lookup and a
+    gather in one pass (on CUDA, one launch).
+
+    Args:
+        index: the index.
+        values: per table, its contiguous ``(R_t >= capacity_t, W_t >= dim)`` value rows, one
+            float dtype (float32, float16 or bfloat16) for all.
+        keys: ``(N,)`` int64 keys.
+        table_ids: ``(N,)`` int64 table of each key.
+        dim: columns to read.
+        check: check the data on CUDA (one sync); unchecked, an invalid entry reads as missing.
+
+    Returns:
+        ``(N, dim)`` float32 rows (zeros for a missing key) and ``(N,)`` int64 table-local
+        slots (-1 for a missing key).
+    """
+    keys, table_ids = as_batch(index, keys, table_ids)
+    _check_data(index, keys, table_ids, None, check)
+    rows, slots = torch.ops.demb.table_find_rows(
+        *index._tensors(), list(values), keys, table_ids, dim
+    )
+    return rows, slots
 
 
 def find_or_insert(

@@ -199,6 +199,24 @@ class ScoredHashTable:
         counts = counts if update_scores else None
         return ops.lookup(self.index, keys, table_ids, args, counts, check=check)
 
+    def find_rows(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, dim: int, *, check: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each key's first ``dim`` value columns, read where :meth:`find` finds it (no score
+        touched), in one pass (:func:`demb_kernels.table.lookup_rows`).
+
+        Args:
+            keys: ``(N,)`` int64 keys.
+            table_ids: ``(N,)`` int64 table of each key.
+            dim: columns to read (at most every table's value width).
+            check: as :meth:`find`.
+
+        Returns:
+            ``(N, dim)`` float32 rows (zeros for a missing key) and ``(N,)`` int64 slots (-1
+            for a missing key).
+        """
+        return ops.lookup_rows(self.index, self.values, keys, table_ids, dim, check=check)
+
     def find_or_insert(
         self,
         keys: torch.Tensor,
@@ -358,7 +376,7 @@ class ScoredHashTable:
             host.append(self.steps[t] if policy is ScorePolicy.STEP else self.custom_scores[t])
         timed = [p in _TIME_POLICIES for p in self.index.policy_list]
         if all(timed):  # every table scores with the clock: no host values to send
-            return self._clock().to(self.device).repeat(self.num_tables)
+            return self._clock().to(self.device).expand(self.num_tables)  # the op copies it
         args = torch.tensor(host, dtype=torch.int64, device=self.device)
         if any(timed):
             mask = torch.tensor(timed, device=self.device)

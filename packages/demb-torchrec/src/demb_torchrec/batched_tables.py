@@ -228,15 +228,15 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int
     ) -> torch.Tensor:
         """An eval forward without pooling: every index found on its own (no dedup, nothing
-        inserted, no score touched) and its row read straight from its table; missing keys
-        read ``eval_initializer_args``. The batch's checks are read back (one sync) once the
-        work is queued; nothing they guard has changed a table."""
+        inserted, no score touched) and its row read straight from its table, in one pass
+        (:meth:`ScoredHashTable.find_rows`); missing keys read ``eval_initializer_args``. The
+        batch's checks are read back (one sync) once the work is queued; nothing they guard
+        has changed a table."""
         n = indices.numel()
         tables, checks = index_tables(
             indices, offsets, self._feature_tables, self.num_tables, batch_size
         )
-        slots = self.tables.find(indices, tables, check=False)
-        out = gather_table_rows(self.tables.values, slots, tables, None, self.dims[0], check=False)
+        out, slots = self.tables.find_rows(indices, tables, self.dims[0], check=False)
         for t, args in enumerate(self.eval_args):
             if _is_zero(args) or not self.features_of_table[t]:
                 continue
