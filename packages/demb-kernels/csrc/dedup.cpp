@@ -13,8 +13,8 @@
 namespace demb {
 namespace {
 
-using DedupOut =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                            at::Tensor, at::Tensor>;
 
 // (N,) int64 table of each index: feature f owns [offsets[f * B], offsets[(f + 1) * B]) (the
 // last feature whose first bag starts at or before the index; feature 0 if none).
@@ -47,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor> index_tables(const at::Tensor& indices,
                                                 const at::Tensor& offsets,
                                                 const at::Tensor& feature_tables,
                                                 int64_t num_tables, int64_t batch_size) {
-  check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, std::nullopt);
+  check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, std::nullopt, 64);
   return {table_of_index(offsets, feature_tables, batch_size, indices.numel()),
           batch_checks(indices, offsets, feature_tables, num_tables, batch_size, std::nullopt)};
 }
@@ -55,11 +55,17 @@ std::tuple<at::Tensor, at::Tensor> index_tables(const at::Tensor& indices,
 // out = keys (U,) sorted by (table, key); tables (U,); inverse (N,) position in keys of each
 // index; counts (U,) occurrences (or summed counters); order (N,) index positions sorted by
 // (table, key), stable; starts (U,) where each key's occurrences start in order; bounds, on the
-// CPU, (T + 1 + F + 1,): the table bounds of keys, then offsets[::B].
-DedupOut dedup_batch(const at::Tensor& indices, const at::Tensor& offsets,
+// CPU, (T + 1 + F + 1,): the table bounds of keys, then offsets[::B]; key_bits, on the CPU, ():
+// the low bits in which the keys differ (the CUDA sort's guess `key_bits`; unused here).
+DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
                      const at::Tensor& feature_tables, int64_t num_tables, int64_t batch_size,
-                     const std::optional<at::Tensor>& counters) {
-  check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, counters);
+                     const std::optional<at::Tensor>& counters, int64_t key_bits) {
+  check_dedup_args(indices_in, offsets, feature_tables, num_tables, batch_size, counters,
+                   key_bits);
+  const at::Tensor indices = indices_in.contiguous();
+  uint64_t varying = 0;
+  const int64_t* idx = indices.const_data_ptr<int64_t>();
+  for (int64_t i = 0; i < indices.numel(); ++i) varying |= static_cast<uint64_t>(idx[i] ^ idx[0]);
   const int64_t n = indices.numel();
   const int64_t features = feature_tables.numel();
   const auto opts = indices.options();
@@ -105,43 +111,32 @@ DedupOut dedup_batch(const at::Tensor& indices, const at::Tensor& offsets,
   } else {
     counts = segment_end - starts;
   }
-  return {sorted_keys.index_select(0, starts), sorted_tables.index_select(0, starts).to(at::kLong),
-          inverse, counts, order, starts, bounds};
+  return {sorted_keys.index_select(0, starts),
+          sorted_tables.index_select(0, starts).to(at::kLong),
+          inverse,
+          counts,
+          order,
+          starts,
+          bounds,
+          at::scalar_tensor(bit_length(varying), at::kLong)};
 }
 
 // Per table (keys grouped by table: table t's are [bounds[t], bounds[t + 1])), how many of the
-// statuses are new rows (INSERTED or EVICTED) and how many FAILED: (2, T) int64 on the CPU (one
-// read-back). ATen steps only: the same code on every device.
-at::Tensor status_counts(const at::Tensor& status, at::IntArrayRef bounds) {
-  TORCH_CHECK_TYPE(status.scalar_type() == at::kLong && status.dim() == 1,
-                   "status must be a 1-D int64 tensor, got ", status.scalar_type(), " ",
-                   status.sizes());
-  TORCH_CHECK_VALUE(!bounds.empty() && bounds.front() == 0 && bounds.back() == status.numel(),
-                    "bounds: must run from 0 to ", status.numel(), " (the statuses)");
-  TORCH_CHECK_VALUE(status.numel() < (int64_t{1} << 31), "status: ", status.numel(),
-                    " entries; status_counts takes fewer than 2^31");
-  for (size_t t = 1; t < bounds.size(); ++t) {
-    TORCH_CHECK_VALUE(bounds[t] >= bounds[t - 1], "bounds: must never decrease");
-  }
-  const auto code = [](InsertStatus s) { return static_cast<int64_t>(s); };
-  // One 1-D prefix sum of both counts: new rows in the low 32 bits, failures in the high ones
-  // (U < 2^31). A scan along the last dim of a (2, U) tensor runs on one thread per row.
-  const at::Tensor fresh = status.eq(code(InsertStatus::kInserted))
-                               .logical_or_(status.eq(code(InsertStatus::kEvicted)))
-                               .to(at::kLong);
-  const at::Tensor packed =
-      status.eq(code(InsertStatus::kFailed)).to(at::kLong).mul_(int64_t{1} << 32).add_(fresh);
-  const at::Tensor through = at::cat({at::zeros({1}, status.options()), packed.cumsum(0)});
-  const at::Tensor ends = at::tensor(bounds, at::kLong).to(status.device(), true);
-  const at::Tensor host = through.index_select(0, ends).cpu();  // (T + 1,)
-  const int64_t* h = host.const_data_ptr<int64_t>();
+// statuses are new rows (INSERTED or EVICTED) and how many FAILED: (2, T) int64 on the CPU.
+// cuda/dedup_cuda.cu counts the same with one block per table and one read-back.
+at::Tensor status_counts_cpu(const at::Tensor& status_in, at::IntArrayRef bounds) {
+  check_status_counts(status_in, bounds);
+  const at::Tensor status = status_in.contiguous();
+  const int64_t* s = status.const_data_ptr<int64_t>();
   const auto tables = static_cast<int64_t>(bounds.size()) - 1;
-  at::Tensor counts = at::empty({2, tables}, at::kLong);
+  at::Tensor counts = at::zeros({2, tables}, at::kLong);
   int64_t* c = counts.data_ptr<int64_t>();
   for (int64_t t = 0; t < tables; ++t) {
-    const int64_t span = h[t + 1] - h[t];
-    c[t] = span & 0xFFFFFFFFll;
-    c[tables + t] = span >> 32;
+    for (int64_t i = bounds[t]; i < bounds[t + 1]; ++i) {
+      const auto code = static_cast<InsertStatus>(s[i]);
+      c[t] += code == InsertStatus::kInserted || code == InsertStatus::kEvicted;
+      c[tables + t] += code == InsertStatus::kFailed;
+    }
   }
   return counts;
 }
@@ -163,10 +158,7 @@ TORCH_LIBRARY_IMPL(demb, CPU, m) {
   m.impl("dedup_batch", &dedup_batch);
   m.impl("index_tables", &index_tables);
   m.impl("batch_bounds", &batch_bounds);
-  m.impl("status_counts", &status_counts);
+  m.impl("status_counts", &status_counts_cpu);
 }
-#ifdef DEMB_WITH_CUDA
-TORCH_LIBRARY_IMPL(demb, CUDA, m) { m.impl("status_counts", &status_counts); }
-#endif
 
 }  // namespace demb

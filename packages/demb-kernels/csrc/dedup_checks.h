@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <optional>
 #include <utility>
 
@@ -15,9 +16,22 @@ namespace demb {
 // [0, T)); then offsets[::B].
 constexpr int64_t kDedupFlags = 6;
 
+// Bits of `x` up to its highest set one (0 for 0): how many low bits the keys differ in.
+inline int64_t bit_length(uint64_t x) {
+  int64_t bits = 0;
+  while (x != 0) {
+    x >>= 1;
+    ++bits;
+  }
+  return bits;
+}
+
 inline void check_dedup_args(const at::Tensor& indices, const at::Tensor& offsets,
-                      const at::Tensor& feature_tables, int64_t num_tables, int64_t batch_size,
-                      const std::optional<at::Tensor>& counters) {
+                             const at::Tensor& feature_tables, int64_t num_tables,
+                             int64_t batch_size, const std::optional<at::Tensor>& counters,
+                             int64_t key_bits) {
+  TORCH_CHECK_VALUE(key_bits >= 1 && key_bits <= 64, "key_bits=", key_bits,
+                    ": must be in [1, 64]");
   for (const auto& [name, x] :
        {std::pair<const char*, const at::Tensor&>{"indices", indices},
         {"offsets", offsets},
@@ -63,6 +77,20 @@ inline at::Tensor dedup_bounds(const int64_t* host, int64_t n, int64_t num_table
     b[num_tables + 1 + j] = host[num_tables + kDedupFlags + j];
   }
   return bounds;
+}
+
+// status_counts' arguments: status (U,) int64, U < 2^31; bounds from 0 to U, never decreasing.
+inline void check_status_counts(const at::Tensor& status, at::IntArrayRef bounds) {
+  TORCH_CHECK_TYPE(status.scalar_type() == at::kLong && status.dim() == 1,
+                   "status must be a 1-D int64 tensor, got ", status.scalar_type(), " ",
+                   status.sizes());
+  TORCH_CHECK_VALUE(!bounds.empty() && bounds.front() == 0 && bounds.back() == status.numel(),
+                    "bounds: must run from 0 to ", status.numel(), " (the statuses)");
+  TORCH_CHECK_VALUE(status.numel() < (int64_t{1} << 31), "status: ", status.numel(),
+                    " entries; status_counts takes fewer than 2^31");
+  for (size_t t = 1; t < bounds.size(); ++t) {
+    TORCH_CHECK_VALUE(bounds[t] >= bounds[t - 1], "bounds: must never decrease");
+  }
 }
 
 }  // namespace demb

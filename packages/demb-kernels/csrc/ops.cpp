@@ -49,8 +49,8 @@ TORCH_LIBRARY(demb, m) {
   m.def("segment_sum_rows(Tensor grads, Tensor order, Tensor starts) -> (Tensor, Tensor)");
   m.def(
       "dedup_batch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
-      "int batch_size, Tensor? counters) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-      "Tensor)");
+      "int batch_size, Tensor? counters, int key_bits=64) -> (Tensor, Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "index_tables(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size) -> (Tensor, Tensor)");

@@ -70,6 +70,10 @@ def test_dedup_batch_matches_a_python_model(
     assert got.order.tolist() == order
     assert got.starts.tolist() == starts
     assert got.bounds.tolist() == bounds + offsets[::batch].tolist()
+    varying = 0
+    for k in indices.tolist():
+        varying |= (k ^ indices.tolist()[0]) & (2**64 - 1)
+    assert got.key_bits == varying.bit_length()
 
 
 @settings(max_examples=40, deadline=None)
@@ -108,6 +112,8 @@ def test_bad_batches_are_named():
     ok = torch.tensor([0, 1, 2])
     with pytest.raises(ValueError, match="indices: contains -1"):
         dedup_batch(torch.tensor([5, -1]), ok, ftab, 2, 1)
+    with pytest.raises(ValueError, match=r"key_bits=0: must be in \[1, 64\]"):
+        dedup_batch(torch.tensor([5, 6]), ok, ftab, 2, 1, key_bits=0)
     with pytest.raises(ValueError, match="offsets: must start at 0, never decrease and end at 2"):
         dedup_batch(torch.tensor([5, 6]), torch.tensor([0, 2, 1]), ftab, 2, 1)
     with pytest.raises(ValueError, match="frequency_counters: contains a negative count"):
@@ -149,11 +155,30 @@ def test_cuda_equals_cpu(counters):
         batch,
         None if weights is None else weights.cuda(),
     )
-    for name, a, b in zip(cpu._fields, cpu, gpu, strict=True):
+    for name, a, b in zip(cpu._fields[:-1], cpu[:-1], gpu[:-1], strict=True):
         assert torch.equal(a, b.cpu()), name
+    assert gpu.key_bits == cpu.key_bits
+    # The sort's guess of the key bits: right, short (sorted again on 64 bits), or generous.
+    for guess in (cpu.key_bits, 1, 8, 64):
+        on_gpu = None if weights is None else weights.cuda()
+        again = dedup_batch(
+            indices.cuda(), offsets.cuda(), ftab.cuda(), 5, batch, on_gpu, key_bits=guess
+        )
+        for name, a, b in zip(cpu._fields[:-1], cpu[:-1], again[:-1], strict=True):
+            assert torch.equal(a, b.cpu()), (guess, name)
+        assert again.key_bits == cpu.key_bits
+    small = indices.remainder(1000)  # keys of 10 bits: a 16-bit guess sorts in two passes
+    small_cpu = dedup_batch(small, offsets, ftab, 5, batch)
+    small_gpu = dedup_batch(small.cuda(), offsets.cuda(), ftab.cuda(), 5, batch, key_bits=16)
+    for name, a, b in zip(small_cpu._fields[:-1], small_cpu[:-1], small_gpu[:-1], strict=True):
+        assert torch.equal(a, b.cpu()), name
+    assert small_gpu.key_bits == small_cpu.key_bits == 10
     status = torch.randint(0, 4, (n,), generator=gen)
     cuts = [0, n // 3, n // 3, n - 5, n]
     assert status_counts(status.cuda(), cuts) == status_counts(status, cuts)
+    many = torch.randint(0, 4, (5000,), generator=gen)  # 150 tables: three launches
+    cuts_many = [0, *sorted(torch.randint(0, 5000, (149,), generator=gen).tolist()), 5000]
+    assert status_counts(many.cuda(), cuts_many) == status_counts(many, cuts_many)
     tables, checks = index_tables(indices, offsets, ftab, 5, batch)
     on_gpu = index_tables(indices.cuda(), offsets.cuda(), ftab.cuda(), 5, batch)
     assert torch.equal(tables, on_gpu[0].cpu())

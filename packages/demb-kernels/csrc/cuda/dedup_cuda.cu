@@ -1,7 +1,8 @@
-// dedup_batch and index_tables on CUDA: the CPU's outputs (dedup.cpp) from a few kernels and two
-// cub radix sorts: the batch's positions sorted by key (sign bit flipped: signed order), then stably by table
-// (only the bits T needs), which is the one stable order by (table, key, position). Each unique
-// key is the first of its run; the checks ride the kernels into one read-back buffer.
+// dedup_batch, index_tables and status_counts on CUDA: the CPU's outputs (dedup.cpp) from a few
+// kernels and two cub radix sorts: the batch's positions sorted by key (sign bit flipped: signed
+// order), then stably by table (only the bits T needs), which is the one stable order by (table,
+// key, position). Each unique key is the first of its run; the checks ride the kernels into one
+// read-back buffer.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <limits>
@@ -18,12 +20,20 @@
 
 #include "cuda/cub_call.cuh"
 #include "dedup_checks.h"
+#include "table_rule.h"
 
 namespace demb {
 namespace {
 
 constexpr int kDedupThreads = 256;
 constexpr uint64_t kSignBit = uint64_t{1} << 63;
+
+// A zeroed int64 buffer by one memset (at::zeros launches a fill kernel through more host work).
+at::Tensor zeroed(int64_t n, const at::TensorOptions& opts, cudaStream_t stream) {
+  at::Tensor out = at::empty({n}, opts.dtype(at::kLong));
+  C10_CUDA_CHECK(cudaMemsetAsync(out.data_ptr(), 0, n * sizeof(int64_t), stream));
+  return out;
+}
 
 unsigned dedup_blocks(int64_t n) {
   return static_cast<unsigned>((n + kDedupThreads - 1) / kDedupThreads);
@@ -71,22 +81,34 @@ __device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
   return feature_tables[lo];
 }
 
-// Per index: its table, its sort key (sign bit flipped: signed order), its position; and the
-// batch's checks into info (after the T per-table words).
-__global__ void dedup_prepare_kernel(const int64_t* __restrict__ indices,
-                                     const int64_t* __restrict__ offsets, int64_t bags,
-                                     const int64_t* __restrict__ feature_tables, int64_t features,
-                                     int64_t batch_size, const int64_t* __restrict__ counters,
-                                     int64_t n, int64_t num_tables, uint64_t* __restrict__ keys,
-                                     uint32_t* __restrict__ tables, int32_t* __restrict__ positions,
-                                     int64_t* __restrict__ info) {
+// Per index: its table, its sort key (sign bit flipped: signed order), its position; the
+// batch's checks into info (after the T per-table words); and into *varying the bits in which
+// some key differs from the first (OR of key ^ key 0, reduced per block first).
+__global__ void __launch_bounds__(kDedupThreads)
+    dedup_prepare_kernel(const int64_t* __restrict__ indices,
+                         const int64_t* __restrict__ offsets, int64_t bags,
+                         const int64_t* __restrict__ feature_tables, int64_t features,
+                         int64_t batch_size, const int64_t* __restrict__ counters, int64_t n,
+                         int64_t num_tables, uint64_t* __restrict__ keys,
+                         uint32_t* __restrict__ tables, int32_t* __restrict__ positions,
+                         int64_t* __restrict__ info, int64_t* __restrict__ varying) {
+  __shared__ unsigned long long block_varying;
+  if (threadIdx.x == 0) block_varying = 0;
+  __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, counters, n,
                     num_tables, info + num_tables);
-  if (i >= n) return;
-  keys[i] = static_cast<uint64_t>(indices[i]) ^ kSignBit;
-  tables[i] = static_cast<uint32_t>(table_of(i, offsets, feature_tables, features, batch_size));
-  positions[i] = static_cast<int32_t>(i);
+  if (i < n) {
+    keys[i] = static_cast<uint64_t>(indices[i]) ^ kSignBit;
+    tables[i] = static_cast<uint32_t>(table_of(i, offsets, feature_tables, features, batch_size));
+    positions[i] = static_cast<int32_t>(i);
+    const auto diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
+    if (diff) atomicOr(&block_varying, diff);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && block_varying) {
+    atomicOr(reinterpret_cast<unsigned long long*>(varying), block_varying);
+  }
 }
 
 // index_tables: the table of each index, and the batch's checks.
@@ -168,14 +190,15 @@ int bits_for(int64_t max_value) {
   return bits;
 }
 
-using DedupOut =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                            at::Tensor, at::Tensor>;
 
 DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offsets_in,
                           const at::Tensor& feature_tables_in, int64_t num_tables,
-                          int64_t batch_size, const std::optional<at::Tensor>& counters_in) {
+                          int64_t batch_size, const std::optional<at::Tensor>& counters_in,
+                          int64_t key_bits) {
   check_dedup_args(indices_in, offsets_in, feature_tables_in, num_tables, batch_size,
-                   counters_in);
+                   counters_in, key_bits);
   const int64_t n = indices_in.numel();
   TORCH_CHECK_VALUE(n <= std::numeric_limits<int32_t>::max(), "indices: ", n,
                     " entries; dedup_batch takes at most 2^31 - 1");
@@ -189,7 +212,9 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   const int64_t features = feature_tables.numel();
   const int64_t bags = offsets.numel() - 1;
   const auto opts = indices.options();
-  at::Tensor info = at::zeros({num_tables + kDedupFlags + features + 1}, opts);
+  // The words read back: dedup_bounds' (see kDedupFlags), then the keys' varying bits.
+  const int64_t words = num_tables + kDedupFlags + features + 1;
+  at::Tensor info = zeroed(words + 1, opts, stream);
   at::Tensor keys = at::empty({n}, opts);  // uint64 sort keys
   at::Tensor keys_sorted = at::empty({n}, opts);
   at::Tensor tables = at::empty({n}, opts.dtype(at::kInt));
@@ -207,7 +232,8 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   dedup_prepare_kernel<<<dedup_blocks(threads), kDedupThreads, 0, stream>>>(
       indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
       feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables, k_in,
-      t_in, positions.data_ptr<int32_t>(), info.data_ptr<int64_t>());
+      t_in, positions.data_ptr<int32_t>(), info.data_ptr<int64_t>(),
+      info.data_ptr<int64_t>() + words);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor inverse = at::empty({n}, opts);
   at::Tensor order = at::empty({n}, opts);
@@ -215,12 +241,16 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   at::Tensor tables_out = at::empty({n}, opts);
   at::Tensor starts = at::empty({n}, opts);
   at::Tensor counters_sorted = cnt ? at::empty({n}, opts) : at::Tensor();
-  if (n > 0) {
+  // The sort by key looks at bits [0, end_bit) only: right when every key agrees with the
+  // first above them. It is run with the caller's guess `key_bits` (a few radix passes instead
+  // of eight for small ids); the one read-back tells whether the keys fit, else it runs again
+  // on all 64 bits.
+  const auto sort_and_scatter = [&](int end_bit) {
     const auto n32 = static_cast<int>(n);
     cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
       return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
                                              positions.const_data_ptr<int32_t>(),
-                                             by_key.data_ptr<int32_t>(), n32, 0, 64, stream);
+                                             by_key.data_ptr<int32_t>(), n32, 0, end_bit, stream);
     });
     dedup_permute_tables_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
         t_in, by_key.const_data_ptr<int32_t>(), n, t_key);
@@ -249,8 +279,14 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
         tables_out.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
         cnt ? counters_sorted.data_ptr<int64_t>() : nullptr, info.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (n > 0) sort_and_scatter(static_cast<int>(key_bits));
+  at::Tensor host = info.cpu();  // the one sync
+  const int64_t needed = bit_length(static_cast<uint64_t>(host.const_data_ptr<int64_t>()[words]));
+  if (n > 0 && needed > key_bits) {  // the guess was short: sort again, read back again
+    sort_and_scatter(64);
+    host = info.cpu();
   }
-  const at::Tensor host = info.cpu();  // the one sync
   const at::Tensor bounds =
       dedup_bounds(host.const_data_ptr<int64_t>(), n, num_tables, features);
   const int64_t unique = bounds.const_data_ptr<int64_t>()[num_tables];
@@ -273,7 +309,7 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {keys_out.slice(0, 0, unique), tables_out.slice(0, 0, unique), inverse, counts, order,
-          starts.slice(0, 0, unique), bounds};
+          starts.slice(0, 0, unique), bounds, at::scalar_tensor(needed, at::kLong)};
 }
 
 std::tuple<at::Tensor, at::Tensor> index_tables_cuda(const at::Tensor& indices_in,
@@ -281,7 +317,7 @@ std::tuple<at::Tensor, at::Tensor> index_tables_cuda(const at::Tensor& indices_i
                                                      const at::Tensor& feature_tables_in,
                                                      int64_t num_tables, int64_t batch_size) {
   check_dedup_args(indices_in, offsets_in, feature_tables_in, num_tables, batch_size,
-                   std::nullopt);
+                   std::nullopt, 64);
   const c10::cuda::CUDAGuard guard(indices_in.device());
   const at::Tensor indices = indices_in.contiguous();
   const at::Tensor offsets = offsets_in.contiguous();
@@ -290,9 +326,9 @@ std::tuple<at::Tensor, at::Tensor> index_tables_cuda(const at::Tensor& indices_i
   const int64_t features = feature_tables.numel();
   const int64_t bags = offsets.numel() - 1;
   at::Tensor tables = at::empty({n}, indices.options());
-  at::Tensor flags = at::zeros({kDedupFlags + features + 1}, indices.options());
-  index_tables_kernel<<<dedup_blocks(std::max(n, bags + 1)), kDedupThreads, 0,
-                        at::cuda::getCurrentCUDAStream()>>>(
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor flags = zeroed(kDedupFlags + features + 1, indices.options(), stream);
+  index_tables_kernel<<<dedup_blocks(std::max(n, bags + 1)), kDedupThreads, 0, stream>>>(
       indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
       feature_tables.const_data_ptr<int64_t>(), features, batch_size, n, num_tables,
       tables.data_ptr<int64_t>(), flags.data_ptr<int64_t>());
@@ -300,11 +336,59 @@ std::tuple<at::Tensor, at::Tensor> index_tables_cuda(const at::Tensor& indices_i
   return {tables, flags};
 }
 
+constexpr int kStatusTables = 64;  // tables one status_counts launch takes
+constexpr int kStatusThreads = 1024;
+
+struct StatusBounds {
+  int64_t at[kStatusTables + 1];
+};
+
+// Block t counts its table's new rows (low 32 bits) and FAILED keys (high 32 bits) into
+// out[first + t] and out[tables + first + t].
+__global__ void __launch_bounds__(kStatusThreads)
+    status_counts_kernel(const int64_t* __restrict__ status, StatusBounds b, int64_t first,
+                         int64_t tables, int64_t* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  int64_t packed = 0;
+  for (int64_t i = b.at[t] + threadIdx.x; i < b.at[t + 1]; i += kStatusThreads) {
+    const auto code = static_cast<InsertStatus>(status[i]);
+    packed += (code == InsertStatus::kInserted || code == InsertStatus::kEvicted) ? 1 : 0;
+    packed += code == InsertStatus::kFailed ? (int64_t{1} << 32) : 0;
+  }
+  using Reduce = cub::BlockReduce<int64_t, kStatusThreads>;
+  __shared__ typename Reduce::TempStorage temp;
+  const int64_t total = Reduce(temp).Sum(packed);
+  if (threadIdx.x == 0) {
+    out[first + t] = total & 0xFFFFFFFFll;
+    out[tables + first + t] = total >> 32;
+  }
+}
+
+// status_counts: one block per table (kStatusTables tables a launch), then one read-back.
+at::Tensor status_counts_cuda(const at::Tensor& status_in, at::IntArrayRef bounds) {
+  check_status_counts(status_in, bounds);
+  const c10::cuda::CUDAGuard guard(status_in.device());
+  const at::Tensor status = status_in.contiguous();
+  const auto tables = static_cast<int64_t>(bounds.size()) - 1;
+  at::Tensor counts = at::empty({2, tables}, status.options());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  for (int64_t first = 0; first < tables; first += kStatusTables) {
+    const int64_t count = std::min<int64_t>(kStatusTables, tables - first);
+    StatusBounds b{};
+    for (int64_t t = 0; t <= count; ++t) b.at[t] = bounds[first + t];
+    status_counts_kernel<<<static_cast<unsigned>(count), kStatusThreads, 0, stream>>>(
+        status.const_data_ptr<int64_t>(), b, first, tables, counts.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return counts.cpu();
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("dedup_batch", &dedup_batch_cuda);
   m.impl("index_tables", &index_tables_cuda);
+  m.impl("status_counts", &status_counts_cuda);
 }
 
 }  // namespace demb

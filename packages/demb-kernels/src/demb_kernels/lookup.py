@@ -56,6 +56,9 @@ class DedupOutput(NamedTuple):
     bounds: torch.Tensor
     """``(T + 1 + F + 1,)`` int64 on the CPU: where each table's unique keys start (and the
     end), then ``offsets[::B]``."""
+    key_bits: int
+    """How many low bits the batch's keys differ in (a good ``key_bits`` for the next
+    batch)."""
 
 
 def dedup_batch(
@@ -65,6 +68,7 @@ def dedup_batch(
     num_tables: int,
     batch_size: int,
     counters: torch.Tensor | None = None,
+    key_bits: int = 64,
 ) -> DedupOutput:
     """Deduplicate a TBE-layout batch per table, with one host sync.
 
@@ -75,15 +79,19 @@ def dedup_batch(
         num_tables: ``T``.
         batch_size: ``B >= 1``.
         counters: ``(N,)`` int64 per-index counts summed into ``counts`` (default 1 each).
+        key_bits: a guess, in ``[1, 64]``, of how many low bits the keys differ in: on CUDA
+            the sort by key looks at those bits only (fewer radix passes), and when the keys
+            turn out to differ in more it sorts again on all 64 (a second sync). The outputs
+            never depend on it. Pass the previous batch's :attr:`DedupOutput.key_bits`.
 
     Raises:
         ValueError: a -1 key, a negative counter, or offsets that do not start at 0, decrease,
             or do not end at ``N`` (checked before anything is returned).
     """
-    out = torch.ops.demb.dedup_batch(
-        indices, offsets, feature_tables, num_tables, batch_size, counters
+    *out, bits = torch.ops.demb.dedup_batch(
+        indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits
     )
-    return DedupOutput(*out)
+    return DedupOutput(*out, key_bits=int(bits))
 
 
 def index_tables(
@@ -237,6 +245,7 @@ def _dedup_batch_fake(
     num_tables: int,
     batch_size: int,
     counters: torch.Tensor | None,
+    key_bits: int = 64,
 ) -> tuple[torch.Tensor, ...]:
     unique = torch.library.get_ctx().new_dynamic_size()
     n = indices.shape[0]
@@ -249,6 +258,7 @@ def _dedup_batch_fake(
         indices.new_empty((n,)),
         indices.new_empty((unique,)),
         torch.empty((bounds,), dtype=torch.int64, device="cpu"),
+        torch.empty((), dtype=torch.int64, device="cpu"),
     )
 
 

@@ -30,6 +30,9 @@ class DedupedBatch(NamedTuple):
     occurrences are ``order[starts[u]:starts[u+1]]``."""
     starts: torch.Tensor
     """``(U,)`` int64 where each unique key's occurrences start in ``order``."""
+    key_bits: int
+    """A ``key_bits`` guess for the next batch: the low bits this batch's keys differ in,
+    rounded up to whole radix passes of 8 bits."""
 
 
 def dedup(
@@ -39,9 +42,9 @@ def dedup(
     num_tables: int,
     batch_size: int,
     frequency_counters: torch.Tensor | None = None,
+    key_bits: int = 64,
 ) -> DedupedBatch:
-    """Deduplicate a TBE-layout batch per table, with one host sync (``demb::dedup_batch``:
-    the same ATen steps on every device, run from C++).
+    """Deduplicate a TBE-layout batch per table, with one host sync (``demb::dedup_batch``).
 
     Args:
         indices: ``(N,)`` int64 keys, feature-major (feature ``f``'s bags come before
@@ -51,14 +54,17 @@ def dedup(
         num_tables: ``T``.
         batch_size: ``B`` (>= 1).
         frequency_counters: ``(N,)`` int64 per-index counts summed into ``counts`` (default 1).
+        key_bits: the previous batch's :attr:`DedupedBatch.key_bits` (64 for the first): how
+            many low bits the CUDA sort looks at first (see :func:`dedup_batch`).
     """
-    keys, tables, inverse, counts, order, starts, bounds = dedup_batch(
+    keys, tables, inverse, counts, order, starts, bounds, bits = dedup_batch(
         indices,
         offsets,
         feature_tables,
         num_tables,
         batch_size,
         None if frequency_counters is None else frequency_counters.to(torch.int64),
+        key_bits,
     )
     host = bounds.tolist()
     return DedupedBatch(
@@ -70,4 +76,5 @@ def dedup(
         host[num_tables + 1 :],
         order,
         starts,
+        min(64, max(8, -(-bits // 8) * 8)),
     )

@@ -147,6 +147,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
             and len(configs) <= MAX_GATHER_TABLES
         )
         self._trigger = torch.zeros((), device=self.device, requires_grad=True)
+        self._key_bits = 64  # dedup's first guess of the bits the keys differ in
 
     @property
     def num_tables(self) -> int:
@@ -196,8 +197,15 @@ class DynamicEmbeddingTables(torch.nn.Module):
         if not self.training and self._fused_gather and self.pooling_mode is _NONE:
             return self._eval_none(indices, offsets, batch_size).to(self.output_dtype)
         batch = dedup(
-            indices, offsets, self._feature_tables, self.num_tables, batch_size, frequency_counters
+            indices,
+            offsets,
+            self._feature_tables,
+            self.num_tables,
+            batch_size,
+            frequency_counters,
+            self._key_bits,
         )
+        self._key_bits = batch.key_bits  # the next batch's keys likely span as many bits
         slots, missing = self._find_or_insert(batch) if self.training else self._find(batch)
         fills = not self.training and any(missing)
         fills = fills and not all(_is_zero(a) for a in self.eval_args)
