@@ -57,7 +57,8 @@ def test_lookup_rows_is_a_lookup_then_a_gather(capacities, dim, extra, dtype, qu
     rows, slots = ops.lookup_rows(index, values, keys, tables, dim)
     expected_slots = ops.lookup(index, keys, tables)
     assert torch.equal(slots, expected_slots)
-    assert rows.dtype == torch.float32 and rows.shape == (queries, dim)
+    assert rows.dtype == torch.float32
+    assert rows.shape == (queries, dim)
     assert torch.equal(rows, gather_table_rows(values, expected_slots, tables, None, dim))
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot(index), strict=True))
 

@@ -34,7 +34,8 @@ def _find_rows_fake(
     *args: torch.Tensor | list[torch.Tensor] | int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     keys, dim = args[7], args[9]
-    assert isinstance(keys, torch.Tensor) and isinstance(dim, int)
+    assert isinstance(keys, torch.Tensor)
+    assert isinstance(dim, int)
     return keys.new_empty((keys.shape[0], dim), dtype=torch.float32), keys.new_empty(keys.shape)
 
 
