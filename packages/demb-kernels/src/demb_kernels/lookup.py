@@ -88,10 +88,10 @@ def dedup_batch(
         ValueError: a -1 key, a negative counter, or offsets that do not start at 0, decrease,
             or do not end at ``N`` (checked before anything is returned).
     """
-    *out, bits = torch.ops.demb.dedup_batch(
+    keys, tables, inverse, counts, order, starts, bounds, bits = torch.ops.demb.dedup_batch(
         indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits
     )
-    return DedupOutput(*out, key_bits=int(bits))
+    return DedupOutput(keys, tables, inverse, counts, order, starts, bounds, int(bits))
 
 
 def index_tables(
