@@ -386,3 +386,36 @@ def test_big_endian_arrays_are_stored_little_endian(tmp_path):
     assert_same(Checkpoint(tmp_path / "c").read_table("ebc", "t"), data)
     raw = np.fromfile(tmp_path / "c" / "ebc" / "t.rank0-of-1.keys", dtype="<i8")
     np.testing.assert_array_equal(raw, data.keys)
+
+
+def test_a_writer_caller_may_reuse_its_buffers_at_once(tmp_path, monkeypatch):
+    """Chunks handed over in one buffer that the caller refills after each write (a streaming
+    copy's pattern), with the CRC worker slowed down: the CRCs describe what was written."""
+    import time
+    import zlib
+
+    import demb_io._files
+
+    crc32 = zlib.crc32
+
+    def slow_crc32(data, value=0):
+        time.sleep(0.01)
+        return crc32(data, value)
+
+    monkeypatch.setattr(demb_io._files.zlib, "crc32", slow_crc32)
+    meta = make_meta(dim=4)
+    data = make_rows(meta, 40, np.random.default_rng(7))
+    buffer = make_rows(meta, 10, np.random.default_rng(8))
+
+    def refilled():
+        for begin in range(0, 40, 10):
+            for name in ("keys", "values", "scores"):
+                getattr(buffer, name)[...] = getattr(data, name)[begin : begin + 10]
+            yield buffer
+
+    with CheckpointWriter(tmp_path / "c") as w:
+        w.write_shard(meta, refilled())
+    monkeypatch.undo()
+    got = Checkpoint(tmp_path / "c").read_table("ebc", "t")  # CRCs checked
+    np.testing.assert_array_equal(got.keys, data.keys)
+    np.testing.assert_array_equal(got.values, data.values)

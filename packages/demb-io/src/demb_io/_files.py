@@ -87,8 +87,9 @@ def check_arrays(
 
 class PartWriter:
     """Appends arrays to one file, counting bytes and the CRC-32 of each :data:`CRC_BLOCK`
-    bytes as it goes. The CRCs are computed on a worker thread while the blocks are written
-    (both release the GIL), in order, so checksumming costs no time beside the write."""
+    bytes as it goes. An array's CRCs are computed on a worker thread while it is written
+    (both release the GIL), and :meth:`write` returns once both are done, so the caller may
+    reuse the array's memory right away."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -98,7 +99,6 @@ class PartWriter:
         self._crc = 0  # of the block being filled (worker thread)
         self._fill = 0  # its bytes so far (this thread)
         self._crc_worker = ThreadPoolExecutor(max_workers=1)  # one worker: CRCs in order
-        self._pending: list[Future[None]] = []
 
     def _add_crc(self, data: memoryview, closes_block: bool) -> None:
         self._crc = zlib.crc32(data, self._crc)
@@ -110,21 +110,18 @@ class PartWriter:
         little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))  # the format's
         data = little.reshape(-1).view(np.uint8).data
         view = data
+        pending: list[Future[None]] = []
         while len(view):
             take = min(len(view), CRC_BLOCK - self._fill)
             self._fill = (self._fill + take) % CRC_BLOCK
-            self._pending.append(
-                self._crc_worker.submit(self._add_crc, view[:take], not self._fill)
-            )
+            pending.append(self._crc_worker.submit(self._add_crc, view[:take], not self._fill))
             view = view[take:]
         self.file.write(data)
+        for crc in pending:  # they read `array`: done before the caller may change it
+            crc.result()
         self.bytes += len(data)
-        while len(self._pending) > 4:  # bounded: the blocks in flight stay referenced until done
-            self._pending.pop(0).result()
 
     def close(self) -> FileEntry:
-        for pending in self._pending:
-            pending.result()
         self._crc_worker.shutdown()
         if self._fill:
             self.crcs.append(self._crc)
