@@ -5,6 +5,7 @@ over it once complete, so a failed export leaves no partial file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import zipfile
@@ -75,10 +76,18 @@ class _Column:
                 member.write(block)
 
 
-def _temporary(target: Path) -> Path:
+@contextlib.contextmanager
+def _landing(target: Path) -> Iterator[Path]:
+    """A scratch file beside ``target`` to write the export into: renamed over ``target`` when
+    the block ends cleanly, removed otherwise."""
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     os.close(fd)
-    return Path(name)
+    out = Path(name)
+    try:
+        yield out
+        os.replace(out, target)
+    finally:
+        out.unlink(missing_ok=True)
 
 
 def export_npz(
@@ -95,25 +104,23 @@ def export_npz(
     ``admit_counts`` when present. Streamed: each array goes to a scratch file beside the
     target, chunk by chunk, and the archive is then assembled from them."""
     target = Path(target)
-    out = _temporary(target)
-    try:
-        with tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as tmp:
-            columns: dict[str, _Column] = {}
-            try:
-                for arrays in _chunks(source, collection, table, float32, chunk_rows):
-                    for name, array in arrays.items():
-                        if name not in columns:
-                            columns[name] = _Column(Path(tmp) / name, array)
-                        columns[name].append(array)
-            finally:
-                for column in columns.values():
-                    column.finish()
-            with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-                for name, column in columns.items():
-                    column.store(archive, name)
-        os.replace(out, target)
-    finally:
-        out.unlink(missing_ok=True)
+    with (
+        _landing(target) as out,
+        tempfile.TemporaryDirectory(prefix=f".{target.name}.", dir=target.parent) as tmp,
+    ):
+        columns: dict[str, _Column] = {}
+        try:
+            for arrays in _chunks(source, collection, table, float32, chunk_rows):
+                for name, array in arrays.items():
+                    if name not in columns:
+                        columns[name] = _Column(Path(tmp) / name, array)
+                    columns[name].append(array)
+        finally:
+            for column in columns.values():
+                column.finish()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name, column in columns.items():
+                column.store(archive, name)
 
 
 def export_parquet(
@@ -145,9 +152,7 @@ def export_parquet(
         flat = pa.array(np.ascontiguousarray(a).reshape(-1))
         return pa.FixedSizeListArray.from_arrays(flat, a.shape[1])
 
-    target = Path(target)
-    out = _temporary(target)
-    try:
+    with _landing(Path(target)) as out:
         writer: Any = None
         try:
             for arrays in _chunks(source, collection, table, float32, chunk_rows):
@@ -163,6 +168,3 @@ def export_parquet(
         finally:
             if writer is not None:
                 writer.close()
-        os.replace(out, target)
-    finally:
-        out.unlink(missing_ok=True)
