@@ -4,9 +4,10 @@ One table of ``--rows`` float32 rows of ``--dim`` (plus keys and two score words
 demb-io's streaming writer (CRC-32s, fsync, atomic commit) and read back (all chunks, with and
 without CRC checks); in the same run the same number of bytes is written with plain file writes
 and fsync, and read back into one reused buffer the size of a chunk's values (demb-io's read
-with ``reuse=True``, its chunks in reused buffers too). Each measurement is repeated, demb-io
-and raw alternating, and the medians are reported. Prints GB/s and the ratio to raw, writes
-JSON. The reads go through the page cache on both sides (nothing here can drop it).
+with ``reuse=True``, its chunks in reused buffers too). Each repeat starts from an empty folder
+after ``os.sync()``, and the two writes and the three reads run in an order that rotates from
+repeat to repeat, so no side always comes first. The reads go through the page cache on both
+sides (nothing here can drop it). Prints the medians' GB/s and ratios to raw; writes JSON.
 
 Usage: ``python bench_io.py [--rows 4000000] [--dim 128] [--dir /tmp] [--out result.json]``.
 """
@@ -83,27 +84,46 @@ def main() -> None:
         k: [] for k in ("write", "raw_write", "read", "verified", "raw_read")
     }
     noise = os.urandom(1 << 24)
+    total = args.rows * (8 + 4 * args.dim + 2 * 8)  # keys, float32 values, two score words
     try:
-        for _ in range(args.repeats):  # alternate demb-io and raw, take medians
+        for r in range(args.repeats):  # demb-io and raw in rotating order; medians
+            # Both writes start from the same state: no previous output, nothing pending.
             shutil.rmtree(work / "ckpt", ignore_errors=True)
-            t0 = time.perf_counter()
-            with CheckpointWriter(work / "ckpt") as writer:
-                written = writer.write_shard(meta, chunks(args.rows, args.dim))
-            times["write"].append(time.perf_counter() - t0)
-            total = sum(e.bytes or 0 for e in written.files.values())
-            t0 = time.perf_counter()
-            raw_write(work / "raw.bin", total, noise)
-            times["raw_write"].append(time.perf_counter() - t0)
-            ckpt = Checkpoint(work / "ckpt")
-            for verify, name in ((False, "read"), (True, "verified")):
+            (work / "raw.bin").unlink(missing_ok=True)
+            os.sync()
+
+            def demb_write() -> None:
+                with CheckpointWriter(work / "ckpt") as writer:
+                    written = writer.write_shard(meta, chunks(args.rows, args.dim))
+                assert sum(e.bytes or 0 for e in written.files.values()) == total
+
+            def demb_read(verify: bool) -> None:
+                table = Checkpoint(work / "ckpt").iter_table(
+                    "ebc", "t", CHUNK, verify=verify, reuse=True
+                )
+                assert sum(c.rows for _, c in table) == args.rows
+
+            def raw_write_all() -> None:
+                raw_write(work / "raw.bin", total, noise)
+
+            def raw_read_all() -> None:
+                assert raw_read(work / "raw.bin", CHUNK * args.dim * 4) == total
+
+            writes = [("write", demb_write), ("raw_write", raw_write_all)]
+            for name, run in writes[r % 2 :] + writes[: r % 2]:
                 t0 = time.perf_counter()
-                table = ckpt.iter_table("ebc", "t", CHUNK, verify=verify, reuse=True)
-                rows = sum(c.rows for _, c in table)
+                run()
                 times[name].append(time.perf_counter() - t0)
-                assert rows == args.rows
-            t0 = time.perf_counter()
-            assert raw_read(work / "raw.bin", CHUNK * args.dim * 4) == total
-            times["raw_read"].append(time.perf_counter() - t0)
+                os.sync()
+            reads = [
+                ("read", lambda: demb_read(False)),
+                ("verified", lambda: demb_read(True)),
+                ("raw_read", raw_read_all),
+            ]
+            for name, run in reads[r % 3 :] + reads[: r % 3]:
+                t0 = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
