@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "cuda/gather_rows.cuh"
+#include "cuda/row_dispatch.cuh"
 #include "cuda/table_find.cuh"
 #include "lookup_checks.h"
 #include "table_checks.h"
@@ -101,15 +102,7 @@ std::tuple<at::Tensor, at::Tensor> table_find_rows_cuda(
             v, g, keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(), n, dim,
             rows4, slots.data_ptr<int64_t>(), out.data_ptr<float>());
   };
-  if (vec4) {
-    launch(float{}, std::true_type{});
-  } else if (dtype == at::kFloat) {
-    launch(float{}, std::false_type{});
-  } else if (dtype == at::kHalf) {
-    launch(__half{}, std::false_type{});
-  } else {
-    launch(__nv_bfloat16{}, std::false_type{});
-  }
+  cuda::dispatch_row_type(vec4, dtype, launch);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, slots};
 }

@@ -18,6 +18,7 @@
 
 #include "cuda/cub_call.cuh"
 #include "cuda/lookup_kernels.cuh"
+#include "cuda/row_dispatch.cuh"
 #include "lookup_checks.h"
 
 namespace demb {
@@ -65,15 +66,7 @@ at::Tensor gather_table_rows_cuda(at::TensorList values, const at::Tensor& slots
             g, slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(), inv,
             slots.numel(), n, dim, rows_per_warp, out.data_ptr<float>());
   };
-  if (vec4) {
-    launch(float{}, std::true_type{});
-  } else if (dtype == at::kFloat) {
-    launch(float{}, std::false_type{});
-  } else if (dtype == at::kHalf) {
-    launch(__half{}, std::false_type{});
-  } else {
-    launch(__nv_bfloat16{}, std::false_type{});
-  }
+  cuda::dispatch_row_type(vec4, dtype, launch);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
