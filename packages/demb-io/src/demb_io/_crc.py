@@ -1,6 +1,7 @@
-"""Checking files against the CRC-32 of each of their :data:`CRC_BLOCK`-byte blocks that a meta
-lists. The blocks are read through a read-only memory map, so a check costs the checksum and no
-copy; ``zlib.crc32`` releases the GIL, so checks run on worker threads beside the reading."""
+"""The CRC-32 of each :data:`CRC_BLOCK`-byte block of a file: computed from a file just written,
+and checked against a meta's list. Blocks are read through a read-only memory map, so a block
+costs its checksum and no copy; ``zlib.crc32`` releases the GIL, so blocks are checksummed on
+worker threads, several at once and beside other work (a read, an fsync)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from demb_io._errors import FormatError
 from demb_io.meta import CRC_BLOCK, FileEntry
 
-__all__ = ["BlockChecks", "check_crcs"]
+__all__ = ["BlockChecks", "block_crcs", "check_crcs"]
 
 
 def _mapped(path: Path, size: int) -> memoryview | None:
@@ -38,6 +39,17 @@ def _compare(path: Path, part: str, block: int, got: int, want: int) -> None:
         raise FormatError(
             path, part, f"CRC-32 of block {block} is {got:#010x}, the meta says {want:#010x}"
         )
+
+
+def block_crcs(path: Path, size: int, workers: int = 2) -> list[int]:
+    """The CRC-32 of each :data:`CRC_BLOCK`-byte block of the file's first ``size`` bytes, read
+    through a memory map (its pages, no copy), several blocks at once."""
+    view = _mapped(path, size)
+    if view is None:
+        return []
+    blocks = [view[start : start + CRC_BLOCK] for start in range(0, size, CRC_BLOCK)]
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1))) as pool:
+        return list(pool.map(zlib.crc32, blocks))
 
 
 class BlockChecks:

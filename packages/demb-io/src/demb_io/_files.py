@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import os
-import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from demb_io._crc import block_crcs
 from demb_io._errors import FormatError
 from demb_io.dtypes import storage_dtype
-from demb_io.meta import CRC_BLOCK, FileEntry
+from demb_io.meta import FileEntry
 
 __all__ = [
     "KEY",
@@ -86,49 +86,30 @@ def check_arrays(
 
 
 class PartWriter:
-    """Appends arrays to one file, counting bytes and the CRC-32 of each :data:`CRC_BLOCK`
-    bytes as it goes. An array's CRCs are computed on a worker thread while it is written
-    (both release the GIL), and :meth:`write` returns once both are done, so the caller may
-    reuse the array's memory right away."""
+    """Appends arrays to one file. On close the file is fsynced and, meanwhile, the CRC-32 of
+    each :data:`CRC_BLOCK` bytes is computed from the file's own pages (memory-mapped: what
+    was written, without a copy), so checksumming overlaps the flush to disk instead of the
+    writes, and the caller may reuse an array's memory as soon as :meth:`write` returns."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.file: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed in close())
         self.bytes = 0
-        self.crcs: list[int] = []
-        self._crc = 0  # of the block being filled (worker thread)
-        self._fill = 0  # its bytes so far (this thread)
-        self._crc_worker = ThreadPoolExecutor(max_workers=1)  # one worker: CRCs in order
-
-    def _add_crc(self, data: memoryview, closes_block: bool) -> None:
-        self._crc = zlib.crc32(data, self._crc)
-        if closes_block:
-            self.crcs.append(self._crc)
-            self._crc = 0
 
     def write(self, array: npt.NDArray[np.generic]) -> None:
         little = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))  # the format's
         data = little.reshape(-1).view(np.uint8).data
-        view = data
-        pending: list[Future[None]] = []
-        while len(view):
-            take = min(len(view), CRC_BLOCK - self._fill)
-            self._fill = (self._fill + take) % CRC_BLOCK
-            pending.append(self._crc_worker.submit(self._add_crc, view[:take], not self._fill))
-            view = view[take:]
         self.file.write(data)
-        for crc in pending:  # they read `array`: done before the caller may change it
-            crc.result()
         self.bytes += len(data)
 
     def close(self) -> FileEntry:
-        self._crc_worker.shutdown()
-        if self._fill:
-            self.crcs.append(self._crc)
         self.file.flush()
-        os.fsync(self.file.fileno())
+        with ThreadPoolExecutor(max_workers=1) as flusher:
+            synced = flusher.submit(os.fsync, self.file.fileno())
+            crcs = block_crcs(self.path, self.bytes)
+            synced.result()
         self.file.close()
-        return FileEntry(self.path.name, self.bytes, tuple(self.crcs))
+        return FileEntry(self.path.name, self.bytes, tuple(crcs))
 
 
 def read_rows(
