@@ -202,19 +202,10 @@ class ScoredHashTable:
     def find_rows(
         self, keys: torch.Tensor, table_ids: torch.Tensor, dim: int, *, check: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each key's first ``dim`` value columns, read where :meth:`find` finds it (no score
-        touched), in one pass (:func:`demb_kernels.table.lookup_rows`).
-
-        Args:
-            keys: ``(N,)`` int64 keys.
-            table_ids: ``(N,)`` int64 table of each key.
-            dim: columns to read (at most every table's value width).
-            check: as :meth:`find`.
-
-        Returns:
-            ``(N, dim)`` float32 rows (zeros for a missing key) and ``(N,)`` int64 slots (-1
-            for a missing key).
-        """
+        """``(N, dim)`` float32 first ``dim`` value columns of ``(N,)`` int64 ``keys`` of
+        tables ``table_ids`` (zeros for a missing key), and their ``(N,)`` int64 slots (-1 for
+        a missing key): :meth:`find` (no score touched) and the read in one pass
+        (:func:`demb_kernels.table.lookup_rows`); ``check`` as :meth:`find`."""
         return ops.lookup_rows(self.index, self.values, keys, table_ids, dim, check=check)
 
     def find_or_insert(
