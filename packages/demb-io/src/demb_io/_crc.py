@@ -17,13 +17,19 @@ from demb_io.meta import CRC_BLOCK, FileEntry
 __all__ = ["BlockChecks", "block_crcs", "check_crcs"]
 
 
-def _mapped(path: Path, size: int) -> memoryview | None:
-    """The file's first ``size`` bytes, mapped read-only (None when empty)."""
+def _blocks(path: Path, size: int) -> list[memoryview]:
+    """The file's first ``size`` bytes as its :data:`CRC_BLOCK`-byte blocks, mapped read-only
+    (none for an empty file)."""
     if size == 0:
-        return None
+        return []
     with open(path, "rb") as f:
-        mapping = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-    return memoryview(mapping)
+        view = memoryview(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ))
+    return [view[start : start + CRC_BLOCK] for start in range(0, size, CRC_BLOCK)]
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """Worker threads for checksums: ``workers``, at most one per CPU."""
+    return ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1)))
 
 
 def _expected(path: Path, part: str, entry: FileEntry, size: int) -> tuple[int, ...]:
@@ -44,12 +50,8 @@ def _compare(path: Path, part: str, block: int, got: int, want: int) -> None:
 def block_crcs(path: Path, size: int, workers: int = 2) -> list[int]:
     """The CRC-32 of each :data:`CRC_BLOCK`-byte block of the file's first ``size`` bytes, read
     through a memory map (its pages, no copy), several blocks at once."""
-    view = _mapped(path, size)
-    if view is None:
-        return []
-    blocks = [view[start : start + CRC_BLOCK] for start in range(0, size, CRC_BLOCK)]
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1))) as pool:
-        return list(pool.map(zlib.crc32, blocks))
+    with _pool(workers) as pool:
+        return list(pool.map(zlib.crc32, _blocks(path, size)))
 
 
 class BlockChecks:
@@ -62,11 +64,11 @@ class BlockChecks:
     """
 
     def __init__(self, files: list[tuple[str, Path, FileEntry]], workers: int = 2) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1)))
+        self._pool = _pool(workers)
         self._files: dict[str, tuple[Path, tuple[int, ...]]] = {}
         self._futures: dict[str, list[Future[int]]] = {}
         self._checked: dict[str, int] = {}
-        tasks: list[tuple[float, int, str, memoryview, int]] = []
+        tasks: list[tuple[float, int, str, memoryview]] = []  # (place in file, file, ...)
         for order, (part, path, entry) in enumerate(files):
             if entry.crc32 is None:
                 continue
@@ -74,12 +76,9 @@ class BlockChecks:
             self._files[part] = (path, _expected(path, part, entry, size))
             self._futures[part] = []
             self._checked[part] = 0
-            view = _mapped(path, size)
-            for start in range(0, size, CRC_BLOCK):
-                assert view is not None
-                block = view[start : start + CRC_BLOCK]
-                tasks.append((start / size, order, part, block, start))
-        for _, _, part, block, _ in sorted(tasks, key=lambda t: t[:2]):
+            for k, block in enumerate(_blocks(path, size)):
+                tasks.append((k * CRC_BLOCK / size, order, part, block))
+        for _, _, part, block in sorted(tasks, key=lambda t: t[:2]):
             self._futures[part].append(self._pool.submit(zlib.crc32, block))
 
     def wait(self, part: str, end: int | None = None) -> None:
