@@ -69,6 +69,18 @@ def _assert_same_index(cpu: TableIndex, gpu: TableIndex) -> None:
 
 
 @pytest.mark.cuda
+def test_cuda_timestamp_copies_one_reading_of_the_global_timer():
+    first = ops.timestamp("cuda", 3)
+    many = ops.timestamp("cuda", 5)
+    assert many.device.type == "cuda"
+    assert many.shape == (5,)
+    assert len(set(many.tolist())) == 1
+    assert int(many[0]) >= int(first[0]) > 0
+    with pytest.raises(ValueError, match="count"):
+        ops.timestamp("cuda", 0)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("policy", list(ScorePolicy), ids=lambda p: p.name)
 def test_cuda_index_equals_cpu_index(policy):
     """>= 10**7 keys per policy through two fused evicting tables: every per-key output and the

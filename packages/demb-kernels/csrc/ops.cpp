@@ -28,7 +28,7 @@ TORCH_LIBRARY(demb, m) {
       "table_erase(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
       "Tensor table_ids) -> Tensor");
-  m.def("table_timestamp(Tensor like) -> Tensor");
+  m.def("table_timestamp(Tensor like, int count=1) -> Tensor");
   // A lookup that also reads each found key's row (float32; zeros for a missing key).
   m.def(
       "table_find_rows(Tensor index_keys, Tensor digests, Tensor scores, Tensor slot_offsets, "

@@ -129,3 +129,14 @@ def test_timestamp_is_monotone():
     a = int(ops.timestamp("cpu"))
     b = int(ops.timestamp("cpu"))
     assert 0 < a <= b
+
+
+def test_timestamp_copies_one_reading():
+    before = int(ops.timestamp("cpu"))
+    many = ops.timestamp("cpu", 7)
+    assert many.shape == (7,)
+    assert many.dtype == torch.int64
+    assert len(set(many.tolist())) == 1
+    assert int(many[0]) >= before
+    with pytest.raises(ValueError, match="count"):
+        ops.timestamp("cpu", 0)

@@ -389,10 +389,11 @@ std::tuple<at::Tensor, at::Tensor> table_find_rows_cpu(
   return {gather_table_rows_cpu(values, slots, table_ids.contiguous(), std::nullopt, dim), slots};
 }
 
-at::Tensor table_timestamp_cpu(const at::Tensor& like) {
+at::Tensor table_timestamp_cpu(const at::Tensor& like, int64_t count) {
+  TORCH_CHECK_VALUE(count >= 1, "count: ", count, "; the timestamp needs at least one copy");
   const auto now = std::chrono::steady_clock::now().time_since_epoch();
   const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
-  return at::full({1}, ns, like.options().dtype(at::kLong));
+  return at::full({count}, ns, like.options().dtype(at::kLong));
 }
 
 }  // namespace

@@ -199,10 +199,12 @@ at::Tensor table_erase_cuda(const at::Tensor& index_keys, const at::Tensor& dige
                                     std::nullopt, std::nullopt));
 }
 
-at::Tensor table_timestamp_cuda(const at::Tensor& like) {
+at::Tensor table_timestamp_cuda(const at::Tensor& like, int64_t count) {
+  TORCH_CHECK_VALUE(count >= 1, "count: ", count, "; the timestamp needs at least one copy");
   const c10::cuda::CUDAGuard guard(like.device());
-  at::Tensor out = at::empty({1}, like.options().dtype(at::kLong));
-  cuda::timestamp_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(out.data_ptr<int64_t>());
+  at::Tensor out = at::empty({count}, like.options().dtype(at::kLong));
+  cuda::timestamp_kernel<<<1, 1, 0, at::cuda::getCurrentCUDAStream()>>>(out.data_ptr<int64_t>(),
+                                                                          count);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

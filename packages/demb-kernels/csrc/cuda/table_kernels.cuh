@@ -126,10 +126,11 @@ __global__ void bucket_keys_kernel(TableView v, BatchIn in, BatchOut out, PhaseB
                 static_cast<uint64_t>(v.slot_offsets[t] + home.bucket_base) << 1);
 }
 
-__global__ void timestamp_kernel(int64_t* out) {
+// out[0, count) = the global timer, read once.
+__global__ void timestamp_kernel(int64_t* out, int64_t count) {
   uint64_t now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  *out = static_cast<int64_t>(now);
+  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int64_t>(now);
 }
 
 }  // namespace cuda

@@ -62,8 +62,8 @@ def _erase_fake(*args: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.register_fake("demb::table_timestamp")  # type: ignore[untyped-decorator]
-def _timestamp_fake(like: torch.Tensor) -> torch.Tensor:
-    return like.new_empty((1,), dtype=torch.int64)
+def _timestamp_fake(like: torch.Tensor, count: int = 1) -> torch.Tensor:
+    return like.new_empty((count,), dtype=torch.int64)
 
 
 @torch.library.register_fake("demb::optimizer_update")  # type: ignore[untyped-decorator]

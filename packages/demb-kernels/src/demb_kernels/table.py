@@ -340,9 +340,13 @@ def rehash(
     return new, moved.slots, result.slots
 
 
-def timestamp(device: torch.device | str) -> torch.Tensor:
-    """``(1,)`` int64 nanoseconds now: the device's global timer on CUDA, a monotonic clock on
-    the CPU. Stays on the device (no sync)."""
+def timestamp(device: torch.device | str, count: int = 1) -> torch.Tensor:
+    """``(count,)`` int64 nanoseconds now, one reading in every element: the device's global
+    timer on CUDA, a monotonic clock on the CPU. Stays on the device (no sync).
+
+    Raises:
+        ValueError: ``count`` < 1.
+    """
     like = torch.empty(0, device=torch.device(device))
-    now: torch.Tensor = torch.ops.demb.table_timestamp(like)
+    now: torch.Tensor = torch.ops.demb.table_timestamp(like, count)
     return now

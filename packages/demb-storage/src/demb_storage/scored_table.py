@@ -120,7 +120,7 @@ class ScoredHashTable:
         self.score_check = (
             _env_flag("DYNAMICEMB_CSTM_SCORE_CHECK", True) if score_check is None else score_check
         )
-        self._clock = clock or (lambda: ops.timestamp(self.device))
+        self._clock = clock
         layouts = [c.score_layout for c in self.configs]
         self.index = TableIndex.create(
             [c.initial_capacity for c in self.configs],
@@ -367,18 +367,24 @@ class ScoredHashTable:
             host.append(self.steps[t] if policy is ScorePolicy.STEP else self.custom_scores[t])
         timed = [p in _TIME_POLICIES for p in self.index.policy_list]
         if all(timed):  # every table scores with the clock: no host values to send
-            return self._clock().to(self.device).expand(self.num_tables)  # the op copies it
+            return self._now(self.num_tables)
         args = torch.tensor(host, dtype=torch.int64, device=self.device)
         if any(timed):
             mask = torch.tensor(timed, device=self.device)
-            args = torch.where(mask, self._clock().to(self.device), args)
+            args = torch.where(mask, self._now(1), args)
         return args
+
+    def _now(self, count: int) -> torch.Tensor:
+        """``(count,)`` int64 contiguous copies of the clock's reading, on the index device."""
+        if self._clock is None:
+            return ops.timestamp(self.device, count)
+        return self._clock().to(self.device).expand(count).contiguous()
 
     def _growable(self, t: int) -> bool:
         if not self._can_grow[t]:
             return False
         no_eviction = self.index.policy_list[t] is ScorePolicy.NO_EVICTION
-        return no_eviction or self.capacity(t) < self.configs[t].max_capacity
+        return no_eviction or self.index.capacities[t] < self.configs[t].max_capacity
 
     def _grow_for(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
         """Double the tables the batch's missing keys could take above their load factor."""
