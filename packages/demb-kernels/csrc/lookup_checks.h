@@ -73,9 +73,18 @@ inline GatherTables check_find_rows(const IndexTensors& ix, at::TensorList value
   return g;
 }
 
-// grads (N, D) float32 contiguous; order (N,) int64; starts (U,) int64; all on one device.
+// starts (U,) int64 1-D; n >= 0 rows.
+inline void check_segment_plan(const at::Tensor& starts, int64_t n) {
+  TORCH_CHECK_TYPE(starts.scalar_type() == at::kLong, "starts must be int64, got ",
+                   starts.scalar_type());
+  TORCH_CHECK_VALUE(starts.dim() == 1, "starts must be 1-D, got ", starts.sizes());
+  TORCH_CHECK_VALUE(n >= 0, "n: ", n, " rows; must be >= 0");
+}
+
+// grads (N, D) float32; order (N,) int64; starts (U,) int64; plan, if given, segment_plan's
+// int64 array for (U, N); all on one device.
 inline void check_segment_sum(const at::Tensor& grads, const at::Tensor& order,
-                              const at::Tensor& starts) {
+                              const at::Tensor& starts, const std::optional<at::Tensor>& plan) {
   TORCH_CHECK_TYPE(grads.scalar_type() == at::kFloat, "grads must be float32, got ",
                    grads.scalar_type());
   TORCH_CHECK_VALUE(grads.dim() == 2, "grads must be (N, D), got ", grads.sizes());
@@ -88,6 +97,15 @@ inline void check_segment_sum(const at::Tensor& grads, const at::Tensor& order,
   }
   TORCH_CHECK_VALUE(order.numel() == grads.size(0), "order must have one entry per grads row, "
                     "got ", order.numel(), " for ", grads.size(0));
+  if (!plan) return;
+  const PlanLayout lay{starts.numel(), grads.size(0)};
+  TORCH_CHECK_TYPE(plan->scalar_type() == at::kLong, "plan must be int64, got ",
+                   plan->scalar_type());
+  TORCH_CHECK_VALUE(plan->device() == grads.device(), "plan is on ", plan->device(),
+                    ", grads on ", grads.device());
+  TORCH_CHECK_VALUE(plan->dim() == 1 && plan->numel() == lay.size(), "plan must be (",
+                    lay.size(), ",): segment_plan(starts, N) of these ", starts.numel(),
+                    " starts and N = ", grads.size(0), " rows; got ", plan->sizes());
 }
 
 }  // namespace demb

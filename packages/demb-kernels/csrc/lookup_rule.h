@@ -8,6 +8,8 @@
 //   chunk order; a segment of one chunk is that chunk's sum. Long segments (hot keys) thus
 //   spread over many warps on a GPU, and the CPU and the GPU give the same float. Also returns
 //   whether any sum is NaN or infinite (the check before an optimizer update, for free).
+// segment_plan: the chunks of segment_sum_rows for given starts (PlanLayout), made ahead (a
+//   training forward makes it while its gather runs, so its backward launches only the sums).
 #pragma once
 
 #include <cstdint>
@@ -32,5 +34,21 @@ struct GatherTables {
 DEMB_HD int64_t segment_chunks(int64_t length) {
   return (length + kSegmentChunk - 1) / kSegmentChunk;
 }
+
+// segment_plan's int64 array for U segments over N rows: chunk_offsets (U + 1: chunk_offsets[u]
+// is segment u's first chunk, chunk_offsets[U] the number of chunks), then per chunk c < that
+// number, in three columns of max_chunks() entries: its first position in `order`, its rows
+// (<= kSegmentChunk), and its destination (u: out row u, the segment's only chunk; ~c: partial
+// row c, added into out by the finish pass).
+struct PlanLayout {
+  int64_t unique;
+  int64_t n;
+  // A bound on the chunks: sum over u of ceil(len_u / kSegmentChunk) <= U + N / kSegmentChunk.
+  int64_t max_chunks() const { return unique + n / kSegmentChunk + 1; }
+  int64_t begin() const { return unique + 1; }
+  int64_t len() const { return begin() + max_chunks(); }
+  int64_t dest() const { return len() + max_chunks(); }
+  int64_t size() const { return dest() + max_chunks(); }
+};
 
 }  // namespace demb

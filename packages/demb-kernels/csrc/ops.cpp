@@ -46,7 +46,10 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "gather_table_rows(Tensor[] values, Tensor slots, Tensor tables, Tensor? inverse, "
       "int dim) -> Tensor");
-  m.def("segment_sum_rows(Tensor grads, Tensor order, Tensor starts) -> (Tensor, Tensor)");
+  m.def("segment_plan(Tensor starts, int n) -> Tensor");
+  m.def(
+      "segment_sum_rows(Tensor grads, Tensor order, Tensor starts, Tensor? plan=None) -> "
+      "(Tensor, Tensor)");
   m.def(
       "dedup_batch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size, Tensor? counters, int key_bits=64) -> (Tensor, Tensor, Tensor, Tensor, "

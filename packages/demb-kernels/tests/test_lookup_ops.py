@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from demb_kernels.lookup import SEGMENT_CHUNK, gather_table_rows, segment_sum_rows
+from demb_kernels.lookup import SEGMENT_CHUNK, gather_table_rows, segment_plan, segment_sum_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,6 +93,65 @@ def test_segment_sum_rows_matches_a_float64_sum(n, unique, d, seed):
     torch.testing.assert_close(got.to(torch.float64), want, rtol=1e-5, atol=1e-5)
 
 
+def plan_reference(starts: list[int], n: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """Chunk offsets, then (first row, length, destination) per chunk, in plain Python."""
+    offsets, chunks = [0], []
+    ends = [*starts[1:], n] if starts else []
+    for u, (b, e) in enumerate(zip(starts, ends, strict=True)):
+        first = offsets[-1]
+        cuts = list(range(b, e, SEGMENT_CHUNK))
+        for i, c in enumerate(cuts):
+            dest = u if len(cuts) == 1 else ~(first + i)
+            chunks.append((c, min(c + SEGMENT_CHUNK, e) - c, dest))
+        offsets.append(first + len(cuts))
+    return offsets, chunks
+
+
+def unpack_plan(plan: torch.Tensor, unique: int, n: int) -> tuple[list[int], list[tuple]]:
+    m = unique + n // SEGMENT_CHUNK + 1
+    assert plan.shape == (unique + 1 + 3 * m,)
+    p = plan.cpu().tolist()
+    offsets = p[: unique + 1]
+    cols = [p[unique + 1 + k * m : unique + 1 + (k + 1) * m] for k in range(3)]
+    return offsets, list(zip(*(c[: offsets[-1]] for c in cols), strict=True))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 400), unique=st.integers(0, 12), seed=st.integers(0, 2**31))
+def test_segment_plan_matches_a_python_model_and_sums_the_same(n, unique, seed):
+    gen = torch.Generator().manual_seed(seed)
+    if unique == 0:
+        grads, order, starts = (
+            torch.randn(n, 5),
+            torch.randperm(n),
+            torch.zeros(0, dtype=torch.long),
+        )
+    else:
+        grads, order, starts = segments_case(gen, n, unique, 5)
+    plan = segment_plan(starts, n)
+    assert unpack_plan(plan, unique, n) == plan_reference(starts.tolist(), n)
+    if n:
+        with_plan = segment_sum_rows(grads, order, starts, plan=plan)
+        without = segment_sum_rows(grads, order, starts)
+        assert torch.equal(with_plan[0], without[0])
+
+
+def test_a_plan_of_other_starts_is_refused():
+    grads, order = torch.randn(100, 3), torch.randperm(100)
+    starts = torch.tensor([0, 10, 50])
+    other = segment_plan(torch.tensor([0, 40, 50]), 100)
+    with pytest.raises(ValueError, match="plan: not segment_plan"):
+        segment_sum_rows(grads, order, starts, plan=other)
+    with pytest.raises(ValueError, match="plan must be"):
+        segment_sum_rows(grads, order, starts, plan=segment_plan(starts, 64))
+    with pytest.raises(TypeError, match="plan must be int64"):
+        segment_sum_rows(grads, order, starts, plan=segment_plan(starts, 100).int())
+    with pytest.raises(ValueError, match="starts: must begin at 0"):
+        segment_plan(torch.tensor([3, 10]), 100)
+    with pytest.raises(ValueError, match="n: -1"):
+        segment_plan(starts, -1)
+
+
 def test_segment_sum_rows_adds_chunks_in_a_fixed_order():
     """A segment longer than one chunk: its chunk sums, each in row order, then added in chunk
     order (what the CUDA kernel does too)."""
@@ -161,6 +220,12 @@ def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
     cpu_sum, cpu_bad = segment_sum_rows(grads, order, starts)
     gpu_sum, gpu_bad = segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda())
     assert torch.equal(gpu_sum.cpu(), cpu_sum)
+    gpu_plan = segment_plan(starts.cuda(), 60_000)
+    assert unpack_plan(gpu_plan, starts.numel(), 60_000) == unpack_plan(
+        segment_plan(starts, 60_000), starts.numel(), 60_000
+    )
+    planned, _ = segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda(), plan=gpu_plan)
+    assert torch.equal(planned.cpu(), cpu_sum)
     assert not cpu_bad
     assert not gpu_bad
     # a NaN in a one-chunk segment, an infinity in the hot one: both flagged

@@ -1,9 +1,11 @@
-// CPU kernels of gather_table_rows and segment_sum_rows (lookup_rule.h), parallel over rows.
+// CPU kernels of gather_table_rows, segment_plan and segment_sum_rows (lookup_rule.h), parallel
+// over rows.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <tuple>
@@ -78,10 +80,60 @@ at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots_
 
 namespace {
 
+void check_starts(const int64_t* st, int64_t unique, int64_t n) {
+  for (int64_t u = 0; u < unique; ++u) {
+    const int64_t prev = u == 0 ? 0 : st[u - 1];
+    TORCH_CHECK_VALUE(st[u] >= prev && st[u] <= n && (u > 0 || st[0] == 0),
+                      "starts: must begin at 0, never decrease and stay <= ", n, ", got ", st[u],
+                      " at ", u);
+  }
+}
+
+// The plan as the CUDA kernels write it (zeros past the last chunk).
+at::Tensor segment_plan_cpu(const at::Tensor& starts_in, int64_t n) {
+  check_segment_plan(starts_in, n);
+  const at::Tensor starts = starts_in.contiguous();
+  const int64_t unique = starts.numel();
+  const int64_t* st = starts.const_data_ptr<int64_t>();
+  check_starts(st, unique, n);
+  const PlanLayout lay{unique, n};
+  at::Tensor plan = at::zeros({lay.size()}, starts.options());
+  int64_t* p = plan.data_ptr<int64_t>();
+  for (int64_t u = 0; u < unique; ++u) {
+    const int64_t end = u + 1 < unique ? st[u + 1] : n;
+    const int64_t first = p[u];
+    const int64_t chunks = segment_chunks(end - st[u]);
+    p[u + 1] = first + chunks;
+    for (int64_t c = first; c < first + chunks; ++c) {
+      const int64_t begin = st[u] + (c - first) * kSegmentChunk;
+      p[lay.begin() + c] = begin;
+      p[lay.len() + c] = (begin + kSegmentChunk < end ? begin + kSegmentChunk : end) - begin;
+      p[lay.dest() + c] = chunks == 1 ? u : ~c;
+    }
+  }
+  return plan;
+}
+
+// A given plan must be the one segment_plan makes for these starts (the CUDA kernels trust it).
+void check_plan_matches(const at::Tensor& plan_in, const at::Tensor& starts, int64_t n) {
+  const at::Tensor plan = plan_in.contiguous();
+  const at::Tensor expected = segment_plan_cpu(starts, n);
+  const PlanLayout lay{starts.numel(), n};
+  const int64_t* p = plan.const_data_ptr<int64_t>();
+  const int64_t* e = expected.const_data_ptr<int64_t>();
+  const int64_t chunks = e[lay.unique];
+  bool same = std::equal(e, e + lay.begin(), p);
+  for (const int64_t col : {lay.begin(), lay.len(), lay.dest()}) {
+    same = same && std::equal(e + col, e + col + chunks, p + col);
+  }
+  TORCH_CHECK_VALUE(same, "plan: not segment_plan(starts, ", n, ") of these starts");
+}
+
 std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(const at::Tensor& grads_in,
                                                         const at::Tensor& order_in,
-                                                        const at::Tensor& starts_in) {
-  check_segment_sum(grads_in, order_in, starts_in);
+                                                        const at::Tensor& starts_in,
+                                                        const std::optional<at::Tensor>& plan) {
+  check_segment_sum(grads_in, order_in, starts_in, plan);
   const at::Tensor grads = grads_in.contiguous();
   const at::Tensor order = order_in.contiguous();
   const at::Tensor starts = starts_in.contiguous();
@@ -94,12 +146,8 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(const at::Tensor& grads_
     TORCH_CHECK_VALUE(ord[k] >= 0 && ord[k] < n, "order: ", ord[k], " is out of range for ", n,
                       " rows");
   }
-  for (int64_t u = 0; u < unique; ++u) {
-    const int64_t prev = u == 0 ? 0 : st[u - 1];
-    TORCH_CHECK_VALUE(st[u] >= prev && st[u] <= n && (u > 0 || st[0] == 0),
-                      "starts: must begin at 0, never decrease and stay <= ", n, ", got ", st[u],
-                      " at ", u);
-  }
+  check_starts(st, unique, n);
+  if (plan) check_plan_matches(*plan, starts, n);  // the chunks below are the plan's
   at::Tensor out = at::zeros({unique, d}, grads.options());
   const float* g = grads.const_data_ptr<float>();
   float* o = out.data_ptr<float>();
@@ -132,6 +180,7 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(const at::Tensor& grads_
 
 TORCH_LIBRARY_IMPL(demb, CPU, m) {
   m.impl("gather_table_rows", &gather_table_rows_cpu);
+  m.impl("segment_plan", &segment_plan_cpu);
   m.impl("segment_sum_rows", &segment_sum_rows_cpu);
 }
 

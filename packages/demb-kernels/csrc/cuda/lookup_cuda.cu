@@ -1,7 +1,8 @@
-// CUDA bindings of gather_table_rows and segment_sum_rows: the checks of lookup_checks.h, then
-// one launch (gather) or three (each chunk's segment, the chunk sums, then each segment's
-// chunks in order). No sync: the chunk buffers are sized by the bound U + N / kSegmentChunk + 1
-// on the number of chunks.
+// CUDA bindings of gather_table_rows, segment_plan and segment_sum_rows: the checks of
+// lookup_checks.h, then one launch (gather), three (the plan: each segment's chunk count, their
+// scan, each chunk's rows) or two (the chunk sums, then each long segment's chunks in order).
+// No sync: the chunk buffers are sized by the bound U + N / kSegmentChunk + 1 on the number of
+// chunks.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -71,10 +72,43 @@ at::Tensor gather_table_rows_cuda(at::TensorList values, const at::Tensor& slots
   return out;
 }
 
+// The chunks of every segment (segment_plan): counts, their scan into chunk offsets, then each
+// chunk's rows and destination, in `plan` (laid out as PlanLayout).
+void fill_plan(const at::Tensor& starts, int64_t n, at::Tensor& plan, cudaStream_t stream) {
+  const int64_t unique = starts.numel();
+  const PlanLayout lay{unique, n};
+  int64_t* co = plan.data_ptr<int64_t>();
+  C10_CUDA_CHECK(cudaMemsetAsync(co, 0, sizeof(int64_t), stream));  // the kernel writes the rest
+  if (unique == 0) return;
+  const unsigned segment_blocks =
+      static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
+  cuda::segment_chunk_counts_kernel<<<segment_blocks, cuda::kLookupThreads, 0, stream>>>(
+      starts.const_data_ptr<int64_t>(), unique, n, co);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  cuda::cub_call(starts, [&](void* temp, size_t& bytes) {
+    return cub::DeviceScan::InclusiveSum(temp, bytes, co + 1, co + 1, unique, stream);
+  });
+  const int64_t m = lay.max_chunks();
+  cuda::segment_chunks_kernel<<<segment_blocks, cuda::kLookupThreads, 0, stream>>>(
+      starts.const_data_ptr<int64_t>(), co, unique, n, m, co + lay.begin(), co + lay.len(),
+      co + lay.dest());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+at::Tensor segment_plan_cuda(const at::Tensor& starts_in, int64_t n) {
+  check_segment_plan(starts_in, n);
+  const c10::cuda::CUDAGuard guard(starts_in.device());
+  const at::Tensor starts = starts_in.contiguous();
+  at::Tensor plan = at::empty({PlanLayout{starts.numel(), n}.size()}, starts.options());
+  fill_plan(starts, n, plan, at::cuda::getCurrentCUDAStream());
+  return plan;
+}
+
 std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads_in,
                                                          const at::Tensor& order_in,
-                                                         const at::Tensor& starts_in) {
-  check_segment_sum(grads_in, order_in, starts_in);
+                                                         const at::Tensor& starts_in,
+                                                         const std::optional<at::Tensor>& plan_in) {
+  check_segment_sum(grads_in, order_in, starts_in, plan_in);
   const c10::cuda::CUDAGuard guard(grads_in.device());
   const at::Tensor grads = grads_in.contiguous();
   const at::Tensor order = order_in.contiguous();
@@ -85,55 +119,44 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads
   TORCH_CHECK_VALUE(n < std::numeric_limits<int32_t>::max(), "grads: ", n,
                     " rows; segment_sum_rows on CUDA takes fewer than 2^31 - 1");
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  at::Tensor nonfinite = at::empty({}, grads.options().dtype(at::kInt));
-  C10_CUDA_CHECK(cudaMemsetAsync(nonfinite.data_ptr(), 0, sizeof(int32_t), stream));
+  at::Tensor nonfinite = at::empty({}, grads.options().dtype(at::kBool));  // kernels set true
+  C10_CUDA_CHECK(cudaMemsetAsync(nonfinite.data_ptr(), 0, sizeof(bool), stream));
   if (unique == 0 || n == 0 || d == 0) {
-    return {at::zeros({unique, d}, grads.options()), nonfinite.to(at::kBool)};
+    return {at::zeros({unique, d}, grads.options()), nonfinite};
   }
   at::Tensor out = at::empty({unique, d}, grads.options());  // pass 1 or 2 writes every row
-  int32_t* bad = nonfinite.data_ptr<int32_t>();
-  const unsigned segment_blocks =
-      static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
-  at::Tensor chunk_offsets = at::empty({unique + 1}, starts.options());
-  int64_t* co = chunk_offsets.data_ptr<int64_t>();
-  C10_CUDA_CHECK(cudaMemsetAsync(co, 0, sizeof(int64_t), stream));  // the kernel writes the rest
-  cuda::segment_chunk_counts_kernel<<<segment_blocks, cuda::kLookupThreads, 0, stream>>>(
-      starts.const_data_ptr<int64_t>(), unique, n, co);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  cuda::cub_call(starts, [&](void* temp, size_t& bytes) {
-    return cub::DeviceScan::InclusiveSum(temp, bytes, co + 1, co + 1, unique, stream);
-  });
-  const int64_t max_chunks = unique + n / kSegmentChunk + 1;
+  bool* bad = nonfinite.data_ptr<bool>();
+  const PlanLayout lay{unique, n};
+  at::Tensor plan;
+  if (plan_in) {
+    plan = plan_in->contiguous();
+  } else {
+    plan = at::empty({lay.size()}, starts.options());
+    fill_plan(starts, n, plan, stream);
+  }
+  const int64_t* co = plan.const_data_ptr<int64_t>();
+  const int64_t max_chunks = lay.max_chunks();
   at::Tensor partial = at::empty({max_chunks, d}, grads.options());
-  at::Tensor chunk_info = at::empty({3, max_chunks}, starts.options());
-  int64_t* info = chunk_info.data_ptr<int64_t>();
   const bool vec4 = d % 4 == 0 && aligned16(grads.const_data_ptr());
-  cuda::segment_chunks_kernel<<<segment_blocks, cuda::kLookupThreads, 0, stream>>>(
-      starts.const_data_ptr<int64_t>(), chunk_offsets.const_data_ptr<int64_t>(), unique, n,
-      max_chunks, info, info + max_chunks, info + 2 * max_chunks);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto launch = [&](auto vec) {
     constexpr bool kVec = decltype(vec)::value;
     if (kVec && d / 4 <= cuda::kLookupWarp) {  // rows of one float4 per lane: packed chunks
       cuda::segment_chunk_sums_packed_kernel<<<warp_blocks(groups_of(max_chunks)),
                                                cuda::kLookupThreads, 0, stream>>>(
-          grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), info,
-          info + max_chunks, info + 2 * max_chunks,
-          chunk_offsets.const_data_ptr<int64_t>() + unique, d, max_chunks,
-          partial.data_ptr<float>(), out.data_ptr<float>(), bad);
+          grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), co + lay.begin(),
+          co + lay.len(), co + lay.dest(), co + unique, d, max_chunks, partial.data_ptr<float>(),
+          out.data_ptr<float>(), bad);
     } else {
       cuda::segment_chunk_sums_kernel<kVec>
           <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
-              grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), info,
-              info + max_chunks, info + 2 * max_chunks,
-              chunk_offsets.const_data_ptr<int64_t>() + unique, d, max_chunks,
+              grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), co + lay.begin(),
+              co + lay.len(), co + lay.dest(), co + unique, d, max_chunks,
               partial.data_ptr<float>(), out.data_ptr<float>(), bad);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     cuda::segment_finish_kernel<kVec>
         <<<warp_blocks(groups(unique)), cuda::kLookupThreads, 0, stream>>>(
-        partial.const_data_ptr<float>(), chunk_offsets.const_data_ptr<int64_t>(), unique, d,
-        out.data_ptr<float>(), bad);
+        partial.const_data_ptr<float>(), co, unique, d, out.data_ptr<float>(), bad);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   if (vec4) {
@@ -141,13 +164,14 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads
   } else {
     launch(std::false_type{});
   }
-  return {out, nonfinite.to(at::kBool)};
+  return {out, nonfinite};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("gather_table_rows", &gather_table_rows_cuda);
+  m.impl("segment_plan", &segment_plan_cuda);
   m.impl("segment_sum_rows", &segment_sum_rows_cuda);
 }
 

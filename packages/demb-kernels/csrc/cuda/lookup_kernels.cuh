@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kLookupThreads)
                               const int64_t* __restrict__ chunk_dest,
                               const int64_t* __restrict__ total_chunks, int64_t d,
                               int64_t max_chunks, float* __restrict__ partial,
-                              float* __restrict__ out, int32_t* __restrict__ nonfinite) {
+                              float* __restrict__ out, bool* __restrict__ nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   const int64_t c = warp_index();
   if (c >= max_chunks || c >= *total_chunks) return;  // the same for the warp's lanes
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kLookupThreads)
     }
     acc.store(dst, base + lane, d);
     if (__any_sync(kAll, dest >= 0 && acc.nonfinite(base + lane, d)) && lane == 0) {
-      atomicOr(nonfinite, 1);
+      *nonfinite = true;  // every writer stores the same value
     }
   }
 }
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kLookupThreads, 6)
                                      const int64_t* __restrict__ chunk_dest,
                                      const int64_t* __restrict__ total_chunks, int64_t d,
                                      int64_t max_chunks, float* __restrict__ partial,
-                                     float* __restrict__ out, int32_t* __restrict__ nonfinite) {
+                                     float* __restrict__ out, bool* __restrict__ nonfinite) {
   // Row numbers and lengths as 32-bit words (N < 2^31, checked by the binding) and each
   // chunk's destination read again at the end: 40 registers, 6 blocks per SM.
   constexpr unsigned kAll = 0xffffffffu;
@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kLookupThreads, 6)
     const bool bad = dest >= 0 && lane < quads &&
                      (!isfinite(acc[c].x) || !isfinite(acc[c].y) || !isfinite(acc[c].z) ||
                       !isfinite(acc[c].w));
-    if (__any_sync(kAll, bad) && lane == 0) atomicOr(nonfinite, 1);
+    if (__any_sync(kAll, bad) && lane == 0) *nonfinite = true;
   }
 }
 
@@ -250,7 +250,7 @@ template <bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_finish_kernel(const float* __restrict__ partial,
                           const int64_t* __restrict__ chunk_offsets, int64_t unique, int64_t d,
-                          float* __restrict__ out, int32_t* __restrict__ nonfinite) {
+                          float* __restrict__ out, bool* __restrict__ nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
   const int64_t first = warp_index() * kLookupWarp;
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(kLookupThreads)
       acc.zero();
       for (int64_t c = from; c < to; ++c) acc.add(partial + c * d, base + lane, d);
       acc.store(out + (first + j) * d, base + lane, d);
-      if (__any_sync(kAll, acc.nonfinite(base + lane, d)) && lane == 0) atomicOr(nonfinite, 1);
+      if (__any_sync(kAll, acc.nonfinite(base + lane, d)) && lane == 0) *nonfinite = true;
     }
   }
 }

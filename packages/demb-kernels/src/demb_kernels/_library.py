@@ -23,6 +23,7 @@ OPS = (
     "init_rows",
     "optimizer_update",
     "gather_table_rows",
+    "segment_plan",
     "segment_sum_rows",
     "dedup_batch",
     "index_tables",

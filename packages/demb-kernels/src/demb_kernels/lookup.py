@@ -24,6 +24,7 @@ __all__ = [
     "dedup_batch",
     "gather_table_rows",
     "index_tables",
+    "segment_plan",
     "segment_sum_rows",
     "status_counts",
 ]
@@ -184,8 +185,31 @@ def gather_table_rows(
     return out
 
 
+def segment_plan(starts: torch.Tensor, n: int) -> torch.Tensor:
+    """The chunks :func:`segment_sum_rows` sums for ``starts`` over ``n`` rows, made ahead of
+    the sum (no sync): a training forward makes it while its gather runs, so its backward
+    launches only the sums.
+
+    Args:
+        starts: ``(U,)`` int64 segment starts, as for :func:`segment_sum_rows`.
+        n: ``N``, the rows (``order``'s length).
+
+    Returns:
+        ``(U + 1 + 3 * (U + N // 32 + 1),)`` int64 on ``starts``' device (``PlanLayout`` in
+        ``csrc/lookup_rule.h``): each segment's first chunk, then each chunk's first row in
+        ``order``, its length and where its sum goes.
+    """
+    plan: torch.Tensor = torch.ops.demb.segment_plan(starts, n)
+    return plan
+
+
 def segment_sum_rows(
-    grads: torch.Tensor, order: torch.Tensor, starts: torch.Tensor, *, check: bool = True
+    grads: torch.Tensor,
+    order: torch.Tensor,
+    starts: torch.Tensor,
+    *,
+    plan: torch.Tensor | None = None,
+    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``out[u]`` = the sum of ``grads[order[k]]`` for ``k`` in ``[starts[u], starts[u + 1])``
     (the last segment ends at ``N``), in chunks of :data:`SEGMENT_CHUNK` rows.
@@ -194,6 +218,8 @@ def segment_sum_rows(
         grads: ``(N, D)`` float32.
         order: ``(N,)`` int64 a permutation of the rows (grouped by segment).
         starts: ``(U,)`` int64 segment starts in ``order``: 0 first, never decreasing.
+        plan: :func:`segment_plan` ``(starts, N)`` made ahead (default: made here). The CPU
+            kernel checks that it is; on CUDA only its size is checked.
         check: on CUDA, check ``order`` and ``starts`` first (one sync); the CPU kernel always
             checks.
 
@@ -213,7 +239,7 @@ def segment_sum_rows(
             raise ValueError(f"order: out of range for {n} rows")
         if flags[1]:
             raise ValueError(f"starts: must begin at 0, never decrease and stay <= {n}")
-    out, nonfinite = torch.ops.demb.segment_sum_rows(grads, order, starts)
+    out, nonfinite = torch.ops.demb.segment_sum_rows(grads, order, starts, plan)
     return out, nonfinite
 
 
@@ -229,9 +255,18 @@ def _gather_table_rows_fake(
     return slots.new_empty((rows, dim), dtype=torch.float32)
 
 
+@torch.library.register_fake("demb::segment_plan")  # type: ignore[untyped-decorator]
+def _segment_plan_fake(starts: torch.Tensor, n: int) -> torch.Tensor:
+    u = starts.shape[0]
+    return starts.new_empty((u + 1 + 3 * (u + n // SEGMENT_CHUNK + 1),))
+
+
 @torch.library.register_fake("demb::segment_sum_rows")  # type: ignore[untyped-decorator]
 def _segment_sum_rows_fake(
-    grads: torch.Tensor, order: torch.Tensor, starts: torch.Tensor
+    grads: torch.Tensor,
+    order: torch.Tensor,
+    starts: torch.Tensor,
+    plan: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     flag = grads.new_empty((), dtype=torch.bool)
     return grads.new_empty((starts.shape[0], grads.shape[1])), flag

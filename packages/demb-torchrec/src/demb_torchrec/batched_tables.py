@@ -21,6 +21,7 @@ from demb_kernels.lookup import (
     check_batch,
     gather_table_rows,
     index_tables,
+    segment_plan,
     segment_sum_rows,
     status_counts,
 )
@@ -225,12 +226,12 @@ class DynamicEmbeddingTables(torch.nn.Module):
 
     # ------------------------------------------------------------------------------ internals
     def _slots(self, batch: DedupedBatch, slots: torch.Tensor) -> list[torch.Tensor]:
-        b = batch.table_bounds
-        return [slots[b[t] : b[t + 1]] for t in range(self.num_tables)]
+        return self._split(batch, slots)
 
     def _split(self, batch: DedupedBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Per table, the view of ``rows`` (one per unique key) holding that table's keys."""
         b = batch.table_bounds
-        return [rows[b[t] : b[t + 1]] for t in range(self.num_tables)]
+        return list(torch.split(rows, [b[t + 1] - b[t] for t in range(self.num_tables)]))
 
     def _eval_none(
         self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int
@@ -257,16 +258,20 @@ class DynamicEmbeddingTables(torch.nn.Module):
 
     def _forward_none(self, batch: DedupedBatch, slots: torch.Tensor, grad: bool) -> torch.Tensor:
         """No pooling: each occurrence's row read straight from its table (one launch), and
-        in backward each key's occurrence gradients summed in the dedup's sorted order."""
+        in backward each key's occurrence gradients summed in the dedup's sorted order (the
+        sum's chunks planned here, behind the gather)."""
         out = gather_table_rows(
             self.tables.values, slots, batch.tables, batch.inverse, self.dims[0], check=False
         )
         if not grad:
             return out
+        plan = segment_plan(batch.starts, batch.order.numel())  # queued behind the gather
 
         def per_key(g: Sequence[torch.Tensor]) -> Reduced:
             clipped = clip_gradient(self.optimizer, g[0])
-            summed, bad = segment_sum_rows(clipped, batch.order, batch.starts, check=False)
+            summed, bad = segment_sum_rows(
+                clipped, batch.order, batch.starts, plan=plan, check=False
+            )
             return self._split(batch, summed), [bad]
 
         (out,) = trained_rows(
