@@ -84,7 +84,7 @@ class TrainStep:
             raise ValueError(
                 "grads: the embedding gradients contain NaN or infinite values; no row was updated"
             )
-        m.steps = steps
+        m.steps[:] = steps  # in place: no nn.Module attribute set on the hot path
 
 
 class TrainedRows(torch.autograd.Function):
