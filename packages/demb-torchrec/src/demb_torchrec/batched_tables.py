@@ -265,7 +265,10 @@ class DynamicEmbeddingTables(torch.nn.Module):
         )
         if not grad:
             return out
-        plan = segment_plan(batch.starts, batch.order.numel())  # queued behind the gather
+        # On a GPU the sum's chunks are planned now, queued behind the gather (the CPU kernel
+        # would only check a plan: it cuts the chunks as it sums).
+        n = batch.order.numel()
+        plan = segment_plan(batch.starts, n) if batch.starts.is_cuda else None
 
         def per_key(g: Sequence[torch.Tensor]) -> Reduced:
             clipped = clip_gradient(self.optimizer, g[0])
