@@ -18,8 +18,8 @@ import pstats
 
 import demb_torchrec._autograd as ag
 import torch
-from demb_torchrec.bench.module_bench import build, prefill
-from demb_torchrec.bench.workload import Workload, make_batches
+from demb_torchrec.bench.module_bench import ready
+from demb_torchrec.bench.workload import Workload
 
 
 def report(name: str, prof: cProfile.Profile, steps: int, top: int) -> None:
@@ -45,11 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     dev = torch.device("cuda")
     w = Workload()
-    m = build(w, dev)
-    prefill(m, w)
-    batches = make_batches(w, 4, dev)
-    with torch.no_grad():
-        grad = torch.randn_like(m(*batches[0])) * 1e-3
+    m, batches, grad = ready(w, dev)
     fwd, bwd, ev = cProfile.Profile(), cProfile.Profile(), cProfile.Profile()
     update = ag.TrainStep.update
     active = [False]

@@ -17,8 +17,8 @@ import demb_torchrec._autograd as ag
 import demb_torchrec.batched_tables as bt
 import torch
 from demb_storage import scored_table as st
-from demb_torchrec.bench.module_bench import build, prefill
-from demb_torchrec.bench.workload import Workload, make_batches
+from demb_torchrec.bench.module_bench import ready
+from demb_torchrec.bench.workload import Workload
 
 times: dict[str, list[float]] = collections.defaultdict(list)
 
@@ -50,11 +50,7 @@ def main() -> None:
     wrap(st.ScoredHashTable, "find_rows", "eval.find_rows")
     dev = torch.device("cuda")
     w = Workload()
-    m = build(w, dev)
-    prefill(m, w)
-    batches = make_batches(w, 4, dev)
-    with torch.no_grad():
-        grad = torch.randn_like(m(*batches[0])) * 1e-3
+    m, batches, grad = ready(w, dev)
     wall: dict[str, list[float]] = collections.defaultdict(list)
     sync = torch.cuda.synchronize
     for i in range(25):

@@ -12,8 +12,8 @@ import argparse
 import json
 
 import torch
-from demb_torchrec.bench.module_bench import build, prefill
-from demb_torchrec.bench.workload import Workload, make_batches
+from demb_torchrec.bench.module_bench import ready
+from demb_torchrec.bench.workload import Workload
 from torch.profiler import ProfilerActivity, profile, record_function
 
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -74,11 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     w = Workload(optimizer=args.optimizer, pooling=args.pooling).scaled(args.scale)
-    module = build(w, device)
-    prefill(module, w)
-    batches = make_batches(w, 2, device)
-    with torch.no_grad():
-        grad = torch.randn_like(module(*batches[0])) * 1e-3
+    module, batches, grad = ready(w, device, 2)
 
     def step(i: int) -> None:
         module.train()

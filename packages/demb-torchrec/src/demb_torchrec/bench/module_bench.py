@@ -28,7 +28,7 @@ from demb_torchrec.bench.workload import (
 )
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 
-__all__ = ["REFERENCE_H200", "TARGETS_H200", "run"]
+__all__ = ["REFERENCE_H200", "TARGETS_H200", "ready", "run"]
 
 REFERENCE_H200 = {"train_ms": 2.014, "forward_ms": 1.356, "backward_ms": 0.658, "eval_ms": 0.721}
 """The reference system on the H200 (issue 5, measured 2026-11-29), Adam, NONE pooling."""
@@ -68,6 +68,19 @@ def prefill(module: DynamicEmbeddingTables, w: Workload, chunk: int = 1 << 20) -
             module(indices, offsets)
 
 
+def ready(
+    w: Workload, device: torch.device, count: int = 4
+) -> tuple[DynamicEmbeddingTables, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """The workload's module with every row inserted, ``count`` batches of it, and an output
+    gradient (the same for every batch)."""
+    module = build(w, device)
+    prefill(module, w)
+    batches = make_batches(w, count, device)
+    with torch.no_grad():
+        grad = torch.randn_like(module(*batches[0])) * 1e-3
+    return module, batches, grad
+
+
 def _unique(batch: tuple[torch.Tensor, torch.Tensor], w: Workload) -> int:
     indices, offsets = batch
     bounds = offsets[:: w.samples].tolist()
@@ -103,13 +116,9 @@ def _demb_step(
 
 
 def time_demb(w: Workload, device: torch.device, steps: int, warmup: int) -> dict[str, Any]:
-    module = build(w, device)
-    prefill(module, w)
-    batches = make_batches(w, 4, device)
+    module, batches, grad = ready(w, device)
     state_dim = module.tables.configs[0].state_dim
     phases: dict[str, list[float]] = {"forward": [], "backward": [], "train": [], "eval": []}
-    with torch.no_grad():
-        grad = torch.randn_like(module(*batches[0])) * 1e-3
     for i in tqdm(range(warmup + steps), desc=f"demb {w.optimizer}", leave=False):
         times = _demb_step(module, batches[i % len(batches)], grad)
         if i >= warmup:
