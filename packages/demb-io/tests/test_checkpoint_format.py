@@ -391,15 +391,16 @@ def test_a_writer_caller_may_reuse_its_buffers_at_once(tmp_path, monkeypatch):
     """Chunks handed over in one buffer that the caller refills after each write (a streaming
     copy's pattern), with checksumming slowed down: the CRCs describe what was written."""
     import time
-    import zlib
 
-    crc32 = zlib.crc32
+    from demb_io import _crc
 
-    def slow_crc32(data, value=0):
+    crc32 = _crc.crc32
+
+    def slow_crc32(data):
         time.sleep(0.01)
-        return crc32(data, value)
+        return crc32(data)
 
-    monkeypatch.setattr(zlib, "crc32", slow_crc32)
+    monkeypatch.setattr(_crc, "crc32", slow_crc32)
     meta = make_meta(dim=4)
     data = make_rows(meta, 40, np.random.default_rng(7))
     buffer = make_rows(meta, 10, np.random.default_rng(8))
@@ -416,3 +417,39 @@ def test_a_writer_caller_may_reuse_its_buffers_at_once(tmp_path, monkeypatch):
     got = Checkpoint(tmp_path / "c").read_table("ebc", "t")  # CRCs checked
     np.testing.assert_array_equal(got.keys, data.keys)
     np.testing.assert_array_equal(got.values, data.values)
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 4096, (1 << 20) + 3])
+def test_the_fast_crc32_gives_zlibs_values(tmp_path, size):
+    """ISA-L's CRC-32 (the `crc` extra, installed in this workspace) equals zlib's, on bytes and
+    on the read-only memory-mapped blocks the checks use."""
+    import zlib
+
+    from demb_io import _crc
+
+    pytest.importorskip("isal")
+    assert _crc.crc32_backend() == "isal"
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    assert _crc.crc32(data) == zlib.crc32(data)
+    (tmp_path / "f").write_bytes(data)
+    assert _crc.block_crcs(tmp_path / "f", size) == [
+        zlib.crc32(data[b : b + _crc.CRC_BLOCK]) for b in range(0, size, _crc.CRC_BLOCK)
+    ]
+
+
+def test_a_checkpoint_reads_back_whichever_crc32_wrote_it(tmp_path, monkeypatch):
+    """Written with zlib's CRC-32, checked with the fast one, and the other way round."""
+    import zlib
+
+    from demb_io import _crc
+
+    meta = make_meta(dim=3)
+    data = make_rows(meta, 50, np.random.default_rng(2))
+    for writer, reader in ((zlib.crc32, _crc.crc32), (_crc.crc32, zlib.crc32)):
+        target = tmp_path / f"c-{writer is zlib.crc32}"
+        monkeypatch.setattr(_crc, "crc32", writer)
+        with CheckpointWriter(target) as w:
+            w.write_shard(meta, [data])
+        monkeypatch.setattr(_crc, "crc32", reader)
+        got = Checkpoint(target).read_table("ebc", "t")  # CRCs checked
+        np.testing.assert_array_equal(got.values, data.values)

@@ -1,20 +1,38 @@
 """The CRC-32 of each :data:`CRC_BLOCK`-byte block of a file: computed from a file just written,
 and checked against a meta's list. Blocks are read through a read-only memory map, so a block
-costs its checksum and no copy; ``zlib.crc32`` releases the GIL, so blocks are checksummed on
-worker threads, several at once and beside other work (a read, an fsync)."""
+costs its checksum and no copy; blocks are checksummed on worker threads, several at once and
+beside other work (a read, an fsync).
+
+The checksum is zlib's CRC-32 (``zlib.crc32``, which releases the GIL). With the ``crc`` extra
+installed (python-isal) the same values come from ISA-L's ``crc32``, several times faster
+(19 GB/s against 3 GB/s on the project's CPU VM): formats and files are the same either way.
+"""
 
 from __future__ import annotations
 
 import mmap
 import os
 import zlib
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from demb_io._errors import FormatError
 from demb_io.meta import CRC_BLOCK, FileEntry
 
-__all__ = ["BlockChecks", "block_crcs", "check_crcs"]
+__all__ = ["BlockChecks", "block_crcs", "check_crcs", "crc32", "crc32_backend"]
+
+crc32: Callable[[memoryview], int]
+"""``crc32(data)``: zlib's CRC-32 of a buffer, from ISA-L when the ``crc`` extra is installed."""
+try:
+    from isal.isal_zlib import crc32
+except ImportError:  # numpy and demb-planner only: zlib's own
+    crc32 = zlib.crc32
+
+
+def crc32_backend() -> str:
+    """``"isal"`` or ``"zlib"``: where :func:`crc32` comes from."""
+    return "zlib" if crc32 is zlib.crc32 else "isal"
 
 
 def _blocks(path: Path, size: int) -> list[memoryview]:
@@ -51,7 +69,7 @@ def block_crcs(path: Path, size: int, workers: int = 2) -> list[int]:
     """The CRC-32 of each :data:`CRC_BLOCK`-byte block of the file's first ``size`` bytes, read
     through a memory map (its pages, no copy), several blocks at once."""
     with _pool(workers) as pool:
-        return list(pool.map(zlib.crc32, _blocks(path, size)))
+        return list(pool.map(crc32, _blocks(path, size)))
 
 
 class BlockChecks:
@@ -79,7 +97,7 @@ class BlockChecks:
             for k, block in enumerate(_blocks(path, size)):
                 tasks.append((k * CRC_BLOCK / size, order, part, block))
         for _, _, part, block in sorted(tasks, key=lambda t: t[:2]):
-            self._futures[part].append(self._pool.submit(zlib.crc32, block))
+            self._futures[part].append(self._pool.submit(crc32, block))
 
     def wait(self, part: str, end: int | None = None) -> None:
         """Wait for the checks of ``part``'s blocks that start below byte ``end`` (all without
