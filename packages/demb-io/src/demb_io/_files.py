@@ -29,6 +29,8 @@ __all__ = [
 KEY = np.dtype("<i8")
 """Keys, scores, slots and counters: int64, little-endian."""
 
+_ADVISE = hasattr(os, "posix_fadvise")  # Linux and most Unix; not macOS or Windows
+
 
 class RowMeta(Protocol):
     """What a shard's or a delta table's meta says about its row-aligned parts."""
@@ -119,13 +121,22 @@ def read_rows(
     width: int,
     dtype: np.dtype[np.generic],
     out: npt.NDArray[np.generic] | None = None,
+    ahead: int = 0,
 ) -> npt.NDArray[np.generic]:
     """Rows ``[begin, begin + count)`` of a file of ``width``-wide rows, as ``(count, width)``
-    (into ``out[:count]`` when given: a reused buffer of at least ``count`` rows)."""
+    (into ``out[:count]`` when given: a reused buffer of at least ``count`` rows). With
+    ``ahead``, the next ``ahead`` rows are then asked of the disk in the background
+    (``posix_fadvise(WILLNEED)``, where the system has it): a chunked read's next chunk loads
+    while the caller uses this one."""
     array = np.empty((count, width), dtype=dtype) if out is None else out[:count]
+    row_bytes = width * dtype.itemsize
     with open(path, "rb", buffering=0) as f:
-        f.seek(begin * width * dtype.itemsize)
+        f.seek(begin * row_bytes)
         got = f.readinto(array.reshape(-1).view(np.uint8).data)
+        if ahead and _ADVISE:
+            os.posix_fadvise(
+                f.fileno(), (begin + count) * row_bytes, ahead * row_bytes, os.POSIX_FADV_WILLNEED
+            )
     if got != array.nbytes:
         raise FormatError(path, "", f"truncated while reading rows {begin}..{begin + count}")
     return array

@@ -264,9 +264,10 @@ def _chunks(
     buffers = {p: np.empty((size, w), dtype=dt) for p, (w, dt) in widths.items()} if reuse else {}
     for begin in range(0, max(meta.rows, 1), chunk_rows):
         count = min(chunk_rows, meta.rows - begin)
+        ahead = min(chunk_rows, meta.rows - begin - count)  # the next chunk, read ahead
         arrays = {
             part: read_rows(
-                _part_path(directory, meta, part), begin, count, w, dt, buffers.get(part)
+                _part_path(directory, meta, part), begin, count, w, dt, buffers.get(part), ahead
             )
             if part in meta.files
             else np.zeros((count, w), dtype=dt)
