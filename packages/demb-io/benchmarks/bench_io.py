@@ -7,11 +7,15 @@ file and fsync, and read back into one reused buffer the size of a chunk's value
 read with ``reuse=True``, its chunks in reused buffers too). The chunks are made before the
 timing starts, so neither side is charged for making them. Each repeat starts from an empty
 folder after ``os.sync()``; the two writes, and the three reads, run in an order that rotates
-from repeat to repeat, so no side always comes first. Each read runs twice: first from the disk
-(the files' clean pages dropped from the page cache with ``posix_fadvise(DONTNEED)``), then
-again from the page cache. Prints the medians' GB/s and ratios to raw; writes JSON.
+from repeat to repeat, so no side always comes first; a first, untimed repeat warms up. This VM's
+disk takes a burst of writes fast and the next one slowly, so each side's writes are also
+summed up by their place in the repeat (first or second write), each place compared with the
+other side's at the same place. Each read runs twice: first from the disk (the files' clean
+pages dropped from the page cache with ``posix_fadvise(DONTNEED)``), then again from the page
+cache. Prints the medians' GB/s and ratios to raw; writes JSON.
 
-Usage: ``python bench_io.py [--rows 4000000] [--dim 128] [--dir /tmp] [--out result.json]``.
+Usage: ``python bench_io.py [--rows 4000000] [--dim 128] [--dir /tmp] [--repeats 16]
+[--out result.json]`` (an even number of repeats: each side writes first equally often).
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--out", default=None)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=6)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="demb_io_bench_", dir=args.dir))
     meta = ShardMeta(
@@ -97,10 +101,11 @@ def main() -> None:
     reads = ("read", "verified", "raw_read")
     kinds = ("write", "raw_write", *reads, *(f"{k}_cold" for k in reads))
     times: dict[str, list[float]] = {k: [] for k in kinds}
+    placed: dict[str, list[float]] = {f"{k}@{p}": [] for k in kinds[:2] for p in (1, 2)}
     data = list(chunks(args.rows, args.dim))  # made once, before any timing
     total = args.rows * (8 + 4 * args.dim + 2 * 8)  # keys, float32 values, two score words
     try:
-        for r in range(args.repeats):  # demb-io and raw in rotating order; medians
+        for r in range(args.repeats + 1):  # repeat 0 warms up; then rotating order, medians
             # Both writes start from the same state: no previous output, nothing pending.
             shutil.rmtree(work / "ckpt", ignore_errors=True)
             (work / "raw.bin").unlink(missing_ok=True)
@@ -124,10 +129,12 @@ def main() -> None:
                 assert raw_read(work / "raw.bin", CHUNK * args.dim * 4) == total
 
             writes = [("write", demb_write), ("raw_write", raw_write_all)]
-            for name, run in writes[r % 2 :] + writes[: r % 2]:
+            for place, (name, run) in enumerate(writes[r % 2 :] + writes[: r % 2], 1):
                 t0 = time.perf_counter()
                 run()
-                times[name].append(time.perf_counter() - t0)
+                if r:
+                    times[name].append(time.perf_counter() - t0)
+                    placed[f"{name}@{place}"].append(times[name][-1])
                 os.sync()
             demb_files = [p for p in (work / "ckpt").rglob("*") if p.is_file()]
             runs = [
@@ -140,7 +147,8 @@ def main() -> None:
                 for key in (f"{name}_cold", name):  # from the disk, then from the page cache
                     t0 = time.perf_counter()
                     run()
-                    times[key].append(time.perf_counter() - t0)
+                    if r:
+                        times[key].append(time.perf_counter() - t0)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -149,19 +157,26 @@ def main() -> None:
     for kind in kinds:
         result[f"{kind}_gbps"] = gb / med[kind]
     result["write_ratio"] = med["raw_write"] / med["write"]
+    at = {k: statistics.median(v) for k, v in placed.items()}
+    for place in (1, 2):
+        result[f"write_ratio_when_{place}"] = at[f"raw_write@{place}"] / at[f"write@{place}"]
     for suffix in ("_cold", ""):
         for name in ("read", "verified"):
             result[f"{name}{suffix}_ratio"] = med[f"raw_read{suffix}"] / med[f"{name}{suffix}"]
     result.update(
         repeats=args.repeats,
         seconds=times,
+        write_seconds_by_place=placed,
         machine={"cpus": os.cpu_count(), "python": platform.python_version()},
         command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     )
     print(f"checkpoint of {gb:.2f} GB ({args.rows:,} rows x {args.dim} float32)")
     print(
         f"write {gb / med['write']:.2f} GB/s vs raw {gb / med['raw_write']:.2f} GB/s: "
-        f"{result['write_ratio']:.0%} of raw"
+        f"{result['write_ratio']:.0%} of raw; written first in a repeat "
+        f"{gb / at['write@1']:.2f} vs {gb / at['raw_write@1']:.2f} GB/s "
+        f"({result['write_ratio_when_1']:.0%}), second {gb / at['write@2']:.2f} vs "
+        f"{gb / at['raw_write@2']:.2f} GB/s ({result['write_ratio_when_2']:.0%})"
     )
     for suffix, where in (("_cold", "from disk"), ("", "from the page cache")):
         print(
