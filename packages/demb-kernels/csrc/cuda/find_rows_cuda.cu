@@ -26,9 +26,10 @@ static_assert(kGatherRows * kFindTile == kLookupWarp, "a warp's tiles find kGath
 // slots[i] = the slot of keys[i] in table tables[i] or -1 (an invalid entry too); out[i] = that
 // row's first dim columns as float32, zeros for -1. (Measured on the H200: finding 16 keys per
 // warp with their loads interleaved needs 64 registers and ran slower, 343 us against 290 us
-// for the reference batch, than 4 keys per warp at 48 registers.)
+// for the reference batch, than 4 keys per warp at 48 registers. Bounded to 6 blocks per SM:
+// 40 registers and a 16-byte spill, for more warps in flight on the probes' dependent loads.)
 template <typename T, bool Vec4>
-__global__ void __launch_bounds__(kLookupThreads)
+__global__ void __launch_bounds__(kLookupThreads, 6)
     find_rows_kernel(TableView v, const __grid_constant__ GatherTables g,
                      const int64_t* __restrict__ keys, const int64_t* __restrict__ tables,
                      int64_t n, int64_t dim, bool rows4, int64_t* __restrict__ slots,

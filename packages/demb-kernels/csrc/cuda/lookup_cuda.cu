@@ -30,11 +30,6 @@ unsigned warp_blocks(int64_t warps) {
                                cuda::kLookupThreads);
 }
 
-// Warps that take `items` kGatherRows at a time.
-int64_t groups_of(int64_t items) {
-  return (items + cuda::kGatherRows - 1) / cuda::kGatherRows;
-}
-
 // Warps that take `items` 32 at a time.
 int64_t groups(int64_t items) { return (items + cuda::kLookupWarp - 1) / cuda::kLookupWarp; }
 
@@ -141,7 +136,8 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads
   const auto launch = [&](auto vec) {
     constexpr bool kVec = decltype(vec)::value;
     if (kVec && d / 4 <= cuda::kLookupWarp) {  // rows of one float4 per lane: packed chunks
-      cuda::segment_chunk_sums_packed_kernel<<<warp_blocks(groups_of(max_chunks)),
+      const int64_t warps = (max_chunks + cuda::kSumChunks - 1) / cuda::kSumChunks;
+      cuda::segment_chunk_sums_packed_kernel<<<warp_blocks(warps),
                                                cuda::kLookupThreads, 0, stream>>>(
           grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), co + lay.begin(),
           co + lay.len(), co + lay.dest(), co + unique, d, max_chunks, partial.data_ptr<float>(),
