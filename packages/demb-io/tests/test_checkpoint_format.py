@@ -453,3 +453,27 @@ def test_a_checkpoint_reads_back_whichever_crc32_wrote_it(tmp_path, monkeypatch)
         monkeypatch.setattr(_crc, "crc32", reader)
         got = Checkpoint(target).read_table("ebc", "t")  # CRCs checked
         np.testing.assert_array_equal(got.values, data.values)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd (Linux)")
+def test_a_chunked_read_holds_its_files_open_once_and_closes_them(tmp_path):
+    """One descriptor per part for the whole read (the kernel's readahead follows it), all
+    closed when the reader stops early, and the chunks equal one whole read."""
+    meta = make_meta(dim=3)
+    data = make_rows(meta, 100, np.random.default_rng(3))
+    with CheckpointWriter(tmp_path / "c") as w:
+        w.write_shard(meta, [data])
+    before = len(list(Path("/proc/self/fd").iterdir()))
+    chunks = iter(Checkpoint(tmp_path / "c").iter_table("ebc", "t", 30, verify=False))
+    first = next(chunks)[1]
+    opened = len(list(Path("/proc/self/fd").iterdir())) - before
+    assert opened == 3  # keys, values, scores
+    rest = [c for _, c in chunks]
+    assert len(list(Path("/proc/self/fd").iterdir())) == before
+    np.testing.assert_array_equal(
+        np.concatenate([first.values, *(c.values for c in rest)]), data.values
+    )
+    early = iter(Checkpoint(tmp_path / "c").iter_table("ebc", "t", 30, verify=False))
+    next(early)
+    early.close()  # a reader that stops early
+    assert len(list(Path("/proc/self/fd").iterdir())) == before

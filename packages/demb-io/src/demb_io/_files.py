@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +19,7 @@ from demb_io.meta import FileEntry
 __all__ = [
     "KEY",
     "PartWriter",
+    "RowFile",
     "RowMeta",
     "check_arrays",
     "read_rows",
@@ -114,6 +116,57 @@ class PartWriter:
         return FileEntry(self.path.name, self.bytes, tuple(crcs))
 
 
+class RowFile:
+    """A file of ``width``-wide rows open for a chunked read: one descriptor for the whole read,
+    advised sequential, so the kernel's readahead follows it from chunk to chunk (a file opened
+    anew per chunk starts its readahead over each time)."""
+
+    def __init__(self, path: Path, width: int, dtype: np.dtype[np.generic]) -> None:
+        self.path = path
+        self.width = width
+        self.dtype = dtype
+        self.row_bytes = width * dtype.itemsize
+        self.file: io.FileIO = open(path, "rb", buffering=0)  # noqa: SIM115 (closed in close())
+        if _ADVISE:
+            os.posix_fadvise(self.file.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+    def read(
+        self,
+        begin: int,
+        count: int,
+        out: npt.NDArray[np.generic] | None = None,
+        ahead: int = 0,
+    ) -> npt.NDArray[np.generic]:
+        """Rows ``[begin, begin + count)`` as ``(count, width)`` (into ``out[:count]`` when
+        given: a reused buffer of at least ``count`` rows). With ``ahead``, the next ``ahead``
+        rows are then asked of the disk in the background (``posix_fadvise(WILLNEED)``, where
+        the system has it): a chunked read's next chunk loads while the caller uses this one.
+
+        Raises:
+            FormatError: the file ends first (naming it).
+        """
+        array = np.empty((count, self.width), dtype=self.dtype) if out is None else out[:count]
+        self.file.seek(begin * self.row_bytes)
+        got = self.file.readinto(array.reshape(-1).view(np.uint8).data)
+        if ahead and _ADVISE:
+            start, size = (begin + count) * self.row_bytes, ahead * self.row_bytes
+            os.posix_fadvise(self.file.fileno(), start, size, os.POSIX_FADV_WILLNEED)
+        if got != array.nbytes:
+            raise FormatError(
+                self.path, "", f"truncated while reading rows {begin}..{begin + count}"
+            )
+        return array
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> RowFile:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 def read_rows(
     path: Path,
     begin: int,
@@ -121,22 +174,8 @@ def read_rows(
     width: int,
     dtype: np.dtype[np.generic],
     out: npt.NDArray[np.generic] | None = None,
-    ahead: int = 0,
 ) -> npt.NDArray[np.generic]:
     """Rows ``[begin, begin + count)`` of a file of ``width``-wide rows, as ``(count, width)``
-    (into ``out[:count]`` when given: a reused buffer of at least ``count`` rows). With
-    ``ahead``, the next ``ahead`` rows are then asked of the disk in the background
-    (``posix_fadvise(WILLNEED)``, where the system has it): a chunked read's next chunk loads
-    while the caller uses this one."""
-    array = np.empty((count, width), dtype=dtype) if out is None else out[:count]
-    row_bytes = width * dtype.itemsize
-    with open(path, "rb", buffering=0) as f:
-        f.seek(begin * row_bytes)
-        got = f.readinto(array.reshape(-1).view(np.uint8).data)
-        if ahead and _ADVISE:
-            os.posix_fadvise(
-                f.fileno(), (begin + count) * row_bytes, ahead * row_bytes, os.POSIX_FADV_WILLNEED
-            )
-    if got != array.nbytes:
-        raise FormatError(path, "", f"truncated while reading rows {begin}..{begin + count}")
-    return array
+    (into ``out[:count]`` when given), in one read (:class:`RowFile` for a chunked one)."""
+    with RowFile(path, width, dtype) as f:
+        return f.read(begin, count, out)

@@ -4,6 +4,7 @@ reads (sizes against the meta, CRC-32s, dtype and width), whole or in chunks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from collections.abc import Iterable, Iterator
@@ -18,6 +19,7 @@ from demb_io._errors import FormatError
 from demb_io._files import (
     KEY,
     PartWriter,
+    RowFile,
     check_arrays,
     read_rows,
     row_layout,
@@ -262,36 +264,42 @@ def _chunks(
     first = True
     size = min(chunk_rows, max(meta.rows, 0))
     buffers = {p: np.empty((size, w), dtype=dt) for p, (w, dt) in widths.items()} if reuse else {}
-    for begin in range(0, max(meta.rows, 1), chunk_rows):
-        count = min(chunk_rows, meta.rows - begin)
-        ahead = min(chunk_rows, meta.rows - begin - count)  # the next chunk, read ahead
-        arrays = {
-            part: read_rows(
-                _part_path(directory, meta, part), begin, count, w, dt, buffers.get(part), ahead
-            )
-            if part in meta.files
-            else np.zeros((count, w), dtype=dt)
+    with contextlib.ExitStack() as stack:  # each part's file open for the whole read
+        files = {
+            part: stack.enter_context(RowFile(_part_path(directory, meta, part), w, dt))
             for part, (w, dt) in widths.items()
+            if part in meta.files
         }
-        for part, (w, dt) in widths.items():
-            checks.wait(part, (begin + count) * w * dt.itemsize)
-        admission = first and meta.admission_rows is not None
-        if convert is not None:
-            arrays["values"] = _convert(arrays["values"], meta.embedding_dtype, convert)
-            if "state" in arrays and meta.optim_state_dtype != convert:
-                assert meta.optim_state_dtype is not None
-                arrays["state"] = _convert(arrays["state"], meta.optim_state_dtype, convert)
-        yield ShardData(
-            keys=arrays["keys"].reshape(count).astype(np.int64, copy=False),
-            values=arrays["values"],
-            scores=arrays["scores"].astype(np.int64, copy=False),
-            state=arrays.get("state"),
-            admit_keys=admit_keys.reshape(-1).astype(np.int64, copy=False) if admission else None,
-            admit_counts=admit_counts.reshape(-1).astype(np.int64, copy=False)
-            if admission
-            else None,
-        )
-        first = False
+        for begin in range(0, max(meta.rows, 1), chunk_rows):
+            count = min(chunk_rows, meta.rows - begin)
+            ahead = min(chunk_rows, meta.rows - begin - count)  # the next chunk, read ahead
+            arrays = {
+                part: files[part].read(begin, count, buffers.get(part), ahead)
+                if part in files
+                else np.zeros((count, w), dtype=dt)
+                for part, (w, dt) in widths.items()
+            }
+            for part, (w, dt) in widths.items():
+                checks.wait(part, (begin + count) * w * dt.itemsize)
+            admission = first and meta.admission_rows is not None
+            if convert is not None:
+                arrays["values"] = _convert(arrays["values"], meta.embedding_dtype, convert)
+                if "state" in arrays and meta.optim_state_dtype != convert:
+                    assert meta.optim_state_dtype is not None
+                    arrays["state"] = _convert(arrays["state"], meta.optim_state_dtype, convert)
+            yield ShardData(
+                keys=arrays["keys"].reshape(count).astype(np.int64, copy=False),
+                values=arrays["values"],
+                scores=arrays["scores"].astype(np.int64, copy=False),
+                state=arrays.get("state"),
+                admit_keys=admit_keys.reshape(-1).astype(np.int64, copy=False)
+                if admission
+                else None,
+                admit_counts=admit_counts.reshape(-1).astype(np.int64, copy=False)
+                if admission
+                else None,
+            )
+            first = False
 
 
 def read_shard(
