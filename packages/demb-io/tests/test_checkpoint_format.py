@@ -477,3 +477,21 @@ def test_a_chunked_read_holds_its_files_open_once_and_closes_them(tmp_path):
     next(early)
     early.close()  # a reader that stops early
     assert len(list(Path("/proc/self/fd").iterdir())) == before
+
+
+def test_big_reads_go_in_two_halves_and_still_catch_a_short_file(tmp_path):
+    """A read of >= 8 MiB is two reads at once: the same rows as a small read's, and a file
+    that ends inside either half is a FormatError naming it."""
+    from demb_io._files import _SPLIT, RowFile
+
+    rows, width = _SPLIT // 4 // 16 + 123, 16  # just over the split size in float32 rows
+    data = np.random.default_rng(5).standard_normal((rows, width)).astype(np.float32)
+    path = tmp_path / "rows"
+    path.write_bytes(data.tobytes())
+    with RowFile(path, width, np.dtype("<f4")) as f:
+        np.testing.assert_array_equal(f.read(0, rows), data)
+        np.testing.assert_array_equal(f.read(rows - 5, 5), data[-5:])  # a small read
+    for keep in (rows // 4, 3 * rows // 4):  # ends in the first half, in the second
+        path.write_bytes(data[:keep].tobytes())
+        with RowFile(path, width, np.dtype("<f4")) as f, pytest.raises(FormatError, match="rows"):
+            f.read(0, rows)
