@@ -299,35 +299,24 @@ def test_the_cli_runs_in_a_venv_with_only_demb_io_installed(tmp_path):
     packages = [str(sources / "demb-planner"), str(sources / "demb-io"), f"numpy=={np.__version__}"]
     subprocess.run([*install, "--no-deps", *packages], check=True)
     script = venv / "bin" / "demb-io"
-    listed = subprocess.run(
-        [
-            str(python),
-            "-c",
-            "import importlib.metadata as m; print(sorted(d.name for d in m.distributions()))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert listed.strip() == "['demb-io', 'demb-planner', 'numpy']", listed
-    declared = subprocess.run(
-        [str(python), "-c", "import importlib.metadata as m; print(m.requires('demb-io'))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+
+    def printed(code: str) -> str:
+        """What ``code`` prints when run by the venv's python."""
+        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    listed = printed(
+        "import importlib.metadata as m; print(sorted(d.name for d in m.distributions()))"
+    )
+    assert listed == "['demb-io', 'demb-planner', 'numpy']", listed
+    declared = printed("import importlib.metadata as m; print(m.requires('demb-io'))")
     assert "numpy" in declared
     assert "demb-planner" in declared
     assert "torch" not in declared
     no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, check=False)
     assert no_torch.returncode != 0
-    backend = subprocess.run(
-        [str(python), "-c", "from demb_io._crc import crc32_backend; print(crc32_backend())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert backend.strip() == "zlib"  # no `crc` extra there: it checks with zlib's CRC-32
+    # No `crc` extra there: it checks with zlib's CRC-32.
+    assert printed("from demb_io._crc import crc32_backend; print(crc32_backend())") == "zlib"
     make_checkpoint(tmp_path / "c", range(5), world=1)  # written here (ISA-L, if installed)
     for args in (["verify"], ["inspect"]):
         done = subprocess.run(
