@@ -225,9 +225,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
         return self.tables.values
 
     # ------------------------------------------------------------------------------ internals
-    def _slots(self, batch: DedupedBatch, slots: torch.Tensor) -> list[torch.Tensor]:
-        return self._split(batch, slots)
-
     def _split(self, batch: DedupedBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Per table, the view of ``rows`` (one per unique key) holding that table's keys."""
         b = batch.table_bounds
@@ -278,7 +275,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
             return self._split(batch, summed), [bad]
 
         (out,) = trained_rows(
-            self._trigger, TrainStep(self, [out], self._slots(batch, slots), per_key)
+            self._trigger, TrainStep(self, [out], self._split(batch, slots), per_key)
         )
         return out
 
@@ -303,14 +300,14 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 summed = reduce_gradients(self.optimizer, g[0], batch.inverse, unique)
                 return self._split(batch, summed), [summed]
 
-            step = TrainStep(self, [occurrences], self._slots(batch, slots), reduce_occurrences)
+            step = TrainStep(self, [occurrences], self._split(batch, slots), reduce_occurrences)
             (whole,) = trained_rows(self._trigger, step)
             index = None
         elif grad:
             step = TrainStep(
                 self,
                 [whole],
-                self._slots(batch, slots),
+                self._split(batch, slots),
                 lambda g: (self._split(batch, g[0]), [g[0]]),
             )
             (whole,) = trained_rows(self._trigger, step)
@@ -351,11 +348,11 @@ class DynamicEmbeddingTables(torch.nn.Module):
                     summed.append(reduce_gradients(self.optimizer, occ, at, count))
                 return summed, summed
 
-            step = TrainStep(self, per_feature, self._slots(batch, slots), reduce_occurrences)
+            step = TrainStep(self, per_feature, self._split(batch, slots), reduce_occurrences)
             sources = list(trained_rows(self._trigger, step))
             local = [torch.arange(s.shape[0], device=self.device) for s in sources]
         elif grad:
-            step = TrainStep(self, rows, self._slots(batch, slots), lambda g: (list(g), list(g)))
+            step = TrainStep(self, rows, self._split(batch, slots), lambda g: (list(g), list(g)))
             outs = trained_rows(self._trigger, step)
             sources = [outs[t] for t in ftm]
         return pool(sources, local, offsets, batch_size, bounds, self.pooling_mode, weights)
