@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from demb_kernels.lookup import SEGMENT_CHUNK, gather_table_rows, segment_plan, segment_sum_rows
+from demb_kernels.lookup import (
+    SEGMENT_CHUNK,
+    gather_table_rows,
+    plan_differs,
+    segment_plan,
+    segment_sum_rows,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,6 +158,21 @@ def test_a_plan_of_other_starts_is_refused():
         segment_plan(starts, -1)
 
 
+def test_plan_differs_looks_at_the_live_entries_only():
+    starts = torch.tensor([0, 10, 50])
+    plan = segment_plan(starts, 100)
+    assert not plan_differs(plan, starts, 100)
+    assert plan_differs(segment_plan(torch.tensor([0, 40, 50]), 100), starts, 100)
+    chunks = int(plan[3])
+    m = (plan.numel() - 4) // 3
+    edited = plan.clone()
+    edited[4 + m + chunks] = 99  # a length past the last chunk: never read
+    assert not plan_differs(edited, starts, 100)
+    edited[4 + m + chunks - 1] = 99  # the last chunk's length
+    assert plan_differs(edited, starts, 100)
+    assert not plan_differs(plan[:-1], starts, 100)  # another size: the op's error, not this
+
+
 def test_segment_sum_rows_adds_chunks_in_a_fixed_order():
     """A segment longer than one chunk: its chunk sums, each in row order, then added in chunk
     order (what the CUDA kernel does too)."""
@@ -226,6 +247,10 @@ def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
     )
     planned, _ = segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda(), plan=gpu_plan)
     assert torch.equal(planned.cpu(), cpu_sum)
+    other = segment_plan(torch.cat([starts[:1], starts[2:]]).cuda(), 60_000)
+    other = torch.cat([other, other.new_zeros(gpu_plan.numel() - other.numel())])
+    with pytest.raises(ValueError, match="plan: not segment_plan"):
+        segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda(), plan=other)
     assert not cpu_bad
     assert not gpu_bad
     # a NaN in a one-chunk segment, an infinity in the hot one: both flagged

@@ -24,6 +24,7 @@ __all__ = [
     "dedup_batch",
     "gather_table_rows",
     "index_tables",
+    "plan_differs",
     "segment_plan",
     "segment_sum_rows",
     "status_counts",
@@ -197,10 +198,27 @@ def segment_plan(starts: torch.Tensor, n: int) -> torch.Tensor:
     Returns:
         ``(U + 1 + 3 * (U + N // 32 + 1),)`` int64 on ``starts``' device (``PlanLayout`` in
         ``csrc/lookup_rule.h``): each segment's first chunk, then each chunk's first row in
-        ``order``, its length and where its sum goes.
+        ``order``, its length and where its sum goes. The CPU kernel checks ``starts``; on
+        CUDA :func:`segment_sum_rows`' ``check`` does.
     """
     plan: torch.Tensor = torch.ops.demb.segment_plan(starts, n)
     return plan
+
+
+def plan_differs(plan: torch.Tensor, starts: torch.Tensor, n: int) -> torch.Tensor:
+    """A ``()`` bool on ``starts``' device (no sync): whether ``plan`` is not
+    :func:`segment_plan` ``(starts, n)`` (its live entries: the chunk offsets and each existing
+    chunk's columns). A plan of another dtype, device or size is left to the op's own error.
+    """
+    expected = segment_plan(starts, n)
+    same_form = plan.dtype == expected.dtype and plan.device == expected.device
+    if not same_form or plan.shape != expected.shape:
+        return torch.zeros((), dtype=torch.bool, device=starts.device)
+    u = starts.numel()
+    heads = (plan[: u + 1] != expected[: u + 1]).any()
+    columns = (plan[u + 1 :] != expected[u + 1 :]).view(3, -1)
+    live = torch.arange(columns.shape[1], device=starts.device) < expected[u]
+    return heads | (columns & live).any()
 
 
 def segment_sum_rows(
@@ -219,7 +237,8 @@ def segment_sum_rows(
         order: ``(N,)`` int64 a permutation of the rows (grouped by segment).
         starts: ``(U,)`` int64 segment starts in ``order``: 0 first, never decreasing.
         plan: :func:`segment_plan` ``(starts, N)`` made ahead (default: made here). The CPU
-            kernel checks that it is; on CUDA only its size is checked.
+            kernel checks that it is; on CUDA ``check`` does (:func:`plan_differs`), and
+            unchecked only its size is.
         check: on CUDA, check ``order`` and ``starts`` first (one sync); the CPU kernel always
             checks.
 
@@ -229,16 +248,19 @@ def segment_sum_rows(
     """
     if check and grads.device.type != "cpu" and starts.numel():
         n = grads.shape[0]
-        flags = torch.stack(
-            [
-                ((order < 0) | (order >= n)).any(),
-                (starts[0] != 0) | (starts.diff() < 0).any() | (starts[-1] > n),
-            ]
-        ).tolist()
+        checks = [
+            ((order < 0) | (order >= n)).any(),
+            (starts[0] != 0) | (starts.diff() < 0).any() | (starts[-1] > n),
+        ]
+        if plan is not None:
+            checks.append(plan_differs(plan, starts, n))
+        flags = torch.stack(checks).tolist()
         if flags[0]:
             raise ValueError(f"order: out of range for {n} rows")
         if flags[1]:
             raise ValueError(f"starts: must begin at 0, never decrease and stay <= {n}")
+        if plan is not None and flags[2]:
+            raise ValueError(f"plan: not segment_plan(starts, {n}) of these starts")
     out, nonfinite = torch.ops.demb.segment_sum_rows(grads, order, starts, plan)
     return out, nonfinite
 
