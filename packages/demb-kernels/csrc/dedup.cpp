@@ -7,14 +7,11 @@
 #include <optional>
 #include <tuple>
 
+#include "cpu/lookup_cpu.h"
 #include "dedup_checks.h"
 #include "table_rule.h"
 
 namespace demb {
-namespace {
-
-using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                            at::Tensor, at::Tensor>;
 
 // (N,) int64 table of each index: feature f owns [offsets[f * B], offsets[(f + 1) * B]) (the
 // last feature whose first bag starts at or before the index; feature 0 if none).
@@ -28,6 +25,11 @@ at::Tensor table_of_index(const at::Tensor& offsets, const at::Tensor& feature_t
           .clamp_(0, feature_tables.numel() - 1);
   return feature_tables.index_select(0, feature);
 }
+
+namespace {
+
+using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                            at::Tensor, at::Tensor>;
 
 // The batch's checks, then offsets[::B] (kDedupFlags + F + 1 words, see dedup_checks.h).
 at::Tensor batch_checks(const at::Tensor& indices, const at::Tensor& offsets,

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "init_rule.h"
 
@@ -26,9 +27,8 @@ inline InitMode parse_init_mode(std::string_view name) {
 
 // The parameters of an init_rows call. truncated_normal's pa / pb are computed here, on the
 // host, once for every device.
-inline InitParams make_init_params(c10::string_view mode, int64_t seed, double mean,
-                                   double std_dev, double lower, double upper, double value) {
-  const InitMode kind = parse_init_mode(std::string_view(mode.data(), mode.size()));
+inline InitParams make_init_params(InitMode kind, int64_t seed, double mean, double std_dev,
+                                   double lower, double upper, double value) {
   double pa = 0.0;
   double pb = 0.0;
   if (kind == InitMode::kTruncatedNormal) {
@@ -42,6 +42,12 @@ inline InitParams make_init_params(c10::string_view mode, int64_t seed, double m
   }
   return InitParams{kind, static_cast<uint64_t>(seed), mean, std_dev, lower, upper, value,
                     pa, pb};
+}
+
+inline InitParams make_init_params(c10::string_view mode, int64_t seed, double mean,
+                                   double std_dev, double lower, double upper, double value) {
+  return make_init_params(parse_init_mode(std::string_view(mode.data(), mode.size())), seed,
+                          mean, std_dev, lower, upper, value);
 }
 
 // values (R, W) contiguous float32/float16/bfloat16; slots and keys (n,) int64; 1 <= dim <= W;
@@ -77,6 +83,65 @@ inline void check_init_rows(const at::Tensor& values, const at::Tensor& slots,
     TORCH_CHECK_VALUE(state->device() == values.device(), "state is on ", state->device(),
                       ", values on ", values.device());
   }
+}
+
+// One table of an init_new_rows call: where its rows are and what to write into them.
+struct NewRowsTable {
+  InitParams o;
+  int64_t dim;
+  int64_t cols;  // dim, or the row width when a state is written after the embedding
+  std::optional<at::Tensor> state;  // contiguous (width - dim,) float32
+};
+
+// Parameter words per table in init_new_rows' `params`: mean, std_dev, lower, upper, value.
+constexpr int64_t kNewRowsParams = 5;
+
+// init_new_rows' arguments: T value buffers as init_rows takes one; slots, keys, tables and
+// status (n,) int64 on their device; T dims, seeds and modes (InitMode codes); 5 T params;
+// T states (None or (W_t - dim_t,) float32). Returns each table's parameters.
+inline std::vector<NewRowsTable> check_init_new_rows(
+    at::TensorList values, const at::Tensor& slots, const at::Tensor& keys,
+    const at::Tensor& tables, const at::Tensor& status, at::IntArrayRef dims,
+    at::IntArrayRef seeds, at::IntArrayRef modes, at::ArrayRef<double> params,
+    const c10::List<std::optional<at::Tensor>>& states) {
+  const auto count = static_cast<int64_t>(values.size());
+  TORCH_CHECK_VALUE(count >= 1, "values: init_new_rows needs at least one table");
+  for (const auto& [name, size] :
+       {std::pair<const char*, int64_t>{"dims", static_cast<int64_t>(dims.size())},
+        {"seeds", static_cast<int64_t>(seeds.size())},
+        {"modes", static_cast<int64_t>(modes.size())},
+        {"states", static_cast<int64_t>(states.size())}}) {
+    TORCH_CHECK_VALUE(size == count, name, ": ", size, " entries for ", count, " tables");
+  }
+  TORCH_CHECK_VALUE(static_cast<int64_t>(params.size()) == kNewRowsParams * count, "params: ",
+                    params.size(), " words; expected ", kNewRowsParams, " per table (",
+                    kNewRowsParams * count, ")");
+  for (const auto& [name, x] : {std::pair<const char*, const at::Tensor&>{"tables", tables},
+                                {"status", status}}) {
+    TORCH_CHECK_TYPE(x.scalar_type() == at::kLong, name, " must be int64, got ", x.scalar_type());
+    TORCH_CHECK_VALUE(x.dim() == 1 && x.numel() == slots.numel(), name,
+                      " must be 1-D with one entry per slot (", slots.numel(), "), got ",
+                      x.sizes());
+    TORCH_CHECK_VALUE(x.device() == values[0].device(), name, " is on ", x.device(),
+                      ", values on ", values[0].device());
+  }
+  std::vector<NewRowsTable> out;
+  out.reserve(count);
+  for (int64_t t = 0; t < count; ++t) {
+    const std::optional<at::Tensor> state = states.get(t);
+    check_init_rows(values[t], slots, keys, dims[t], state);
+    TORCH_CHECK_VALUE(values[t].device() == values[0].device(), "values[", t, "] is on ",
+                      values[t].device(), ", values[0] on ", values[0].device());
+    TORCH_CHECK_VALUE(modes[t] >= 0 && modes[t] <= static_cast<int64_t>(InitMode::kDebug),
+                      "modes[", t, "]=", modes[t], ": not an init mode code");
+    const double* p = params.data() + kNewRowsParams * t;
+    NewRowsTable table{make_init_params(static_cast<InitMode>(modes[t]), seeds[t], p[0], p[1],
+                                        p[2], p[3], p[4]),
+                       dims[t], state.has_value() ? values[t].size(1) : dims[t], std::nullopt};
+    if (state.has_value()) table.state = state->contiguous();
+    out.push_back(std::move(table));
+  }
+  return out;
 }
 
 }  // namespace demb

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "ownership.h"  // DEMB_HD
+#include "table_rule.h"  // InsertStatus
 
 namespace demb {
 
@@ -153,6 +154,12 @@ DEMB_HD double init_element(const InitParams& o, uint64_t key_bits, int64_t j) {
   const double z = normal_quantile(o.pa + (o.pb - o.pa) * u0);
   const double v = o.mean + o.std_dev * z;
   return v < o.lower ? o.lower : (v > o.upper ? o.upper : v);
+}
+
+// Whether find_or_insert gave an entry a new row, one init_new_rows initializes.
+DEMB_HD bool new_row_status(int64_t status) {
+  return status == static_cast<int64_t>(InsertStatus::kInserted) ||
+         status == static_cast<int64_t>(InsertStatus::kEvicted);
 }
 
 }  // namespace demb

@@ -34,6 +34,12 @@ TORCH_LIBRARY(demb, m) {
       "table_find_rows(Tensor index_keys, Tensor digests, Tensor scores, Tensor slot_offsets, "
       "Tensor bucket_widths, Tensor policies, Tensor[] values, Tensor keys, Tensor table_ids, "
       "int dim) -> (Tensor, Tensor)");
+  // table_find_rows of a TBE-layout batch: each index's table is its feature's.
+  m.def(
+      "table_find_batch_rows(Tensor index_keys, Tensor digests, Tensor scores, "
+      "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor[] values, "
+      "Tensor indices, Tensor offsets, Tensor feature_tables, int batch_size, int dim) -> "
+      "(Tensor, Tensor)");
   // Value rows addressed by slot (-1: none).
   m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
   m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");
@@ -41,6 +47,13 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "init_rows(Tensor(a!) values, Tensor slots, Tensor keys, int dim, int seed, str mode, "
       "float mean, float std_dev, float lower, float upper, float value, Tensor? state) -> ()");
+  // The rows find_or_insert gave new keys (status INSERTED or EVICTED), for several tables in
+  // one call: modes are init_rows' modes as codes, params 5 words per table (mean, std_dev,
+  // lower, upper, value).
+  m.def(
+      "init_new_rows(Tensor(a!)[] values, Tensor slots, Tensor keys, Tensor tables, "
+      "Tensor status, int[] dims, int[] seeds, int[] modes, float[] params, Tensor?[] states) "
+      "-> ()");
   // A table module step: rows of several tables gathered per occurrence, and gradients summed
   // per unique key in a fixed order (lookup_rule.h).
   m.def(

@@ -1,5 +1,8 @@
 """lookup_rows (``demb::table_find_rows``) equals a lookup then a gather of its slots, leaves the
-index unchanged, names bad arguments, and on CUDA equals the CPU bit for bit (marker ``cuda``)."""
+index unchanged, names bad arguments, and on CUDA equals the CPU bit for bit (marker ``cuda``).
+lookup_batch_rows (``demb::table_find_batch_rows``), each index's table taken from its feature,
+equals lookup_rows of index_tables' tables; on CUDA the CPU, with few features (kept in shared
+memory) and many (read from the offsets); bad offsets or feature tables read as missing keys."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 from demb_kernels import table as ops
-from demb_kernels.lookup import gather_table_rows
+from demb_kernels.lookup import gather_table_rows, index_tables
 from demb_kernels.table import ScorePolicy, TableIndex
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -122,3 +125,84 @@ def test_cuda_lookup_rows_equals_cpu(dtype, dim, extra):
     assert torch.equal(rows.cpu()[~invalid], cpu_rows[~invalid])
     with pytest.raises(ValueError, match="table_ids: out of range"):
         ops.lookup_rows(gpu_index, gpu_values, bad_keys.cuda(), bad_tables.cuda(), dim)
+
+
+def batch(gen: torch.Generator, n: int, features: int, batch_size: int, tables: int):
+    """Offsets of ``features * batch_size`` random bags over ``n`` indices, and a feature->table
+    map."""
+    cuts = torch.sort(torch.randint(0, n + 1, (features * batch_size - 1,), generator=gen))[0]
+    offsets = torch.cat([torch.tensor([0]), cuts, torch.tensor([n])])
+    feature_tables = torch.randint(0, tables, (features,), generator=gen)
+    return offsets, feature_tables
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    tables=st.integers(1, 4),
+    features=st.integers(1, 6),
+    batch_size=st.integers(1, 5),
+    n=st.integers(0, 150),
+    dim=st.integers(1, 40),
+    seed=st.integers(0, 2**31),
+)
+def test_batch_rows_are_lookup_rows_of_the_feature_tables(
+    tables, features, batch_size, n, dim, seed
+):
+    gen = torch.Generator().manual_seed(seed)
+    index, values, _, _ = filled_case(gen, [64] * tables, dim + 2, torch.float32, 40, 0)
+    keys = torch.randint(0, 160, (n,), generator=gen)
+    offsets, feature_tables = batch(gen, n, features, batch_size, tables)
+    rows, slots = ops.lookup_batch_rows(
+        index, values, keys, offsets, feature_tables, batch_size, dim
+    )
+    per_index, _ = index_tables(keys, offsets, feature_tables, tables, batch_size)
+    want_rows, want_slots = ops.lookup_rows(index, values, keys, per_index, dim)
+    assert torch.equal(slots, want_slots)
+    assert torch.equal(rows, want_rows)
+
+
+def test_cpu_raises_on_a_feature_table_out_of_range():
+    gen = torch.Generator().manual_seed(1)
+    index, values, keys, _ = filled_case(gen, [64, 64], 8, torch.float32, 40, 20)
+    offsets = torch.arange(0, 21, 10)
+    with pytest.raises(ValueError, match=r"table_ids\[10\]=2 is out of range"):
+        ops.lookup_batch_rows(index, values, keys, offsets, torch.tensor([0, 2]), 1, 8)
+    with pytest.raises(ValueError, match="batch_size"):
+        ops.lookup_batch_rows(index, values, keys, offsets, torch.tensor([0, 1]), 0, 8)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("features", "batch_size"), [(10, 300), (3, 1000), (300, 10)])
+@pytest.mark.parametrize(("dim", "extra", "dtype"), [(128, 0, torch.float32), (33, 2, torch.half)])
+def test_cuda_batch_rows_equal_cpu(features, batch_size, dim, extra, dtype):
+    gen = torch.Generator().manual_seed(features)
+    index, values, _, _ = filled_case(gen, [4096, 2048, 8192], dim + extra, dtype, 5000, 0)
+    n = 30_001
+    keys = torch.randint(0, 40_000, (n,), generator=gen)
+    offsets, feature_tables = batch(gen, n, features, batch_size, 3)
+    cpu_rows, cpu_slots = ops.lookup_batch_rows(
+        index, values, keys, offsets, feature_tables, batch_size, dim
+    )
+    gpu_index, gpu_values = on_cuda(index), [v.cuda() for v in values]
+    rows, slots = ops.lookup_batch_rows(
+        gpu_index, gpu_values, keys.cuda(), offsets.cuda(), feature_tables.cuda(), batch_size, dim
+    )
+    assert torch.equal(slots.cpu(), cpu_slots)
+    assert torch.equal(rows.cpu(), cpu_rows)
+    bad_tables = feature_tables.clone()
+    bad_tables[0] = 7  # out of range: feature 0's indices read as missing
+    rows, slots = ops.lookup_batch_rows(
+        gpu_index, gpu_values, keys.cuda(), offsets.cuda(), bad_tables.cuda(), batch_size, dim
+    )
+    mine = torch.arange(n) < offsets[batch_size]
+    assert (slots.cpu()[mine] == -1).all()
+    assert not rows.cpu()[mine].any()
+    assert torch.equal(slots.cpu()[~mine], cpu_slots[~mine])
+    bad_offsets = offsets.clone()
+    bad_offsets[1:-1] = bad_offsets[1:-1].flip(0)  # decreasing: no read out of bounds
+    rows, slots = ops.lookup_batch_rows(
+        gpu_index, gpu_values, keys.cuda(), bad_offsets.cuda(), feature_tables.cuda(), batch_size,
+        dim,
+    )  # fmt: skip
+    assert rows.shape == (n, dim)
+    assert (slots.cpu() >= -1).all()

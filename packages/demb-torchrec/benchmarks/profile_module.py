@@ -17,6 +17,7 @@ from demb_torchrec.bench.workload import Workload
 from torch.profiler import ProfilerActivity, profile, record_function
 
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_READS = ("aten::item", "aten::tolist", "aten::is_nonzero", "aten::_to_copy")
 _PHASES = ("train_forward", "train_backward", "eval_forward")
 
 
@@ -64,6 +65,52 @@ def print_phases(trace_path: str, top: int = 12) -> None:
         print("   " + ", ".join(f"{k} {v / n:.0f}us" for k, v in ranked))
 
 
+def print_timeline(trace_path: str) -> None:
+    """The last step of each phase in time order (us from the phase's start): the outermost
+    host ops, the runtime calls that wait (synchronize, device-to-host copies), and the GPU
+    work; where the GPU idles between two pieces of work, the gap is printed."""
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    for phase in _PHASES:
+        ranges = [e for e in events if e.get("cat") == "user_annotation" and e["name"] == phase]
+        if not ranges:
+            continue
+        r = ranges[-1]
+        lo, hi = r["ts"], r["ts"] + r["dur"]
+        ops = sorted(
+            (e for e in events if e.get("cat") == "cpu_op" and lo <= e["ts"] < hi),
+            key=lambda e: (e["ts"], -e["dur"]),
+        )
+        rows: list[tuple[float, str]] = []
+        end = float("-inf")
+        for e in ops:  # outermost ops, and the demb ops and read-backs inside them
+            inner = e["ts"] < end
+            if not inner or e["name"].startswith("demb::") or e["name"] in _READS:
+                pad = "    " if inner else ""
+                text = f"host {e['ts'] - lo:8.1f} +{e['dur']:7.1f}  {pad}{e['name']}"
+                rows.append((e["ts"], text))
+            end = max(end, e["ts"] + e["dur"])
+        waits = ("Synchronize", "Memcpy")
+        for e in events:
+            inside = e.get("cat") == "cuda_runtime" and lo <= e["ts"] < hi
+            if inside and any(w in e["name"] for w in waits):
+                text = f"wait {e['ts'] - lo:8.1f} +{e['dur']:7.1f}  {e['name']}"
+                rows.append((e["ts"], text))
+        gpu = sorted(
+            (e for e in events if e.get("cat") in _GPU_CATS and lo <= e["ts"] < hi),
+            key=lambda e: e["ts"],
+        )
+        last = lo
+        for e in gpu:
+            if e["ts"] - last > 2.0:
+                rows.append((e["ts"] - 0.01, f"IDLE {last - lo:8.1f} +{e['ts'] - last:7.1f}"))
+            rows.append((e["ts"], f" gpu {e['ts'] - lo:8.1f} +{e['dur']:7.1f}  {e['name'][:70]}"))
+            last = max(last, e["ts"] + e["dur"])
+        print(f"== timeline of {phase} ({r['dur']:.1f} us)")
+        for _, text in sorted(rows):
+            print("  " + text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=float, default=1.0)
@@ -71,6 +118,7 @@ def main() -> None:
     parser.add_argument("--pooling", default="none")
     parser.add_argument("--rows", type=int, default=30)
     parser.add_argument("--trace", default=None)
+    parser.add_argument("--timeline", action="store_true", help="print the last step in order")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     w = Workload(optimizer=args.optimizer, pooling=args.pooling).scaled(args.scale)
@@ -112,6 +160,8 @@ def main() -> None:
     trace = args.trace or "/tmp/demb_profile_trace.json"
     prof.export_chrome_trace(trace)
     print_phases(trace)
+    if args.timeline:
+        print_timeline(trace)
     averages = prof.key_averages()
     if device.type == "cuda":
         print(

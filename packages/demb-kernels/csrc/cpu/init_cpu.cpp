@@ -1,5 +1,6 @@
-// CPU kernel of init_rows: the rows at slots set from their keys (init_rule.h), in parallel over
-// rows; double arithmetic, rounded to float, then to the row dtype.
+// CPU kernels of init_rows and init_new_rows: the rows at slots set from their keys
+// (init_rule.h), in parallel over rows; double arithmetic, rounded to float, then to the row
+// dtype.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -7,6 +8,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
 #include "init_checks.h"
 
@@ -70,8 +72,66 @@ void init_rows_cpu(at::Tensor values, const at::Tensor& slots_in, const at::Tens
   }
 }
 
+template <typename T>
+void init_row(const NewRowsTable& table, T* row, uint64_t key, const float* state) {
+  for (int64_t j = 0; j < table.dim; ++j) {
+    row[j] = to_row<T>(static_cast<float>(init_element(table.o, key, j)));
+  }
+  for (int64_t j = table.dim; j < table.cols; ++j) row[j] = to_row<T>(state[j - table.dim]);
+}
+
+// init_new_rows: entries whose status is INSERTED or EVICTED get their table's initial row at
+// their slot. Every such entry's table and slot are checked before any row changes.
+void init_new_rows_cpu(at::TensorList values, const at::Tensor& slots_in,
+                       const at::Tensor& keys_in, const at::Tensor& tables_in,
+                       const at::Tensor& status_in, at::IntArrayRef dims, at::IntArrayRef seeds,
+                       at::IntArrayRef modes, at::ArrayRef<double> params,
+                       const c10::List<std::optional<at::Tensor>>& states) {
+  const std::vector<NewRowsTable> spec = check_init_new_rows(
+      values, slots_in, keys_in, tables_in, status_in, dims, seeds, modes, params, states);
+  const at::Tensor slots = slots_in.contiguous();
+  const at::Tensor keys = keys_in.contiguous();
+  const at::Tensor tables = tables_in.contiguous();
+  const at::Tensor status = status_in.contiguous();
+  const int64_t n = slots.numel();
+  const int64_t* s = slots.const_data_ptr<int64_t>();
+  const int64_t* k = keys.const_data_ptr<int64_t>();
+  const int64_t* tb = tables.const_data_ptr<int64_t>();
+  const int64_t* st = status.const_data_ptr<int64_t>();
+  const auto count = static_cast<int64_t>(values.size());
+  for (int64_t i = 0; i < n; ++i) {
+    if (!new_row_status(st[i])) continue;
+    TORCH_CHECK_VALUE(tb[i] >= 0 && tb[i] < count, "tables[", i, "]=", tb[i],
+                      " is out of range for ", count, " tables");
+    const int64_t rows = values[tb[i]].size(0);
+    TORCH_CHECK_VALUE(s[i] >= -1 && s[i] < rows, "slots[", i, "]=", s[i],
+                      " is out of range for ", rows, " rows of table ", tb[i],
+                      " (-1 means none)");
+  }
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (!new_row_status(st[i]) || s[i] < 0) continue;
+      const NewRowsTable& table = spec[tb[i]];
+      const at::Tensor& buf = values[tb[i]];
+      const float* state = table.state ? table.state->const_data_ptr<float>() : nullptr;
+      const auto key = static_cast<uint64_t>(k[i]);
+      const int64_t at_row = s[i] * buf.size(1);
+      if (buf.scalar_type() == at::kFloat) {
+        init_row(table, static_cast<float*>(buf.data_ptr()) + at_row, key, state);
+      } else if (buf.scalar_type() == at::kHalf) {
+        init_row(table, static_cast<c10::Half*>(buf.data_ptr()) + at_row, key, state);
+      } else {
+        init_row(table, static_cast<c10::BFloat16*>(buf.data_ptr()) + at_row, key, state);
+      }
+    }
+  });
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(demb, CPU, m) { m.impl("init_rows", &init_rows_cpu); }
+TORCH_LIBRARY_IMPL(demb, CPU, m) {
+  m.impl("init_rows", &init_rows_cpu);
+  m.impl("init_new_rows", &init_new_rows_cpu);
+}
 
 }  // namespace demb

@@ -1,4 +1,5 @@
-// The CPU gather of a table module step, also the second half of the CPU table_find_rows.
+// CPU parts shared across files: the gather of a table module step (also the second half of the
+// CPU table_find_rows) and the table of each index of a batch (dedup.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,5 +13,11 @@ namespace demb {
 at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots,
                                  const at::Tensor& tables,
                                  const std::optional<at::Tensor>& inverse, int64_t dim);
+
+// (N,) int64 table of each index of a TBE-layout batch: feature f owns [offsets[f * B],
+// offsets[(f + 1) * B]) (the last feature whose first bag starts at or before the index;
+// feature 0 if none).
+at::Tensor table_of_index(const at::Tensor& offsets, const at::Tensor& feature_tables,
+                          int64_t batch_size, int64_t n);
 
 }  // namespace demb

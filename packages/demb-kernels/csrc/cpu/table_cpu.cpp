@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/lookup_cpu.h"
+#include "dedup_checks.h"
 #include "lookup_checks.h"
 #include "table_checks.h"
 #include "table_rule.h"
@@ -389,6 +390,21 @@ std::tuple<at::Tensor, at::Tensor> table_find_rows_cpu(
   return {gather_table_rows_cpu(values, slots, table_ids.contiguous(), std::nullopt, dim), slots};
 }
 
+// table_find_batch_rows: each index's table from its feature, then table_find_rows.
+std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cpu(
+    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
+    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
+    at::TensorList values, const at::Tensor& indices, const at::Tensor& offsets,
+    const at::Tensor& feature_tables, int64_t batch_size, int64_t dim) {
+  check_dedup_args(indices, offsets, feature_tables, bucket_widths.numel(), batch_size,
+                   std::nullopt, 64);
+  const at::Tensor tables =
+      table_of_index(offsets.contiguous(), feature_tables.contiguous(), batch_size,
+                     indices.numel());
+  return table_find_rows_cpu(index_keys, digests, scores, slot_offsets, bucket_widths, policies,
+                             values, indices, tables, dim);
+}
+
 at::Tensor table_timestamp_cpu(const at::Tensor& like, int64_t count) {
   TORCH_CHECK_VALUE(count >= 1, "count: ", count, "; the timestamp needs at least one copy");
   const auto now = std::chrono::steady_clock::now().time_since_epoch();
@@ -405,6 +421,7 @@ TORCH_LIBRARY_IMPL(demb, CPU, m) {
   m.impl("table_erase", &table_erase_cpu);
   m.impl("table_timestamp", &table_timestamp_cpu);
   m.impl("table_find_rows", &table_find_rows_cpu);
+  m.impl("table_find_batch_rows", &table_find_batch_rows_cpu);
 }
 
 }  // namespace demb

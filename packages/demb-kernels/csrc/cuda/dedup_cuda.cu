@@ -364,7 +364,8 @@ __global__ void __launch_bounds__(kStatusThreads)
   }
 }
 
-// status_counts: one block per table (kStatusTables tables a launch), then one read-back.
+// status_counts: one block per table (kStatusTables tables a launch); the counts stay on the
+// device (the caller reads them back when it needs them on the host).
 at::Tensor status_counts_cuda(const at::Tensor& status_in, at::IntArrayRef bounds) {
   check_status_counts(status_in, bounds);
   const c10::cuda::CUDAGuard guard(status_in.device());
@@ -380,7 +381,7 @@ at::Tensor status_counts_cuda(const at::Tensor& status_in, at::IntArrayRef bound
         status.const_data_ptr<int64_t>(), b, first, tables, counts.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  return counts.cpu();
+  return counts;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
-// CUDA kernel and binding of table_find_rows: each key's slot (a lookup that touches no score)
-// and its row, in one pass: table_lookup then gather_table_rows without the slots between them
-// going through memory and a second launch. A warp takes kGatherRows keys: each of its 8-lane
+// CUDA kernel and bindings of table_find_rows and table_find_batch_rows: each key's slot (a
+// lookup that touches no score) and its row, in one pass: table_lookup then gather_table_rows
+// without the slots between them going through memory and a second launch; the batch form
+// finds each index's table from its feature in the same pass. A warp takes kGatherRows keys: each of its 8-lane
 // tiles finds one key (phase A's tile_find), then the warp copies the rows (the gather's copy).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -15,6 +16,7 @@
 #include "cuda/gather_rows.cuh"
 #include "cuda/row_dispatch.cuh"
 #include "cuda/table_find.cuh"
+#include "dedup_checks.h"
 #include "lookup_checks.h"
 #include "table_checks.h"
 
@@ -28,13 +30,61 @@ static_assert(kGatherRows * kFindTile == kLookupWarp, "a warp's tiles find kGath
 // warp with their loads interleaved needs 64 registers and ran slower, 343 us against 290 us
 // for the reference batch, than 4 keys per warp at 48 registers. Bounded to 6 blocks per SM:
 // 40 registers and a 16-byte spill, for more warps in flight on the probes' dependent loads.)
-template <typename T, bool Vec4>
+// Where find_rows_kernel takes each key's table: tables[i], or (tables null) the table of the
+// feature owning index i of a TBE-layout batch (feature f owns [offsets[f * B],
+// offsets[(f + 1) * B]): the last feature whose first bag starts at or before i, feature 0 if
+// none; index_tables' rule).
+struct KeyTables {
+  const int64_t* tables;
+  const int64_t* offsets;
+  const int64_t* feature_tables;
+  int64_t features;
+  int64_t batch_size;
+};
+
+constexpr int kSharedFeatures = 256;  // features whose starts a block keeps in shared memory
+
+// The table of index i from the features' first offsets (`starts` in shared memory when the
+// batch has at most kSharedFeatures features, else read from `offsets`).
+__device__ __forceinline__ int64_t feature_table(const KeyTables& k, const int64_t* starts,
+                                                 const int64_t* tables_of, int64_t i) {
+  const bool shared = k.features <= kSharedFeatures;
+  int64_t lo = 0;
+  int64_t hi = k.features;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    const int64_t start = shared ? starts[mid] : k.offsets[mid * k.batch_size];
+    if (start <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return shared ? tables_of[lo] : k.feature_tables[lo];
+}
+
+// slots[i] = the slot of keys[i] in its table or -1 (an invalid entry too); out[i] = that row's
+// first dim columns as float32, zeros for -1. (Measured on the H200: finding 16 keys per warp
+// with their loads interleaved needs 64 registers and ran slower, 343 us against 290 us for the
+// reference batch, than 4 keys per warp at 48 registers. Bounded to 6 blocks per SM: 40
+// registers and a 16-byte spill, for more warps in flight on the probes' dependent loads.)
+template <typename T, bool Vec4, bool FromFeatures>
 __global__ void __launch_bounds__(kLookupThreads, 6)
     find_rows_kernel(TableView v, const __grid_constant__ GatherTables g,
-                     const int64_t* __restrict__ keys, const int64_t* __restrict__ tables,
-                     int64_t n, int64_t dim, bool rows4, int64_t* __restrict__ slots,
-                     float* __restrict__ out) {
+                     const int64_t* __restrict__ keys, KeyTables k, int64_t n, int64_t dim,
+                     bool rows4, int64_t* __restrict__ slots, float* __restrict__ out) {
   constexpr unsigned kAll = 0xffffffffu;
+  __shared__ int64_t starts[FromFeatures ? kSharedFeatures : 1];
+  __shared__ int64_t tables_of[FromFeatures ? kSharedFeatures : 1];
+  if constexpr (FromFeatures) {
+    if (k.features <= kSharedFeatures) {
+      for (int64_t f = threadIdx.x; f < k.features; f += blockDim.x) {
+        starts[f] = k.offsets[f * k.batch_size];
+        tables_of[f] = k.feature_tables[f];
+      }
+    }
+    __syncthreads();
+  }
   const auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
   const int64_t first = warp_index() * kGatherRows;
@@ -44,7 +94,11 @@ __global__ void __launch_bounds__(kLookupThreads, 6)
   int64_t t = 0;
   if (i < n) {
     const int64_t key = keys[i];
-    t = tables[i];
+    if constexpr (FromFeatures) {
+      t = feature_table(k, starts, tables_of, i);
+    } else {
+      t = k.tables[i];
+    }
     if (valid_entry(v, key, t)) {
       const int64_t width = v.bucket_widths[t];
       const Home home = home_of(key, v.capacity(t), width);
@@ -73,17 +127,12 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-std::tuple<at::Tensor, at::Tensor> table_find_rows_cuda(
-    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
-    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
-    at::TensorList values, const at::Tensor& keys_in, const at::Tensor& table_ids_in,
-    int64_t dim) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  const GatherTables g = check_find_rows(ix, values, keys_in, table_ids_in, dim);
-  const c10::cuda::CUDAGuard guard(keys_in.device());
+// The launch of find_rows_kernel over keys (N,) with their tables from `k`.
+std::tuple<at::Tensor, at::Tensor> find_rows_launch(const IndexTensors& ix,
+                                                    const GatherTables& g, at::TensorList values,
+                                                    const at::Tensor& keys_in,
+                                                    const cuda::KeyTables& k, int64_t dim) {
   const at::Tensor keys = keys_in.contiguous();
-  const at::Tensor table_ids = table_ids_in.contiguous();
   const int64_t n = keys.numel();
   at::Tensor slots = at::empty({n}, keys.options());
   at::Tensor out = at::empty({n, dim}, keys.options().dtype(at::kFloat));
@@ -98,18 +147,62 @@ std::tuple<at::Tensor, at::Tensor> table_find_rows_cuda(
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const TableView v = make_view(ix, nullptr);
   const auto launch = [&](auto zero, auto vec) {
-    cuda::find_rows_kernel<decltype(zero), decltype(vec)::value>
-        <<<blocks, cuda::kLookupThreads, 0, stream>>>(
-            v, g, keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(), n, dim,
-            rows4, slots.data_ptr<int64_t>(), out.data_ptr<float>());
+    const auto run = [&](auto from_features) {
+      cuda::find_rows_kernel<decltype(zero), decltype(vec)::value,
+                             decltype(from_features)::value>
+          <<<blocks, cuda::kLookupThreads, 0, stream>>>(v, g, keys.const_data_ptr<int64_t>(), k,
+                                                       n, dim, rows4, slots.data_ptr<int64_t>(),
+                                                       out.data_ptr<float>());
+    };
+    if (k.tables == nullptr) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
+    }
   };
   cuda::dispatch_row_type(vec4, dtype, launch);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {out, slots};
 }
 
+std::tuple<at::Tensor, at::Tensor> table_find_rows_cuda(
+    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
+    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
+    at::TensorList values, const at::Tensor& keys, const at::Tensor& table_ids_in, int64_t dim) {
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const GatherTables g = check_find_rows(ix, values, keys, table_ids_in, dim);
+  const c10::cuda::CUDAGuard guard(keys.device());
+  const at::Tensor table_ids = table_ids_in.contiguous();
+  const cuda::KeyTables k{table_ids.const_data_ptr<int64_t>(), nullptr, nullptr, 0, 0};
+  return find_rows_launch(ix, g, values, keys, k, dim);
+}
+
+std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cuda(
+    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
+    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
+    at::TensorList values, const at::Tensor& indices, const at::Tensor& offsets_in,
+    const at::Tensor& feature_tables_in, int64_t batch_size, int64_t dim) {
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  check_dedup_args(indices, offsets_in, feature_tables_in, ix.num_tables(), batch_size,
+                   std::nullopt, 64);
+  // indices stand for the keys and their table ids here (check_dedup_args checked them).
+  const GatherTables g = check_find_rows(ix, values, indices, indices, dim);
+  const c10::cuda::CUDAGuard guard(indices.device());
+  const at::Tensor offsets = offsets_in.contiguous();
+  const at::Tensor feature_tables = feature_tables_in.contiguous();
+  const cuda::KeyTables k{nullptr, offsets.const_data_ptr<int64_t>(),
+                          feature_tables.const_data_ptr<int64_t>(), feature_tables.numel(),
+                          batch_size};
+  return find_rows_launch(ix, g, values, indices, k, dim);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(demb, CUDA, m) { m.impl("table_find_rows", &table_find_rows_cuda); }
+TORCH_LIBRARY_IMPL(demb, CUDA, m) {
+  m.impl("table_find_rows", &table_find_rows_cuda);
+  m.impl("table_find_batch_rows", &table_find_batch_rows_cuda);
+}
 
 }  // namespace demb

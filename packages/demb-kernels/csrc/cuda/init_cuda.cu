@@ -1,4 +1,5 @@
-// CUDA binding of init_rows: the checks of init_checks.h, then one launch on the current stream.
+// CUDA bindings of init_rows and init_new_rows: the checks of init_checks.h, then launches on the
+// current stream.
 // The double arithmetic is the CPU kernel's (init_rule.h); nvcc builds with --fmad=false
 // (setup.py), so no multiply-add is contracted differently from the CPU build.
 #include <ATen/ATen.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <vector>
 
 #include "cuda/init_kernels.cuh"
 #include "init_checks.h"
@@ -54,8 +56,60 @@ void init_rows_cuda(at::Tensor values, const at::Tensor& slots_in, const at::Ten
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+static_assert(sizeof(cuda::NewRowsTables) + 64 <= 4096, "init_new_rows' tables fit a launch");
+
+int32_t dtype_code(at::ScalarType dtype) {
+  return dtype == at::kFloat ? 0 : (dtype == at::kHalf ? 1 : 2);
+}
+
+// One launch per kMaxNewRowsTables tables (a module has one, mostly); entries of other tables
+// are skipped by the launch.
+void init_new_rows_cuda(at::TensorList values, const at::Tensor& slots_in,
+                        const at::Tensor& keys_in, const at::Tensor& tables_in,
+                        const at::Tensor& status_in, at::IntArrayRef dims, at::IntArrayRef seeds,
+                        at::IntArrayRef modes, at::ArrayRef<double> params,
+                        const c10::List<std::optional<at::Tensor>>& states) {
+  const std::vector<NewRowsTable> spec = check_init_new_rows(
+      values, slots_in, keys_in, tables_in, status_in, dims, seeds, modes, params, states);
+  const int64_t n = slots_in.numel();
+  if (n == 0) return;
+  const c10::cuda::CUDAGuard guard(values[0].device());
+  const at::Tensor slots = slots_in.contiguous();
+  const at::Tensor keys = keys_in.contiguous();
+  const at::Tensor tables = tables_in.contiguous();
+  const at::Tensor status = status_in.contiguous();
+  const auto count = static_cast<int64_t>(values.size());
+  constexpr int64_t kWarpsPerBlock = cuda::kInitThreads / 32;
+  const int64_t blocks = std::min<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 16);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  for (int64_t first = 0; first < count; first += cuda::kMaxNewRowsTables) {
+    cuda::NewRowsTables g{};
+    g.first = first;
+    g.count = std::min<int64_t>(cuda::kMaxNewRowsTables, count - first);
+    for (int64_t k = 0; k < g.count; ++k) {
+      const NewRowsTable& table = spec[first + k];
+      const at::Tensor& buf = values[first + k];
+      g.o[k] = table.o;
+      g.base[k] = buf.data_ptr();
+      g.state[k] = table.state ? table.state->const_data_ptr<float>() : nullptr;
+      g.rows[k] = buf.size(0);
+      g.width[k] = static_cast<int32_t>(buf.size(1));
+      g.dim[k] = static_cast<int32_t>(table.dim);
+      g.cols[k] = static_cast<int32_t>(table.cols);
+      g.dtype[k] = dtype_code(buf.scalar_type());
+    }
+    cuda::init_new_rows_kernel<<<static_cast<unsigned>(blocks), cuda::kInitThreads, 0, stream>>>(
+        g, slots.const_data_ptr<int64_t>(), keys.const_data_ptr<int64_t>(),
+        tables.const_data_ptr<int64_t>(), status.const_data_ptr<int64_t>(), n);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(demb, CUDA, m) { m.impl("init_rows", &init_rows_cuda); }
+TORCH_LIBRARY_IMPL(demb, CUDA, m) {
+  m.impl("init_rows", &init_rows_cuda);
+  m.impl("init_new_rows", &init_new_rows_cuda);
+}
 
 }  // namespace demb

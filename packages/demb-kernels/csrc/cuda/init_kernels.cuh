@@ -1,6 +1,7 @@
-// CUDA kernel of init_rows; plain CUDA, no torch headers. One thread per element of the n
-// targeted rows (a grid-stride loop over n * cols): columns [0, dim) from init_rule.h, columns
-// [dim, cols) copied from the state vector. The element rule is the CPU kernel's.
+// CUDA kernels of init_rows and init_new_rows; plain CUDA, no torch headers. init_rows: one
+// thread per element of the n targeted rows (a grid-stride loop over n * cols): columns
+// [0, dim) from init_rule.h, columns [dim, cols) copied from the state vector. init_new_rows: a
+// warp per entry. The element rule is the CPU kernel's.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -49,6 +50,61 @@ __global__ void __launch_bounds__(kInitThreads)
     const float x = j < dim ? static_cast<float>(init_element(o, static_cast<uint64_t>(keys[i]), j))
                             : state[j - dim];
     values[slot * width + j] = init_store<T>(x);
+  }
+}
+
+// init_new_rows' tables, up to kMaxNewRowsTables a launch (tables first .. first + count - 1):
+// each one's parameters, buffer (rows x width of dtype 0 float32, 1 float16, 2 bfloat16), dim,
+// cols (dim, or width with a state) and state (width - dim floats, or null). 3.6 KB: a kernel
+// parameter.
+constexpr int kMaxNewRowsTables = 32;
+struct NewRowsTables {
+  InitParams o[kMaxNewRowsTables];
+  void* base[kMaxNewRowsTables];
+  const float* state[kMaxNewRowsTables];
+  int64_t rows[kMaxNewRowsTables];
+  int32_t width[kMaxNewRowsTables];
+  int32_t dim[kMaxNewRowsTables];
+  int32_t cols[kMaxNewRowsTables];
+  int32_t dtype[kMaxNewRowsTables];
+  int64_t first;
+  int64_t count;
+};
+
+__device__ __forceinline__ void store_new(void* base, int32_t dtype, int64_t at, float x) {
+  if (dtype == 0) {
+    static_cast<float*>(base)[at] = x;
+  } else if (dtype == 1) {
+    static_cast<__half*>(base)[at] = init_store<__half>(x);
+  } else {
+    static_cast<__nv_bfloat16*>(base)[at] = init_store<__nv_bfloat16>(x);
+  }
+}
+
+// A warp per entry (grid-stride): an entry with a new row (new_row_status) of one of g's tables
+// gets that table's initial row at its slot; slots out of [0, rows) are skipped.
+__global__ void __launch_bounds__(kInitThreads)
+    init_new_rows_kernel(const __grid_constant__ NewRowsTables g,
+                         const int64_t* __restrict__ slots, const int64_t* __restrict__ keys,
+                         const int64_t* __restrict__ tables, const int64_t* __restrict__ status,
+                         int64_t n) {
+  constexpr int kWarp = 32;
+  const int lane = static_cast<int>(threadIdx.x % kWarp);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp; i < n;
+       i += warps) {
+    if (!new_row_status(status[i])) continue;
+    const int64_t t = tables[i] - g.first;
+    if (t < 0 || t >= g.count) continue;
+    const int64_t slot = slots[i];
+    if (slot < 0 || slot >= g.rows[t]) continue;
+    const auto key = static_cast<uint64_t>(keys[i]);
+    const int64_t row = slot * g.width[t];
+    for (int64_t j = lane; j < g.cols[t]; j += kWarp) {
+      const float x = j < g.dim[t] ? static_cast<float>(init_element(g.o[t], key, j))
+                                   : g.state[t][j - g.dim[t]];
+      store_new(g.base[t], g.dtype[t], row + j, x);
+    }
   }
 }
 

@@ -39,6 +39,17 @@ def _find_rows_fake(
     return keys.new_empty((keys.shape[0], dim), dtype=torch.float32), keys.new_empty(keys.shape)
 
 
+@torch.library.register_fake("demb::table_find_batch_rows")  # type: ignore[untyped-decorator]
+def _find_batch_rows_fake(
+    *args: torch.Tensor | list[torch.Tensor] | int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    indices, dim = args[7], args[11]
+    assert isinstance(indices, torch.Tensor)
+    assert isinstance(dim, int)
+    n = indices.shape[0]
+    return indices.new_empty((n, dim), dtype=torch.float32), indices.new_empty((n,))
+
+
 @torch.library.register_fake("demb::table_find_or_insert")  # type: ignore[untyped-decorator]
 def _find_or_insert_fake(
     *args: torch.Tensor | None,
@@ -73,4 +84,9 @@ def _optimizer_update_fake(*args: object) -> None:
 
 @torch.library.register_fake("demb::init_rows")  # type: ignore[untyped-decorator]
 def _init_rows_fake(*args: object) -> None:
+    return None
+
+
+@torch.library.register_fake("demb::init_new_rows")  # type: ignore[untyped-decorator]
+def _init_new_rows_fake(*args: object) -> None:
     return None

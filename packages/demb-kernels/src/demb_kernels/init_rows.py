@@ -18,6 +18,9 @@ Modes (``u`` uniform in (0, 1) from the top 24 bits of a Philox word):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import NamedTuple
+
 import torch
 
 from demb_kernels import (
@@ -26,7 +29,7 @@ from demb_kernels import (
 )
 from demb_kernels._checks import check_slot_range
 
-__all__ = ["INIT_MODES", "init_rows"]
+__all__ = ["INIT_MODES", "NewRowsSpec", "init_new_rows", "init_rows"]
 
 INIT_MODES = ("uniform", "normal", "truncated_normal", "constant", "debug")
 """The ``mode`` values ``init_rows`` accepts."""
@@ -80,4 +83,66 @@ def init_rows(
     check_slot_range(values, slots, check)
     torch.ops.demb.init_rows(
         values, slots, keys, dim, seed, mode, mean, std_dev, lower, upper, value, state
+    )
+
+
+class NewRowsSpec(NamedTuple):
+    """How one table's new rows are made (:func:`init_rows`' arguments of that name)."""
+
+    seed: int
+    mode: str
+    mean: float = 0.0
+    std_dev: float = 1.0
+    lower: float = 0.0
+    upper: float = 1.0
+    value: float = 0.0
+
+
+def init_new_rows(
+    values: Sequence[torch.Tensor],
+    slots: torch.Tensor,
+    keys: torch.Tensor,
+    tables: torch.Tensor,
+    status: torch.Tensor,
+    dims: Sequence[int],
+    specs: Sequence[NewRowsSpec],
+    states: Sequence[torch.Tensor | None],
+) -> None:
+    """Initialize the rows a ``find_or_insert`` gave new keys, for several tables in one call
+    (no sync): entry ``i`` with status INSERTED or EVICTED gets, in table ``tables[i]``, what
+    :func:`init_rows` with that table's ``dims``, ``specs`` and ``states`` would write at
+    ``slots[i]`` for ``keys[i]``. Other entries, and slot ``-1``, are skipped.
+
+    Args:
+        values: ``T`` value buffers as :func:`init_rows` takes one (mutated).
+        slots: ``(n,)`` int64 row of each entry in its table.
+        keys: ``(n,)`` int64 keys.
+        tables: ``(n,)`` int64 table of each entry.
+        status: ``(n,)`` int64 :class:`demb_kernels.table.InsertStatus` of each entry.
+        dims: ``T`` embedding columns.
+        specs: ``T`` :class:`NewRowsSpec`.
+        states: ``T`` initial optimizer states (``(W_t - dim_t,)`` float32) or None.
+
+    Raises:
+        ValueError: a bad mode, shape, ``dim`` or device; on the CPU also an entry with a new
+            row whose table or slot is out of range (checked before any row changes; CUDA
+            skips them). TypeError: a bad dtype.
+    """
+    modes = []
+    for s in specs:
+        if s.mode not in INIT_MODES:
+            raise ValueError(f"mode={s.mode!r}: unknown; expected one of {INIT_MODES}")
+        modes.append(INIT_MODES.index(s.mode))
+    params = [float(x) for s in specs for x in (s.mean, s.std_dev, s.lower, s.upper, s.value)]
+    torch.ops.demb.init_new_rows(
+        list(values),
+        slots,
+        keys,
+        tables,
+        status,
+        list(dims),
+        [s.seed for s in specs],
+        modes,
+        params,
+        list(states),
     )

@@ -27,6 +27,7 @@ __all__ = [
     "plan_differs",
     "segment_plan",
     "segment_sum_rows",
+    "status_count_tensor",
     "status_counts",
 ]
 
@@ -139,8 +140,15 @@ def status_counts(status: torch.Tensor, bounds: Sequence[int]) -> tuple[list[int
         status: ``(U,)`` int64 :class:`demb_kernels.table.InsertStatus` of each key.
         bounds: ``T + 1`` host offsets, from 0 to ``U``.
     """
-    counts: list[list[int]] = torch.ops.demb.status_counts(status, list(bounds)).tolist()
+    counts: list[list[int]] = status_count_tensor(status, bounds).tolist()
     return counts[0], counts[1]
+
+
+def status_count_tensor(status: torch.Tensor, bounds: Sequence[int]) -> torch.Tensor:
+    """:func:`status_counts` left on ``status``' device (no sync): ``(2, T)`` int64, row 0 the
+    new rows per table, row 1 the FAILED keys."""
+    counts: torch.Tensor = torch.ops.demb.status_counts(status, list(bounds))
+    return counts
 
 
 def gather_table_rows(

@@ -45,6 +45,7 @@ __all__ = [
     "find_or_insert",
     "insert_or_assign",
     "lookup",
+    "lookup_batch_rows",
     "lookup_rows",
     "rehash",
     "timestamp",
@@ -152,6 +153,41 @@ def lookup_rows(
     _check_data(index, keys, table_ids, None, check)
     rows, slots = torch.ops.demb.table_find_rows(
         *index._tensors(), list(values), keys, table_ids, dim
+    )
+    return rows, slots
+
+
+def lookup_batch_rows(
+    index: TableIndex,
+    values: list[torch.Tensor],
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    feature_tables: torch.Tensor,
+    batch_size: int,
+    dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lookup_rows` of a TBE-layout batch: each index's table is its feature's (feature
+    ``f`` owns ``indices[offsets[f * B]:offsets[(f + 1) * B]]``), found in the same pass (on
+    CUDA, one launch and no sync).
+
+    Args:
+        index: the index.
+        values: as :func:`lookup_rows`.
+        indices: ``(N,)`` int64 keys, feature-major.
+        offsets: ``(F * B + 1,)`` int64 bag offsets.
+        feature_tables: ``(F,)`` int64 table of each feature.
+        batch_size: ``B`` (>= 1).
+        dim: columns to read.
+
+    Returns:
+        As :func:`lookup_rows`. The batch's data checks (offsets in order and ending at
+        ``N``, feature tables in range, no empty key) are left to
+        :func:`demb_kernels.lookup.index_tables` and ``check_batch``: on CUDA an index of a
+        bad feature table, or an empty key, reads as missing (bad offsets only move indices
+        between features); the CPU kernel raises on a table out of range.
+    """
+    rows, slots = torch.ops.demb.table_find_batch_rows(
+        *index._tensors(), list(values), indices, offsets, feature_tables, batch_size, dim
     )
     return rows, slots
 

@@ -9,6 +9,7 @@ from demb_storage.initializers import (
     InitializerArgs,
     InitializerMode,
     initialize_rows,
+    new_rows_spec,
     table_seed,
 )
 from demb_storage.options import (
@@ -37,6 +38,7 @@ __all__ = [
     "TableConfigError",
     "TableExport",
     "initialize_rows",
+    "new_rows_spec",
     "resolve_score_strategy",
     "table_seed",
 ]

@@ -15,11 +15,17 @@ import math
 from dataclasses import dataclass
 
 import torch
-from demb_kernels.init_rows import init_rows
+from demb_kernels.init_rows import NewRowsSpec, init_rows
 
 from demb_storage._errors import TableConfigError
 
-__all__ = ["InitializerArgs", "InitializerMode", "initialize_rows", "table_seed"]
+__all__ = [
+    "InitializerArgs",
+    "InitializerMode",
+    "initialize_rows",
+    "new_rows_spec",
+    "table_seed",
+]
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN_GAMMA = 0x9E3779B97F4A7C15
@@ -166,6 +172,35 @@ def initialize_rows(
     Raises:
         TableConfigError: UNIFORM / TRUNCATED_NORMAL bounds not completed.
     """
+    spec = new_rows_spec(args, seed)
+    init_rows(
+        values,
+        slots,
+        keys,
+        dim,
+        seed=spec.seed,
+        mode=spec.mode,
+        mean=spec.mean,
+        std_dev=spec.std_dev,
+        lower=spec.lower,
+        upper=spec.upper,
+        value=spec.value,
+        state=state,
+        check=check,
+    )
+
+
+def new_rows_spec(args: InitializerArgs, seed: int) -> NewRowsSpec:
+    """A table's initializer options and seed as the row initializers take them
+    (:func:`demb_kernels.init_rows.init_new_rows` takes one per table).
+
+    Args:
+        args: the table's initializer options, completed (:meth:`InitializerArgs.complete`).
+        seed: the table's seed (:func:`table_seed`).
+
+    Raises:
+        TableConfigError: UNIFORM / TRUNCATED_NORMAL bounds not completed.
+    """
     if args.mode in _BOUNDED:
         for name in ("lower", "upper"):
             if getattr(args, name) is None:
@@ -174,11 +209,7 @@ def initialize_rows(
                     None,
                     f"{args.mode.name} needs both bounds; call complete(num_embeddings) first",
                 )
-    init_rows(
-        values,
-        slots,
-        keys,
-        dim,
+    return NewRowsSpec(
         seed=seed,
         mode=args.mode.value,
         mean=args.mean,
@@ -186,6 +217,4 @@ def initialize_rows(
         lower=0.0 if args.lower is None else args.lower,
         upper=1.0 if args.upper is None else args.upper,
         value=args.value,
-        state=state,
-        check=check,
     )

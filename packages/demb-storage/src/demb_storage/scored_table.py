@@ -208,6 +208,21 @@ class ScoredHashTable:
         (:func:`demb_kernels.table.lookup_rows`); ``check`` as :meth:`find`."""
         return ops.lookup_rows(self.index, self.values, keys, table_ids, dim, check=check)
 
+    def find_batch_rows(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        feature_tables: torch.Tensor,
+        batch_size: int,
+        dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`find_rows` of a TBE-layout batch, each index's table its feature's
+        (:func:`demb_kernels.table.lookup_batch_rows`: on CUDA one launch, no sync, and the
+        batch's checks left to the caller)."""
+        return ops.lookup_batch_rows(
+            self.index, self.values, indices, offsets, feature_tables, batch_size, dim
+        )
+
     def find_or_insert(
         self,
         keys: torch.Tensor,
@@ -483,6 +498,14 @@ class ScoredHashTable:
             return
         self.failed_inserts += torch.tensor(list(per_table), device=self.device)
         self._raise_or_warn(list(per_table), batch_size)
+
+    def record_failure_tensor(self, per_table: torch.Tensor, batch_size: int) -> None:
+        """:meth:`record_failures` with the counts on the index device: ``(T,)`` int64. They
+        are added there (no sync); they are read back only when a table's safe-check mode is
+        not IGNORE."""
+        self.failed_inserts += per_table
+        if any(c.safe_check_mode is not SafeCheckMode.IGNORE for c in self.configs):
+            self._raise_or_warn(per_table.tolist(), batch_size)
 
     def _raise_or_warn(self, counts: list[int], batch_size: int) -> None:
         modes = [c.safe_check_mode for c in self.configs]

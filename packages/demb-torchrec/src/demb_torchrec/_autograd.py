@@ -69,6 +69,12 @@ class TrainStep:
             g if g.dtype == torch.float32 and g.is_contiguous() else g.float().contiguous()
             for g in per_table
         ]
+        # One sync, on the flag, before the update is queued: the sums are short next to the
+        # update, so the host work after this call (autograd's own) runs beside the update.
+        if bad is not None and bool(bad):
+            raise ValueError(
+                "grads: the embedding gradients contain NaN or infinite values; no row was updated"
+            )
         steps = [s + 1 for s in m.steps]
         apply_update(
             m.optimizer,
@@ -77,13 +83,8 @@ class TrainStep:
             reduced,
             m.dims,
             steps,
-            check=False,  # slots come from the table; the gradients' flag rides `skip`
-            skip=bad,
+            check=False,  # slots come from the table, gradients were checked above
         )
-        if bad is not None and bool(bad):  # one sync, after the (skipped) update is queued
-            raise ValueError(
-                "grads: the embedding gradients contain NaN or infinite values; no row was updated"
-            )
         m.steps[:] = steps  # in place: no nn.Module attribute set on the hot path
 
 

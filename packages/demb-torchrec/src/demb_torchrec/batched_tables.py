@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from demb_kernels.init_rows import init_new_rows
 from demb_kernels.lookup import (
     MAX_GATHER_TABLES,
     check_batch,
@@ -23,9 +24,8 @@ from demb_kernels.lookup import (
     index_tables,
     segment_plan,
     segment_sum_rows,
-    status_counts,
+    status_count_tensor,
 )
-from demb_kernels.table import InsertStatus
 from demb_optim import clip_gradient, reduce_gradients
 from demb_storage import (
     InitializerArgs,
@@ -33,6 +33,7 @@ from demb_storage import (
     ScoredHashTable,
     TableConfigError,
     initialize_rows,
+    new_rows_spec,
     table_seed,
 )
 from torch.nn import functional
@@ -130,6 +131,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self.init_args = [o.initializer_args.complete(c.max_capacity) for o, c in pairs]
         self.eval_args = [o.eval_initializer_args.complete(c.max_capacity) for o, c in pairs]
         self.seeds = [table_seed(seed, t) for t in range(len(configs))]
+        self.init_specs = [
+            new_rows_spec(a, s) for a, s in zip(self.init_args, self.seeds, strict=True)
+        ]
         self.initial_states = [
             self.optimizer.initial_state(c.dim, c.dtype).float().to(self.device)
             if c.state_dim
@@ -207,17 +211,26 @@ class DynamicEmbeddingTables(torch.nn.Module):
             self._key_bits,
         )
         self._key_bits = batch.key_bits  # the next batch's keys likely span as many bits
-        slots, missing = self._find_or_insert(batch) if self.training else self._find(batch)
-        fills = not self.training and any(missing)
+        status: torch.Tensor | None = None
+        missing: list[int] | None = None  # per table, keys without a slot (None: unknown)
+        if self.training:
+            slots, status = self._find_or_insert(batch)
+        else:
+            slots, missing = self._find(batch)
+        fills = missing is not None and any(missing)
         fills = fills and not all(_is_zero(a) for a in self.eval_args)
         if self._fused_gather and self.pooling_mode is _NONE and not fills:
-            return self._forward_none(batch, slots, grad).to(self.output_dtype)
-        rows, whole = self._rows(batch, slots, missing, missing_from_eval=not self.training)
-        args = (offsets, batch_size)
-        if whole is not None:
-            out = self._forward_uniform(batch, slots, whole, grad, args, pooling_weights)
+            out = self._forward_none(batch, slots, grad)
         else:
-            out = self._forward_mixed(batch, slots, rows, grad, args, pooling_weights)
+            rows, whole = self._rows(batch, slots, missing, missing_from_eval=not self.training)
+            args = (offsets, batch_size)
+            if whole is not None:
+                out = self._forward_uniform(batch, slots, whole, grad, args, pooling_weights)
+            else:
+                out = self._forward_mixed(batch, slots, rows, grad, args, pooling_weights)
+        if status is not None:  # the forward's work is queued: failed inserts are counted now
+            counts = status_count_tensor(status, batch.table_bounds)
+            self.tables.record_failure_tensor(counts[1], int(status.numel()))
         return out.to(self.output_dtype)
 
     def value_buffers(self) -> list[torch.Tensor]:
@@ -234,15 +247,17 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int
     ) -> torch.Tensor:
         """An eval forward without pooling: every index found on its own (no dedup, nothing
-        inserted, no score touched) and its row read straight from its table, in one pass
-        (:meth:`ScoredHashTable.find_rows`); missing keys read ``eval_initializer_args``. The
-        batch's checks are read back (one sync) once the work is queued; nothing they guard
-        has changed a table."""
+        inserted, no score touched) and its row read straight from its table, its table taken
+        from its feature, in one pass (:meth:`ScoredHashTable.find_batch_rows`); missing keys
+        read ``eval_initializer_args``. The batch's checks are queued behind it and read back
+        (one sync) at the end; nothing they guard has changed a table."""
         n = indices.numel()
+        out, slots = self.tables.find_batch_rows(
+            indices, offsets, self._feature_tables, batch_size, self.dims[0]
+        )
         tables, checks = index_tables(
             indices, offsets, self._feature_tables, self.num_tables, batch_size
         )
-        out, slots = self.tables.find_rows(indices, tables, self.dims[0], check=False)
         for t, args in enumerate(self.eval_args):
             if _is_zero(args) or not self.features_of_table[t]:
                 continue
@@ -373,9 +388,11 @@ class DynamicEmbeddingTables(torch.nn.Module):
             )
         return out.to(self.output_dtype)
 
-    def _find_or_insert(self, batch: DedupedBatch) -> tuple[torch.Tensor, list[int]]:
-        """Slots of the batch's unique keys, inserting missing ones (new rows initialized);
-        also the number of keys per table that got no slot."""
+    def _find_or_insert(self, batch: DedupedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots of the batch's unique keys, inserting missing ones, and their
+        :class:`InsertStatus`; the new rows (and their optimizer state) are initialized by one
+        launch queued behind the insert: no sync. Keys that got no slot (FAILED) have slot -1,
+        and are counted once the forward's work is queued."""
         outcome = self.tables.find_or_insert(
             batch.keys,
             batch.tables,
@@ -384,29 +401,17 @@ class DynamicEmbeddingTables(torch.nn.Module):
             check=False,
             count_failures=False,
         )
-        slots, status = outcome.slots, outcome.status
-        new_counts, missing = status_counts(status, batch.table_bounds)  # FAILED: no slot
-        self.tables.record_failures(missing, int(status.numel()))
-        if not any(new_counts):
-            return slots, missing
-        new = (status == InsertStatus.INSERTED) | (status == InsertStatus.EVICTED)
-        b = batch.table_bounds
-        for t in range(self.num_tables):
-            if not new_counts[t]:
-                continue
-            fresh = torch.nonzero_static(new[b[t] : b[t + 1]], size=new_counts[t]).squeeze(1)
-            fresh += b[t]
-            initialize_rows(
-                self.tables.values[t],
-                slots[fresh],
-                batch.keys[fresh],
-                self.dims[t],
-                self.init_args[t],
-                self.seeds[t],
-                self.initial_states[t],
-                check=False,
-            )
-        return slots, missing
+        init_new_rows(
+            self.tables.values,
+            outcome.slots,
+            batch.keys,
+            batch.tables,
+            outcome.status,
+            self.dims,
+            self.init_specs,
+            self.initial_states,
+        )
+        return outcome.slots, outcome.status
 
     def _find(self, batch: DedupedBatch) -> tuple[torch.Tensor, list[int]]:
         slots = self.tables.find(batch.keys, batch.tables, check=False)
@@ -427,13 +432,14 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self,
         batch: DedupedBatch,
         slots: torch.Tensor,
-        missing_counts: list[int],
+        missing_counts: list[int] | None,
         *,
         missing_from_eval: bool,
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """Per table, ``(U_t, D_t)`` float32 rows of its unique keys (missing keys: zeros, or
         ``eval_initializer_args`` in eval); when all tables have one dim they are views of one
-        ``(U, D)`` tensor, returned too."""
+        ``(U, D)`` tensor, returned too. ``missing_counts``: per table, the keys without a slot,
+        or None when not counted (any table may have some)."""
         b = batch.table_bounds
         whole: torch.Tensor | None = None
         if self._fused_gather:  # one dim: every unique key's row in one launch
@@ -445,15 +451,16 @@ class DynamicEmbeddingTables(torch.nn.Module):
         rows = []
         for t in range(self.num_tables):
             s = slots[b[t] : b[t + 1]]
+            some_missing = missing_counts is None or missing_counts[t] > 0
             if whole is not None and self._fused_gather:
                 r = whole[b[t] : b[t + 1]]
-                if missing_counts[t] and missing_from_eval and not _is_zero(self.eval_args[t]):
+                if some_missing and missing_from_eval and not _is_zero(self.eval_args[t]):
                     self._fill_missing(batch, t, s, r)
                 rows.append(r)
                 continue
             values = self.tables.values[t][:, : self.dims[t]]
             missing = s < 0
-            at = s.clamp_min(0) if missing_counts[t] else s
+            at = s.clamp_min(0) if some_missing else s
             if whole is not None and values.dtype == torch.float32:
                 r = torch.index_select(values, 0, at, out=whole[b[t] : b[t + 1]])
             else:
@@ -461,7 +468,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 if whole is not None:
                     whole[b[t] : b[t + 1]] = r
                     r = whole[b[t] : b[t + 1]]
-            if not missing_counts[t]:
+            if not some_missing:
                 rows.append(r)
                 continue
             r.masked_fill_(missing[:, None], 0.0)
