@@ -191,3 +191,6 @@ def test_cuda_equals_cpu(counters):
         dedup_batch(bad.cuda(), offsets.cuda(), ftab.cuda(), 5, batch)
     with pytest.raises(ValueError, match=r"feature_tables: 1 entries outside \[0, 5\)"):
         dedup_batch(indices.cuda(), offsets.cuda(), torch.tensor([0, 1, 2, 9]).cuda(), 5, batch)
+    empty = torch.zeros(0, dtype=torch.int64, device="cuda")  # no index: offsets still checked
+    with pytest.raises(ValueError, match="offsets: must start at 0"):
+        dedup_batch(empty, torch.tensor([0, 1]).cuda(), torch.tensor([0]).cuda(), 1, 1)

@@ -81,7 +81,8 @@ __device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
   return feature_tables[lo];
 }
 
-// Per index: its table, its sort key (sign bit flipped: signed order), its position; the
+// Per index: its table, its sort key (sign bit flipped: signed order; with table_shift > 0, its
+// low table_shift bits under the table: the (table, key) sort in one), its position; the
 // batch's checks into info (after the T per-table words); and into *varying the bits in which
 // some key differs from the first (OR of key ^ key 0, reduced per block first).
 __global__ void __launch_bounds__(kDedupThreads)
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kDedupThreads)
                          const int64_t* __restrict__ offsets, int64_t bags,
                          const int64_t* __restrict__ feature_tables, int64_t features,
                          int64_t batch_size, const int64_t* __restrict__ counters, int64_t n,
-                         int64_t num_tables, uint64_t* __restrict__ keys,
+                         int64_t num_tables, int table_shift, uint64_t* __restrict__ keys,
                          uint32_t* __restrict__ tables, int32_t* __restrict__ positions,
                          int64_t* __restrict__ info, int64_t* __restrict__ varying) {
   __shared__ unsigned long long block_varying;
@@ -99,8 +100,14 @@ __global__ void __launch_bounds__(kDedupThreads)
   check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, counters, n,
                     num_tables, info + num_tables);
   if (i < n) {
-    keys[i] = static_cast<uint64_t>(indices[i]) ^ kSignBit;
-    tables[i] = static_cast<uint32_t>(table_of(i, offsets, feature_tables, features, batch_size));
+    const uint64_t key = static_cast<uint64_t>(indices[i]) ^ kSignBit;
+    const auto table =
+        static_cast<uint32_t>(table_of(i, offsets, feature_tables, features, batch_size));
+    keys[i] = table_shift == 0
+                  ? key
+                  : (static_cast<uint64_t>(table) << table_shift) |
+                        (key & ((uint64_t{1} << table_shift) - 1));
+    tables[i] = table;
     positions[i] = static_cast<int32_t>(i);
     const auto diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
     if (diff) atomicOr(&block_varying, diff);
@@ -131,10 +138,21 @@ __global__ void dedup_permute_tables_kernel(const uint32_t* __restrict__ tables,
   if (k < n) out[k] = tables[by_key[k]];
 }
 
+// The table of entry k of the (table, key) order: sorted tables, or the top bits of the sorted
+// combined keys (dedup_prepare_kernel's table_shift).
+struct SortedTables {
+  const uint32_t* tables;
+  const uint64_t* combined;
+  int shift;
+  __device__ __forceinline__ uint32_t operator[](int64_t k) const {
+    return tables != nullptr ? tables[k] : static_cast<uint32_t>(combined[k] >> shift);
+  }
+};
+
 // first[k] = 1 where entry k of the (table, key) order starts a unique key.
 __global__ void dedup_first_kernel(const int64_t* __restrict__ indices,
-                                   const int32_t* __restrict__ order,
-                                   const uint32_t* __restrict__ tables, int64_t n,
+                                   const int32_t* __restrict__ order, SortedTables tables,
+                                   int64_t n,
                                    int64_t* __restrict__ first) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
@@ -145,8 +163,7 @@ __global__ void dedup_first_kernel(const int64_t* __restrict__ indices,
 // key that key, its table and start; the last entry of each table writes the table's end
 // (info[t], the number of unique keys up to it). Also gathers the counters in order.
 __global__ void dedup_scatter_kernel(const int64_t* __restrict__ indices,
-                                     const int32_t* __restrict__ order32,
-                                     const uint32_t* __restrict__ tables,
+                                     const int32_t* __restrict__ order32, SortedTables tables,
                                      const int64_t* __restrict__ first,
                                      const int64_t* __restrict__ rank_excl,
                                      const int64_t* __restrict__ counters, int64_t n,
@@ -229,12 +246,21 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   auto* t_key = reinterpret_cast<uint32_t*>(tables_by_key.data_ptr<int32_t>());
   auto* t_out = reinterpret_cast<uint32_t*>(tables_sorted.data_ptr<int32_t>());
   const int64_t threads = std::max(n, bags + 1);
-  dedup_prepare_kernel<<<dedup_blocks(threads), kDedupThreads, 0, stream>>>(
-      indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
-      feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables, k_in,
-      t_in, positions.data_ptr<int32_t>(), info.data_ptr<int64_t>(),
-      info.data_ptr<int64_t>() + words);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const int table_bits = bits_for(num_tables - 1);
+  // With room for the table above the key bits sorted, one sort orders by (table, key): the
+  // table goes above them (shift = those bits), else shift = 0 (two sorts).
+  const auto shift_for = [&](int end_bit) { return end_bit + table_bits <= 64 ? end_bit : 0; };
+  // Makes the sort keys (and the batch's checks: run again, they count the same flags).
+  const auto prepare = [&](int shift) {
+    dedup_prepare_kernel<<<dedup_blocks(threads), kDedupThreads, 0, stream>>>(
+        indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
+        feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables,
+        shift, k_in, t_in, positions.data_ptr<int32_t>(), info.data_ptr<int64_t>(),
+        info.data_ptr<int64_t>() + words);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  int prepared = shift_for(static_cast<int>(key_bits));
+  prepare(prepared);
   at::Tensor inverse = at::empty({n}, opts);
   at::Tensor order = at::empty({n}, opts);
   at::Tensor keys_out = at::empty({n}, opts);
@@ -247,24 +273,40 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   // on all 64 bits.
   const auto sort_and_scatter = [&](int end_bit) {
     const auto n32 = static_cast<int>(n);
-    cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-      return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
-                                             positions.const_data_ptr<int32_t>(),
-                                             by_key.data_ptr<int32_t>(), n32, 0, end_bit, stream);
-    });
-    dedup_permute_tables_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        t_in, by_key.const_data_ptr<int32_t>(), n, t_key);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const int table_bits = bits_for(num_tables - 1);
-    cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-      return cub::DeviceRadixSort::SortPairs(temp, bytes, t_key, t_out,
-                                             by_key.const_data_ptr<int32_t>(),
-                                             order32.data_ptr<int32_t>(), n32, 0, table_bits,
-                                             stream);
-    });
+    const int shift = shift_for(end_bit);
+    if (shift != prepared) {
+      prepared = shift;
+      prepare(shift);
+    }
+    SortedTables sorted{t_out, nullptr, 0};
+    if (shift > 0) {  // one sort of the combined keys
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
+                                               positions.const_data_ptr<int32_t>(),
+                                               order32.data_ptr<int32_t>(), n32, 0,
+                                               shift + table_bits, stream);
+      });
+      sorted = SortedTables{nullptr, k_out, shift};
+    } else {  // by key, then (stably) by table
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
+                                               positions.const_data_ptr<int32_t>(),
+                                               by_key.data_ptr<int32_t>(), n32, 0, end_bit,
+                                               stream);
+      });
+      dedup_permute_tables_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
+          t_in, by_key.const_data_ptr<int32_t>(), n, t_key);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(temp, bytes, t_key, t_out,
+                                               by_key.const_data_ptr<int32_t>(),
+                                               order32.data_ptr<int32_t>(), n32, 0, table_bits,
+                                               stream);
+      });
+    }
     at::Tensor first = at::empty({n}, opts);
     dedup_first_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        indices.const_data_ptr<int64_t>(), order32.const_data_ptr<int32_t>(), t_out, n,
+        indices.const_data_ptr<int64_t>(), order32.const_data_ptr<int32_t>(), sorted, n,
         first.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     at::Tensor rank = at::empty({n}, opts);
@@ -273,7 +315,7 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
                                            rank.data_ptr<int64_t>(), n32, stream);
     });
     dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        indices.const_data_ptr<int64_t>(), order32.const_data_ptr<int32_t>(), t_out,
+        indices.const_data_ptr<int64_t>(), order32.const_data_ptr<int32_t>(), sorted,
         first.const_data_ptr<int64_t>(), rank.const_data_ptr<int64_t>(), cnt, n,
         inverse.data_ptr<int64_t>(), order.data_ptr<int64_t>(), keys_out.data_ptr<int64_t>(),
         tables_out.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),

@@ -79,8 +79,8 @@ void init_new_rows_cuda(at::TensorList values, const at::Tensor& slots_in,
   const at::Tensor tables = tables_in.contiguous();
   const at::Tensor status = status_in.contiguous();
   const auto count = static_cast<int64_t>(values.size());
-  constexpr int64_t kWarpsPerBlock = cuda::kInitThreads / 32;
-  const int64_t blocks = std::min<int64_t>((n + kWarpsPerBlock - 1) / kWarpsPerBlock, 1 << 16);
+  const int64_t blocks = std::min<int64_t>((n + cuda::kInitThreads - 1) / cuda::kInitThreads,
+                                          1 << 16);  // a warp per 32 entries
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   for (int64_t first = 0; first < count; first += cuda::kMaxNewRowsTables) {
     cuda::NewRowsTables g{};
