@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from demb_kernels.init_rows import INIT_MODES, NewRowsSpec, init_new_rows, init_rows
+from demb_kernels.init_rows import (
+    INIT_MODES,
+    NewRowsSpec,
+    init_new_rows,
+    init_rows,
+    new_rows_args,
+)
 from demb_kernels.table import InsertStatus
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,16 +60,15 @@ class Case:
             seen.add(pair)
         self.device = device
 
-    def on(self, device: str) -> dict:
+    def on(self, device: str, dims: list[int] | None = None, specs: list | None = None) -> dict:
+        states = [None if s is None else s.to(device) for s in self.states]
         return {
             "values": [v.clone().to(device) for v in self.values],
             "slots": self.slots.to(device),
             "keys": self.keys.to(device),
             "tables": self.tables.to(device),
             "status": self.status.to(device),
-            "dims": self.dims,
-            "specs": self.specs,
-            "states": [None if s is None else s.to(device) for s in self.states],
+            "args": new_rows_args(dims or self.dims, specs or self.specs, states),
         }
 
 
@@ -131,16 +136,19 @@ def test_out_of_range_entries_raise_before_any_row_changes():
 def test_bad_arguments_are_rejected():
     case = Case(5, 2, 10)
     args = case.on("cpu")
-    with pytest.raises(ValueError, match="dims: 1 entries for 2 tables"):
-        init_new_rows(**{**args, "dims": args["dims"][:1]})
+    with pytest.raises(ValueError, match="dims, specs and states: 1, 2 and 2 entries"):
+        case.on("cpu", dims=case.dims[:1])
     with pytest.raises(ValueError, match="mode='gaussian'"):
-        init_new_rows(**{**args, "specs": [args["specs"][0]._replace(mode="gaussian")] * 2})
+        case.on("cpu", specs=[case.specs[0]._replace(mode="gaussian")] * 2)
+    with pytest.raises(ValueError, match="dims: 1 entries for 2 tables"):
+        init_new_rows(**{**args, "args": args["args"]._replace(dims=[1])})
     with pytest.raises(ValueError, match="status must be 1-D with one entry per slot"):
         init_new_rows(**{**args, "status": args["status"][:3]})
     with pytest.raises(TypeError, match="tables must be int64"):
         init_new_rows(**{**args, "tables": args["tables"].int()})
+    case.dims[0] = 0
     with pytest.raises(ValueError, match="dim=0"):
-        init_new_rows(**{**args, "dims": [0, 1]})
+        init_new_rows(**case.on("cpu"))
 
 
 @pytest.mark.cuda

@@ -20,14 +20,14 @@ from demb_torchrec import (
 CONST = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=0.5)
 
 
-def tables(mode=DynamicEmbPoolingMode.SUM, optimizer="sgd", **options):
+def tables(mode=DynamicEmbPoolingMode.SUM, optimizer="sgd", device="cpu", **options):
     opts = {"dim": 4, "max_capacity": 256, "bucket_capacity": 128, "initializer_args": CONST}
     opts.update(options)
     extra = {"learning_rate": 0.1} if isinstance(optimizer, str) else {}
     return DynamicEmbeddingTables(
         [DynamicEmbTableOptions(**opts)],
         pooling_mode=mode,
-        device="cpu",
+        device=device,
         optimizer=optimizer,
         **extra,
     )
@@ -125,17 +125,23 @@ def test_a_table_built_with_training_false_has_no_state_and_cannot_train():
     module(torch.tensor([1]), torch.tensor([0, 1]))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("mode", list(DynamicEmbPoolingMode))
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_a_nan_gradient_is_rejected_and_no_row_changes(mode, bad):
-    module = tables(mode=mode)
-    out = module(torch.tensor([1, 2, 1]), torch.tensor([0, 3]))
+def test_a_nan_gradient_is_rejected_and_no_row_changes(mode, bad, device):
+    module = tables(mode=mode, optimizer="adam", device=device)
+    indices, offsets = torch.tensor([1, 2, 1], device=device), torch.tensor([0, 3], device=device)
+    out = module(indices, offsets)
     before = module.tables.values[0].clone()
     grad = torch.ones_like(out)
     grad[-1, 2] = bad
     with pytest.raises(ValueError, match="NaN or infinite"):
         out.backward(grad)
     assert torch.equal(module.tables.values[0], before)
+    assert module.steps == [0]
+    module(indices, offsets).backward(torch.ones_like(out))  # a good step still trains
+    assert not torch.equal(module.tables.values[0], before)
+    assert module.steps == [1]
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,14 @@ from demb_kernels import (
 )
 from demb_kernels._checks import check_slot_range
 
-__all__ = ["INIT_MODES", "NewRowsSpec", "init_new_rows", "init_rows"]
+__all__ = [
+    "INIT_MODES",
+    "NewRowsArgs",
+    "NewRowsSpec",
+    "init_new_rows",
+    "init_rows",
+    "new_rows_args",
+]
 
 INIT_MODES = ("uniform", "normal", "truncated_normal", "constant", "debug")
 """The ``mode`` values ``init_rows`` accepts."""
@@ -98,19 +105,57 @@ class NewRowsSpec(NamedTuple):
     value: float = 0.0
 
 
+class NewRowsArgs(NamedTuple):
+    """:func:`init_new_rows`' per-table arguments, made once (:func:`new_rows_args`)."""
+
+    dims: list[int]
+    seeds: list[int]
+    modes: list[int]
+    """Index of each table's mode in :data:`INIT_MODES`."""
+    params: list[float]
+    """5 words per table: mean, std_dev, lower, upper, value."""
+    states: list[torch.Tensor | None]
+
+
+def new_rows_args(
+    dims: Sequence[int], specs: Sequence[NewRowsSpec], states: Sequence[torch.Tensor | None]
+) -> NewRowsArgs:
+    """The per-table arguments of :func:`init_new_rows` for ``T`` tables.
+
+    Args:
+        dims: ``T`` embedding columns.
+        specs: ``T`` :class:`NewRowsSpec`.
+        states: ``T`` initial optimizer states (``(W_t - dim_t,)`` float32 on the values'
+            device) or None.
+
+    Raises:
+        ValueError: an unknown mode, or lists of different lengths.
+    """
+    if not len(dims) == len(specs) == len(states):
+        raise ValueError(
+            f"dims, specs and states: {len(dims)}, {len(specs)} and {len(states)} entries; "
+            "one per table"
+        )
+    modes = []
+    for s in specs:
+        if s.mode not in INIT_MODES:
+            raise ValueError(f"mode={s.mode!r}: unknown; expected one of {INIT_MODES}")
+        modes.append(INIT_MODES.index(s.mode))
+    params = [float(x) for s in specs for x in (s.mean, s.std_dev, s.lower, s.upper, s.value)]
+    return NewRowsArgs(list(dims), [s.seed for s in specs], modes, params, list(states))
+
+
 def init_new_rows(
     values: Sequence[torch.Tensor],
     slots: torch.Tensor,
     keys: torch.Tensor,
     tables: torch.Tensor,
     status: torch.Tensor,
-    dims: Sequence[int],
-    specs: Sequence[NewRowsSpec],
-    states: Sequence[torch.Tensor | None],
+    args: NewRowsArgs,
 ) -> None:
     """Initialize the rows a ``find_or_insert`` gave new keys, for several tables in one call
     (no sync): entry ``i`` with status INSERTED or EVICTED gets, in table ``tables[i]``, what
-    :func:`init_rows` with that table's ``dims``, ``specs`` and ``states`` would write at
+    :func:`init_rows` with that table's dim, spec and state (``args``) would write at
     ``slots[i]`` for ``keys[i]``. Other entries, and slot ``-1``, are skipped.
 
     Args:
@@ -119,30 +164,22 @@ def init_new_rows(
         keys: ``(n,)`` int64 keys.
         tables: ``(n,)`` int64 table of each entry.
         status: ``(n,)`` int64 :class:`demb_kernels.table.InsertStatus` of each entry.
-        dims: ``T`` embedding columns.
-        specs: ``T`` :class:`NewRowsSpec`.
-        states: ``T`` initial optimizer states (``(W_t - dim_t,)`` float32) or None.
+        args: :func:`new_rows_args` of the ``T`` tables.
 
     Raises:
-        ValueError: a bad mode, shape, ``dim`` or device; on the CPU also an entry with a new
-            row whose table or slot is out of range (checked before any row changes; CUDA
+        ValueError: a bad shape, ``dim``, parameter or device; on the CPU also an entry with a
+            new row whose table or slot is out of range (checked before any row changes; CUDA
             skips them). TypeError: a bad dtype.
     """
-    modes = []
-    for s in specs:
-        if s.mode not in INIT_MODES:
-            raise ValueError(f"mode={s.mode!r}: unknown; expected one of {INIT_MODES}")
-        modes.append(INIT_MODES.index(s.mode))
-    params = [float(x) for s in specs for x in (s.mean, s.std_dev, s.lower, s.upper, s.value)]
     torch.ops.demb.init_new_rows(
-        list(values),
+        values if isinstance(values, list) else list(values),
         slots,
         keys,
         tables,
         status,
-        list(dims),
-        [s.seed for s in specs],
-        modes,
-        params,
-        list(states),
+        args.dims,
+        args.seeds,
+        args.modes,
+        args.params,
+        args.states,
     )

@@ -66,7 +66,10 @@ def as_batch(
             raise TypeError(f"{name} must be int64 or int32, got {t.dtype}")
         if t.device != index.device:
             raise ValueError(f"{name} is on {t.device}, the index on {index.device}")
-    return keys.to(torch.int64), table_ids.to(torch.int64)
+    return (
+        keys if keys.dtype == torch.int64 else keys.to(torch.int64),
+        table_ids if table_ids.dtype == torch.int64 else table_ids.to(torch.int64),
+    )
 
 
 def _check_data(
@@ -376,13 +379,17 @@ def rehash(
     return new, moved.slots, result.slots
 
 
-def timestamp(device: torch.device | str, count: int = 1) -> torch.Tensor:
+def timestamp(device: torch.device | str | torch.Tensor, count: int = 1) -> torch.Tensor:
     """``(count,)`` int64 nanoseconds now, one reading in every element: the device's global
     timer on CUDA, a monotonic clock on the CPU. Stays on the device (no sync).
+
+    Args:
+        device: the device, or any tensor on it (saves making one).
+        count: copies of the reading.
 
     Raises:
         ValueError: ``count`` < 1.
     """
-    like = torch.empty(0, device=torch.device(device))
+    like = device if isinstance(device, torch.Tensor) else torch.empty(0, device=device)
     now: torch.Tensor = torch.ops.demb.table_timestamp(like, count)
     return now

@@ -134,6 +134,15 @@ class ScoredHashTable:
         self.failed_inserts = torch.zeros(self.num_tables, dtype=torch.int64, device=self.device)
         """``(T,)`` int64 running count of keys that could not be inserted, per table."""
         self._can_grow = [True] * self.num_tables
+        self._like = torch.empty(0, dtype=torch.int64, device=self.device)
+        """An empty tensor on the index device (where :func:`demb_kernels.table.timestamp`
+        reads the clock)."""
+        self._any_growable = True
+        """Whether some table can still grow: only :meth:`expand` changes it."""
+        self._refresh_growth()
+        self._checks_failures = any(
+            c.safe_check_mode is not SafeCheckMode.IGNORE for c in self.configs
+        )
 
     # ----------------------------------------------------------------------------- state
     @property
@@ -359,11 +368,13 @@ class ScoredHashTable:
                 stacklevel=2,
             )
             self._can_grow[table_id] = False
+            self._refresh_growth()
             return False
         old = self.values[table_id]
         moved = gather_rows(old, old_slots.to(old.device), check=False)
         scatter_rows(buf, new_slots.to(buf.device), moved, check=False)
         self.index = new_index
+        self._refresh_growth()
         self.values[table_id] = buf
         return True
 
@@ -377,12 +388,12 @@ class ScoredHashTable:
     def _score_args(self) -> torch.Tensor:
         """``(T,)`` int64 batch score per table; advances the steps (one forward)."""
         self.steps = [s + 1 for s in self.steps]
-        host = []
-        for t, policy in enumerate(self.index.policy_list):
-            host.append(self.steps[t] if policy is ScorePolicy.STEP else self.custom_scores[t])
         timed = [p in _TIME_POLICIES for p in self.index.policy_list]
         if all(timed):  # every table scores with the clock: no host values to send
             return self._now(self.num_tables)
+        host = []
+        for t, policy in enumerate(self.index.policy_list):
+            host.append(self.steps[t] if policy is ScorePolicy.STEP else self.custom_scores[t])
         args = torch.tensor(host, dtype=torch.int64, device=self.device)
         if any(timed):
             mask = torch.tensor(timed, device=self.device)
@@ -392,8 +403,11 @@ class ScoredHashTable:
     def _now(self, count: int) -> torch.Tensor:
         """``(count,)`` int64 contiguous copies of the clock's reading, on the index device."""
         if self._clock is None:
-            return ops.timestamp(self.device, count)
+            return ops.timestamp(self._like, count)
         return self._clock().to(self.device).expand(count).contiguous()
+
+    def _refresh_growth(self) -> None:
+        self._any_growable = any(self._growable(t) for t in range(self.num_tables))
 
     def _growable(self, t: int) -> bool:
         if not self._can_grow[t]:
@@ -403,6 +417,8 @@ class ScoredHashTable:
 
     def _grow_for(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
         """Double the tables the batch's missing keys could take above their load factor."""
+        if not self._any_growable:
+            return
         growable = [t for t in range(self.num_tables) if self._growable(t)]
         if not growable or keys.numel() == 0:
             return
@@ -504,7 +520,7 @@ class ScoredHashTable:
         are added there (no sync); they are read back only when a table's safe-check mode is
         not IGNORE."""
         self.failed_inserts += per_table
-        if any(c.safe_check_mode is not SafeCheckMode.IGNORE for c in self.configs):
+        if self._checks_failures:
             self._raise_or_warn(per_table.tolist(), batch_size)
 
     def _raise_or_warn(self, counts: list[int], batch_size: int) -> None:

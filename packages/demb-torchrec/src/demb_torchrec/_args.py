@@ -84,7 +84,11 @@ def check_batch_args(
         raise ValueError(
             f"offsets: {offsets.numel()} entries; expected F * B + 1 with F={features} features"
         )
-    return indices.to(torch.int64), offsets.to(torch.int64), (offsets.numel() - 1) // features
+    return _int64(indices), _int64(offsets), (offsets.numel() - 1) // features
+
+
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int64 else t.to(torch.int64)
 
 
 def check_weight_args(

@@ -69,23 +69,40 @@ class TrainStep:
             g if g.dtype == torch.float32 and g.is_contiguous() else g.float().contiguous()
             for g in per_table
         ]
-        # One sync, on the flag, before the update is queued: the sums are short next to the
-        # update, so the host work after this call (autograd's own) runs beside the update.
-        if bad is not None and bool(bad):
-            raise ValueError(
-                "grads: the embedding gradients contain NaN or infinite values; no row was updated"
-            )
         steps = [s + 1 for s in m.steps]
-        apply_update(
-            m.optimizer,
-            m.value_buffers(),
-            self.slots,
-            reduced,
-            m.dims,
-            steps,
-            check=False,  # slots come from the table, gradients were checked above
-        )
+        values = m.value_buffers()
+        if bad is None or not bad.is_cuda:  # CPU kernels run in order: the flag first
+            if bad is not None and bool(bad):
+                _raise_nonfinite()
+            apply_update(m.optimizer, values, self.slots, reduced, m.dims, steps, check=False)
+        else:
+            # The flag goes to the host behind the sums and the update is queued behind it,
+            # skipped on the device when set; the host waits for the flag's copy only, so the
+            # update runs while autograd finishes its own host work.
+            flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            flag.copy_(bad, non_blocking=True)
+            copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            copied.record()
+            apply_update(
+                m.optimizer,
+                values,
+                self.slots,
+                reduced,
+                m.dims,
+                steps,
+                check=False,  # slots come from the table
+                skip=bad,
+            )
+            copied.synchronize()
+            if bool(flag):
+                _raise_nonfinite()
         m.steps[:] = steps  # in place: no nn.Module attribute set on the hot path
+
+
+def _raise_nonfinite() -> None:
+    raise ValueError(
+        "grads: the embedding gradients contain NaN or infinite values; no row was updated"
+    )
 
 
 class TrainedRows(torch.autograd.Function):

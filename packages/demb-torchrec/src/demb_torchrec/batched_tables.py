@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from demb_kernels.init_rows import init_new_rows
+from demb_kernels.init_rows import init_new_rows, new_rows_args
 from demb_kernels.lookup import (
     MAX_GATHER_TABLES,
     check_batch,
@@ -131,15 +131,14 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self.init_args = [o.initializer_args.complete(c.max_capacity) for o, c in pairs]
         self.eval_args = [o.eval_initializer_args.complete(c.max_capacity) for o, c in pairs]
         self.seeds = [table_seed(seed, t) for t in range(len(configs))]
-        self.init_specs = [
-            new_rows_spec(a, s) for a, s in zip(self.init_args, self.seeds, strict=True)
-        ]
         self.initial_states = [
             self.optimizer.initial_state(c.dim, c.dtype).float().to(self.device)
             if c.state_dim
             else None
             for c in configs
         ]
+        specs = [new_rows_spec(a, s) for a, s in zip(self.init_args, self.seeds, strict=True)]
+        self._new_rows = new_rows_args(self.dims, specs, self.initial_states)
         self.steps = [0] * len(configs)
         self.features_of_table = [
             [f for f, t in enumerate(ftm) if t == tt] for tt in range(len(configs))
@@ -152,7 +151,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
             and len(configs) <= MAX_GATHER_TABLES
         )
         self._trigger = torch.zeros((), device=self.device, requires_grad=True)
-        self._key_bits = 64  # dedup's first guess of the bits the keys differ in
+        self._key_bits = [64]  # dedup's first guess of the bits the keys differ in (a list:
+        # set in place on the hot path, no nn.Module attribute set)
 
     @property
     def num_tables(self) -> int:
@@ -208,9 +208,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
             self.num_tables,
             batch_size,
             frequency_counters,
-            self._key_bits,
+            self._key_bits[0],
         )
-        self._key_bits = batch.key_bits  # the next batch's keys likely span as many bits
+        self._key_bits[0] = batch.key_bits  # the next batch's keys likely span as many bits
         status: torch.Tensor | None = None
         missing: list[int] | None = None  # per table, keys without a slot (None: unknown)
         if self.training:
@@ -231,7 +231,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
         if status is not None:  # the forward's work is queued: failed inserts are counted now
             counts = status_count_tensor(status, batch.table_bounds)
             self.tables.record_failure_tensor(counts[1], int(status.numel()))
-        return out.to(self.output_dtype)
+        return out if out.dtype == self.output_dtype else out.to(self.output_dtype)
 
     def value_buffers(self) -> list[torch.Tensor]:
         """Per table, the ``(capacity, dim + state)`` value rows."""
@@ -241,7 +241,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
     def _split(self, batch: DedupedBatch, rows: torch.Tensor) -> list[torch.Tensor]:
         """Per table, the view of ``rows`` (one per unique key) holding that table's keys."""
         b = batch.table_bounds
-        return list(torch.split(rows, [b[t + 1] - b[t] for t in range(self.num_tables)]))
+        return list(rows.split_with_sizes([b[t + 1] - b[t] for t in range(len(b) - 1)]))
 
     def _eval_none(
         self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int
@@ -407,9 +407,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
             batch.keys,
             batch.tables,
             outcome.status,
-            self.dims,
-            self.init_specs,
-            self.initial_states,
+            self._new_rows,
         )
         return outcome.slots, outcome.status
 
