@@ -78,20 +78,9 @@ def expected(case: Case) -> list[torch.Tensor]:
     out = [v.clone() for v in case.values]
     for t, buf in enumerate(out):
         mine = new & (case.tables == t)
-        spec = case.specs[t]
+        spec = case.specs[t]._asdict()  # init_rows' keyword arguments
         init_rows(
-            buf,
-            case.slots[mine],
-            case.keys[mine],
-            case.dims[t],
-            seed=spec.seed,
-            mode=spec.mode,
-            mean=spec.mean,
-            std_dev=spec.std_dev,
-            lower=spec.lower,
-            upper=spec.upper,
-            value=spec.value,
-            state=case.states[t],
+            buf, case.slots[mine], case.keys[mine], case.dims[t], **spec, state=case.states[t]
         )
     return out
 

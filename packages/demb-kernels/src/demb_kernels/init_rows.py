@@ -94,7 +94,8 @@ def init_rows(
 
 
 class NewRowsSpec(NamedTuple):
-    """How one table's new rows are made (:func:`init_rows`' arguments of that name)."""
+    """How one table's new rows are made: :func:`init_rows`' keyword arguments of these names
+    (``init_rows(..., **spec._asdict())``)."""
 
     seed: int
     mode: str

@@ -172,22 +172,8 @@ def initialize_rows(
     Raises:
         TableConfigError: UNIFORM / TRUNCATED_NORMAL bounds not completed.
     """
-    spec = new_rows_spec(args, seed)
-    init_rows(
-        values,
-        slots,
-        keys,
-        dim,
-        seed=spec.seed,
-        mode=spec.mode,
-        mean=spec.mean,
-        std_dev=spec.std_dev,
-        lower=spec.lower,
-        upper=spec.upper,
-        value=spec.value,
-        state=state,
-        check=check,
-    )
+    spec = new_rows_spec(args, seed)._asdict()  # init_rows' keyword arguments
+    init_rows(values, slots, keys, dim, **spec, state=state, check=check)
 
 
 def new_rows_spec(args: InitializerArgs, seed: int) -> NewRowsSpec:
