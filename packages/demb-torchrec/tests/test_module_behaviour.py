@@ -50,6 +50,26 @@ def test_eval_inserts_nothing_and_reads_eval_initializer_args():
     torch.testing.assert_close(out, torch.tensor([[0.5] * 4, [-2.0] * 4]))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_eval_without_pooling_fills_missing_keys_and_checks_the_batch(device):
+    """The NONE eval path (no dedup; on CUDA the batch's checks run on a side stream)."""
+    minus_two = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=-2.0)
+    module = tables(mode=DynamicEmbPoolingMode.NONE, device=device, eval_initializer_args=minus_two)
+
+    def batch(*values):
+        return torch.tensor(values, device=device)
+
+    module(batch(1, 2), batch(0, 2))  # training: inserts 1 and 2
+    module.eval()
+    out = module(batch(1, 3, 2), batch(0, 1, 3))
+    assert keys_in(module) == [1, 2]
+    torch.testing.assert_close(out.cpu(), torch.tensor([[0.5] * 4, [-2.0] * 4, [0.5] * 4]))
+    with pytest.raises(ValueError, match="offsets: must start at 0, never decrease and end at 2"):
+        module(batch(1, 2), batch(0, 1))
+    with pytest.raises(ValueError, match="indices: contains -1"):
+        module(batch(1, -1), batch(0, 2))
+
+
 def test_eval_default_reads_zeros_for_missing_keys():
     module = tables()
     module.eval()
