@@ -1,8 +1,6 @@
 // A warp copying value rows to float32 output rows (lookup_rule.h's gather): device functions
 // only, shared by gather_table_rows and table_find_rows (kernels defined in a header would be
-// defined twice when two .cu files include it). Output rows are written with streaming stores
-// (__stcs, evict-first): they are not read again by these kernels, and the table rows and
-// buckets that hot keys read again stay in L2.
+// defined twice when two .cu files include it).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -59,7 +57,7 @@ __device__ __forceinline__ void warp_copy_rows4(const GatherTables& g, int64_t m
 #pragma unroll
   for (int r = 0; r < kGatherRows; ++r) {
     if (lane < quads && first + r < n) {
-      __stcs(reinterpret_cast<float4*>(out + (first + r) * dim) + lane, v[r]);
+      reinterpret_cast<float4*>(out + (first + r) * dim)[lane] = v[r];
     }
   }
 }
@@ -84,7 +82,7 @@ __device__ __forceinline__ void warp_copy_row(const GatherTables& g, int64_t s, 
 #pragma unroll
       for (int q = 0; q < kLookupPerLane; ++q) {
         const int64_t j = base + q * kLookupWarp;
-        if (j < quads) __stcs(reinterpret_cast<float4*>(row) + j, v[q]);
+        if (j < quads) reinterpret_cast<float4*>(row)[j] = v[q];
       }
     }
   } else {
@@ -98,7 +96,7 @@ __device__ __forceinline__ void warp_copy_row(const GatherTables& g, int64_t s, 
 #pragma unroll
       for (int q = 0; q < kLookupPerLane; ++q) {
         const int64_t j = base + q * kLookupWarp;
-        if (j < dim) __stcs(row + j, v[q]);
+        if (j < dim) row[j] = v[q];
       }
     }
   }

@@ -151,7 +151,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
             and len(configs) <= MAX_GATHER_TABLES
         )
         self._trigger = torch.zeros((), device=self.device, requires_grad=True)
-        self._side: torch.cuda.Stream | None = None  # eval's checks beside its lookup (CUDA)
         self._key_bits = [64]  # dedup's first guess of the bits the keys differ in (a list:
         # set in place on the hot path, no nn.Module attribute set)
 
@@ -250,18 +249,26 @@ class DynamicEmbeddingTables(torch.nn.Module):
         """An eval forward without pooling: every index found on its own (no dedup, nothing
         inserted, no score touched) and its row read straight from its table, its table taken
         from its feature, in one pass (:meth:`ScoredHashTable.find_batch_rows`); missing keys
-        read ``eval_initializer_args``. The batch's checks are read back (one sync): on a GPU
-        they run after the lookup is queued, on a side stream beside it; nothing they guard
-        changes a table."""
+        read ``eval_initializer_args``. The batch's checks are read back once (one sync): on a
+        GPU after the rest is queued (nothing they guard changes a table), on the CPU first
+        (its kernels run in order and would raise on a bad entry with their own message)."""
         n = indices.numel()
-        # On the CPU the checks come first (its kernels run in order and would raise on a bad
-        # entry with their own message); on a GPU the lookup is queued first.
-        tables = None if indices.is_cuda else self._checked_tables(indices, offsets, batch_size)
-        out, slots = self.tables.find_batch_rows(
-            indices, offsets, self._feature_tables, batch_size, self.dims[0]
+        features = len(self.feature_table_map)
+        gpu = indices.is_cuda
+
+        def find() -> tuple[torch.Tensor, torch.Tensor]:
+            return self.tables.find_batch_rows(
+                indices, offsets, self._feature_tables, batch_size, self.dims[0]
+            )
+
+        if gpu:  # the lookup first: the GPU starts it while the checks are queued
+            out, slots = find()
+        tables, checks = index_tables(
+            indices, offsets, self._feature_tables, self.num_tables, batch_size
         )
-        if tables is None:
-            tables = self._checked_tables(indices, offsets, batch_size)
+        if not gpu:
+            check_batch(checks, n, features)
+            out, slots = find()
         for t, args in enumerate(self.eval_args):
             if _is_zero(args) or not self.features_of_table[t]:
                 continue
@@ -269,33 +276,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 (slots < 0) & (tables == t), torch.arange(n, device=self.device), -1
             )
             initialize_rows(out, where, indices, self.dims[t], args, self.seeds[t], check=False)
+        if gpu:
+            check_batch(checks, n, features)
         return out
-
-    def _checked_tables(
-        self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int
-    ) -> torch.Tensor:
-        """``(N,)`` int64 table of each index, once the batch's checks are read back (ValueError
-        for a bad batch). On a GPU they run on a side stream: the read-back waits for them, not
-        for the work queued before them on the current stream."""
-        features = len(self.feature_table_map)
-        if not indices.is_cuda:
-            tables, checks = index_tables(
-                indices, offsets, self._feature_tables, self.num_tables, batch_size
-            )
-            check_batch(checks, indices.numel(), features)
-            return tables
-        current = torch.cuda.current_stream(self.device)
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        self._side.wait_stream(current)  # the batch is ready
-        with torch.cuda.stream(self._side):
-            tables, checks = index_tables(
-                indices, offsets, self._feature_tables, self.num_tables, batch_size
-            )
-            check_batch(checks, indices.numel(), features)  # its copy rides the side stream
-        tables.record_stream(current)  # used there by the eval fills
-        current.wait_stream(self._side)
-        return tables
 
     def _forward_none(self, batch: DedupedBatch, slots: torch.Tensor, grad: bool) -> torch.Tensor:
         """No pooling: each occurrence's row read straight from its table (one launch), and
