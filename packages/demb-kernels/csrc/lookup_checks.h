@@ -81,10 +81,13 @@ inline void check_segment_plan(const at::Tensor& starts, int64_t n) {
   TORCH_CHECK_VALUE(n >= 0, "n: ", n, " rows; must be >= 0");
 }
 
-// grads (N, D) float32; order (N,) int64; starts (U,) int64; plan, if given, segment_plan's
-// int64 array for (U, N); all on one device.
+// grads (R, D) float32; order (N,) int64; starts (U,) int64; plan, if given, segment_plan's
+// int64 array for (U, N); rows, if given, (N,) int64 (else R = N); scale, if given, (N,)
+// float32; all on one device.
 inline void check_segment_sum(const at::Tensor& grads, const at::Tensor& order,
-                              const at::Tensor& starts, const std::optional<at::Tensor>& plan) {
+                              const at::Tensor& starts, const std::optional<at::Tensor>& plan,
+                              const std::optional<at::Tensor>& rows,
+                              const std::optional<at::Tensor>& scale) {
   TORCH_CHECK_TYPE(grads.scalar_type() == at::kFloat, "grads must be float32, got ",
                    grads.scalar_type());
   TORCH_CHECK_VALUE(grads.dim() == 2, "grads must be (N, D), got ", grads.sizes());
@@ -95,17 +98,35 @@ inline void check_segment_sum(const at::Tensor& grads, const at::Tensor& order,
     TORCH_CHECK_VALUE(x.device() == grads.device(), name, " is on ", x.device(), ", grads on ",
                       grads.device());
   }
-  TORCH_CHECK_VALUE(order.numel() == grads.size(0), "order must have one entry per grads row, "
-                    "got ", order.numel(), " for ", grads.size(0));
+  const int64_t n = order.numel();
+  if (rows) {
+    TORCH_CHECK_TYPE(rows->scalar_type() == at::kLong, "rows must be int64, got ",
+                     rows->scalar_type());
+    TORCH_CHECK_VALUE(rows->dim() == 1 && rows->numel() == n, "rows must be (", n,
+                      ",), one grads row per entry of order; got ", rows->sizes());
+    TORCH_CHECK_VALUE(rows->device() == grads.device(), "rows is on ", rows->device(),
+                      ", grads on ", grads.device());
+  } else {
+    TORCH_CHECK_VALUE(n == grads.size(0), "order must have one entry per grads row, got ", n,
+                      " for ", grads.size(0));
+  }
+  if (scale) {
+    TORCH_CHECK_TYPE(scale->scalar_type() == at::kFloat, "scale must be float32, got ",
+                     scale->scalar_type());
+    TORCH_CHECK_VALUE(scale->dim() == 1 && scale->numel() == n, "scale must be (", n,
+                      ",), one factor per entry of order; got ", scale->sizes());
+    TORCH_CHECK_VALUE(scale->device() == grads.device(), "scale is on ", scale->device(),
+                      ", grads on ", grads.device());
+  }
   if (!plan) return;
-  const PlanLayout lay{starts.numel(), grads.size(0)};
+  const PlanLayout lay{starts.numel(), n};
   TORCH_CHECK_TYPE(plan->scalar_type() == at::kLong, "plan must be int64, got ",
                    plan->scalar_type());
   TORCH_CHECK_VALUE(plan->device() == grads.device(), "plan is on ", plan->device(),
                     ", grads on ", grads.device());
   TORCH_CHECK_VALUE(plan->dim() == 1 && plan->numel() == lay.size(), "plan must be (",
                     lay.size(), ",): segment_plan(starts, N) of these ", starts.numel(),
-                    " starts and N = ", grads.size(0), " rows; got ", plan->sizes());
+                    " starts and N = ", n, " rows; got ", plan->sizes());
 }
 
 }  // namespace demb

@@ -61,8 +61,8 @@ TORCH_LIBRARY(demb, m) {
       "int dim) -> Tensor");
   m.def("segment_plan(Tensor starts, int n) -> Tensor");
   m.def(
-      "segment_sum_rows(Tensor grads, Tensor order, Tensor starts, Tensor? plan=None) -> "
-      "(Tensor, Tensor)");
+      "segment_sum_rows(Tensor grads, Tensor order, Tensor starts, Tensor? plan=None, "
+      "Tensor? rows=None, Tensor? scale=None) -> (Tensor, Tensor)");
   m.def(
       "dedup_batch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size, Tensor? counters, int key_bits=64) -> (Tensor, Tensor, Tensor, Tensor, "

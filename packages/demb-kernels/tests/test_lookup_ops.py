@@ -99,6 +99,31 @@ def test_segment_sum_rows_matches_a_float64_sum(n, unique, d, seed):
     torch.testing.assert_close(got.to(torch.float64), want, rtol=1e-5, atol=1e-5)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 200),
+    unique=st.integers(1, 10),
+    r=st.integers(1, 40),
+    d=st.integers(1, 140),
+    which=st.sampled_from(["rows", "scale", "both"]),
+    seed=st.integers(0, 2**31),
+)
+def test_segment_sum_rows_of_scaled_rows_is_the_sum_of_their_products(n, unique, r, d, which, seed):
+    """Entry p adds scale[p] * grads[rows[p]]: bit for bit the sum of those products made
+    first (one float32 product each, then the same sums)."""
+    gen = torch.Generator().manual_seed(seed)
+    _, order, starts = segments_case(gen, n, unique, 1)
+    grads = torch.randn(r if which != "scale" else n, d, generator=gen)
+    rows = torch.randint(0, grads.shape[0], (n,), generator=gen) if which != "scale" else None
+    scale = torch.rand(n, generator=gen) * 4 - 2 if which != "rows" else None
+    products = grads if rows is None else grads[rows]
+    if scale is not None:
+        products = products * scale[:, None]
+    got, _ = segment_sum_rows(grads, order, starts, rows=rows, scale=scale)
+    want, _ = segment_sum_rows(products, order, starts)
+    assert torch.equal(got, want)
+
+
 def plan_reference(starts: list[int], n: int) -> tuple[list[int], list[tuple[int, int, int]]]:
     """Chunk offsets, then (first row, length, destination) per chunk, in plain Python."""
     offsets, chunks = [0], []
@@ -218,6 +243,15 @@ def test_bad_arguments_are_named():
         segment_sum_rows(torch.zeros(3, 2), torch.arange(3), torch.tensor([1]))
     with pytest.raises(ValueError, match="order: 5 is out of range"):
         segment_sum_rows(torch.zeros(3, 2), torch.tensor([0, 1, 5]), torch.tensor([0]))
+    two = (torch.zeros(4, 2), torch.arange(3), torch.tensor([0]))
+    with pytest.raises(ValueError, match="rows: 9 is out of range for 4 grads rows"):
+        segment_sum_rows(*two, rows=torch.tensor([0, 9, 1]))
+    with pytest.raises(ValueError, match=r"rows must be \(3,\)"):
+        segment_sum_rows(*two, rows=torch.tensor([0, 1]))
+    with pytest.raises(TypeError, match="scale must be float32"):
+        segment_sum_rows(*two, rows=torch.tensor([0, 1, 2]), scale=torch.ones(3).double())
+    with pytest.raises(ValueError, match="order must have one entry per grads row"):
+        segment_sum_rows(*two, scale=torch.ones(3))
 
 
 @pytest.mark.cuda
@@ -253,6 +287,20 @@ def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
         segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda(), plan=other)
     assert not cpu_bad
     assert not gpu_bad
+    # each entry a row of a smaller grads, scaled (a pooled output's gradient)
+    bag_grads = torch.randn(9_001, dim, generator=gen)
+    rows = torch.randint(0, 9_001, (60_000,), generator=gen)
+    scale = torch.rand(60_000, generator=gen) + 0.5
+    cpu_bags, _ = segment_sum_rows(bag_grads, order, starts, rows=rows, scale=scale)
+    gpu_bags, _ = segment_sum_rows(
+        bag_grads.cuda(), order.cuda(), starts.cuda(), plan=gpu_plan, rows=rows.cuda(),
+        scale=scale.cuda(),
+    )  # fmt: skip
+    assert torch.equal(gpu_bags.cpu(), cpu_bags)
+    only_rows, _ = segment_sum_rows(bag_grads.cuda(), order.cuda(), starts.cuda(), rows=rows.cuda())
+    assert torch.equal(only_rows.cpu(), segment_sum_rows(bag_grads, order, starts, rows=rows)[0])
+    with pytest.raises(ValueError, match="rows: out of range for 9001 grads rows"):
+        segment_sum_rows(bag_grads.cuda(), order.cuda(), starts.cuda(), rows=rows.cuda() + 9_000)
     # a NaN in a one-chunk segment, an infinity in the hot one: both flagged
     for row in (int(order[20_001]), int(order[5])):
         bad = grads.clone()

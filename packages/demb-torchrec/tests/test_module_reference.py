@@ -125,11 +125,29 @@ def test_module_matches_the_reference_on_cpu(spec, init, mode, dims, shared, wei
     run_steps(module, ref, gen, steps=4, weighted=weighted, key_range=6, max_bag=4, tol=1e-4)
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("mode", list(DynamicEmbPoolingMode))
+_POOLED = [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN]
+
+
+@pytest.mark.parametrize("mode", _POOLED)
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-clip{s.gradient_clipping}")
-def test_module_matches_the_reference_on_cuda(mode, spec):
-    dims = [8, 8] if mode is DynamicEmbPoolingMode.NONE else [8, 3]
+def test_pooled_tables_of_one_dim_match_the_reference_on_cpu(mode, spec):
+    """Pooled tables of one dim (their backward sums each key's bag gradients directly), a
+    feature sharing a table, weights with SUM."""
+    module, ref = build([6, 6, 6], [0, 1, 2, 0], mode, spec, INITS[0], "cpu")
+    gen = torch.Generator().manual_seed(5)
+    weighted = mode is DynamicEmbPoolingMode.SUM
+    run_steps(module, ref, gen, steps=4, weighted=weighted, key_range=12, max_bag=5, tol=1e-4)
+
+
+_CUDA_CASES = [(DynamicEmbPoolingMode.NONE, [8, 8])] + [
+    (m, d) for m in _POOLED for d in ([8, 8], [8, 3])
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("mode", "dims"), _CUDA_CASES, ids=lambda x: str(x))
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.kind}-clip{s.gradient_clipping}")
+def test_module_matches_the_reference_on_cuda(mode, dims, spec):
     module, ref = build(dims, [0, 1, 0], mode, spec, INITS[0], "cuda")
     gen = torch.Generator().manual_seed(3)
     weighted = mode is DynamicEmbPoolingMode.SUM

@@ -129,23 +129,33 @@ void check_plan_matches(const at::Tensor& plan_in, const at::Tensor& starts, int
   TORCH_CHECK_VALUE(same, "plan: not segment_plan(starts, ", n, ") of these starts");
 }
 
-std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(const at::Tensor& grads_in,
-                                                        const at::Tensor& order_in,
-                                                        const at::Tensor& starts_in,
-                                                        const std::optional<at::Tensor>& plan) {
-  check_segment_sum(grads_in, order_in, starts_in, plan);
+std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(
+    const at::Tensor& grads_in, const at::Tensor& order_in, const at::Tensor& starts_in,
+    const std::optional<at::Tensor>& plan, const std::optional<at::Tensor>& rows_in,
+    const std::optional<at::Tensor>& scale_in) {
+  check_segment_sum(grads_in, order_in, starts_in, plan, rows_in, scale_in);
   const at::Tensor grads = grads_in.contiguous();
   const at::Tensor order = order_in.contiguous();
   const at::Tensor starts = starts_in.contiguous();
-  const int64_t n = grads.size(0);
+  const at::Tensor rows_t = rows_in ? rows_in->contiguous() : at::Tensor();
+  const at::Tensor scale_t = scale_in ? scale_in->contiguous() : at::Tensor();
+  const int64_t n = order.numel();
+  const int64_t r = grads.size(0);
   const int64_t d = grads.size(1);
   const int64_t unique = starts.numel();
   const int64_t* ord = order.const_data_ptr<int64_t>();
   const int64_t* st = starts.const_data_ptr<int64_t>();
+  const int64_t* row_of = rows_in ? rows_t.const_data_ptr<int64_t>() : nullptr;
+  const float* scale = scale_in ? scale_t.const_data_ptr<float>() : nullptr;
   for (int64_t k = 0; k < n; ++k) {
     TORCH_CHECK_VALUE(ord[k] >= 0 && ord[k] < n, "order: ", ord[k], " is out of range for ", n,
-                      " rows");
+                      " entries");
+    if (row_of != nullptr) {
+      TORCH_CHECK_VALUE(row_of[k] >= 0 && row_of[k] < r, "rows: ", row_of[k],
+                        " is out of range for ", r, " grads rows");
+    }
   }
+  const bool scaled = row_of != nullptr || scale != nullptr;
   check_starts(st, unique, n);
   if (plan) check_plan_matches(*plan, starts, n);  // the chunks below are the plan's
   at::Tensor out = at::zeros({unique, d}, grads.options());
@@ -162,8 +172,14 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(const at::Tensor& grads_
         for (int64_t j = 0; j < d; ++j) acc[j] = 0.0f;
         const int64_t chunk_end = c + kSegmentChunk < stop ? c + kSegmentChunk : stop;
         for (int64_t k = c; k < chunk_end; ++k) {
-          const float* row = g + ord[k] * d;
-          for (int64_t j = 0; j < d; ++j) acc[j] += row[j];
+          const int64_t p = ord[k];
+          const float* row = g + (row_of != nullptr ? row_of[p] : p) * d;
+          if (scaled) {  // as the CUDA kernels: the product, then the sum (no contraction)
+            const float s = scale != nullptr ? scale[p] : 1.0f;
+            for (int64_t j = 0; j < d; ++j) acc[j] += s * row[j];
+          } else {
+            for (int64_t j = 0; j < d; ++j) acc[j] += row[j];
+          }
         }
         if (!alone) {
           for (int64_t j = 0; j < d; ++j) total[j] += partial[j];

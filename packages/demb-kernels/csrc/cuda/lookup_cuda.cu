@@ -99,20 +99,27 @@ at::Tensor segment_plan_cuda(const at::Tensor& starts_in, int64_t n) {
   return plan;
 }
 
-std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads_in,
-                                                         const at::Tensor& order_in,
-                                                         const at::Tensor& starts_in,
-                                                         const std::optional<at::Tensor>& plan_in) {
-  check_segment_sum(grads_in, order_in, starts_in, plan_in);
+std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
+    const at::Tensor& grads_in, const at::Tensor& order_in, const at::Tensor& starts_in,
+    const std::optional<at::Tensor>& plan_in, const std::optional<at::Tensor>& rows_in,
+    const std::optional<at::Tensor>& scale_in) {
+  check_segment_sum(grads_in, order_in, starts_in, plan_in, rows_in, scale_in);
   const c10::cuda::CUDAGuard guard(grads_in.device());
   const at::Tensor grads = grads_in.contiguous();
   const at::Tensor order = order_in.contiguous();
   const at::Tensor starts = starts_in.contiguous();
-  const int64_t n = grads.size(0);
+  const at::Tensor rows = rows_in ? rows_in->contiguous() : at::Tensor();
+  const at::Tensor scale = scale_in ? scale_in->contiguous() : at::Tensor();
+  const int64_t n = order.numel();
   const int64_t d = grads.size(1);
   const int64_t unique = starts.numel();
-  TORCH_CHECK_VALUE(n < std::numeric_limits<int32_t>::max(), "grads: ", n,
-                    " rows; segment_sum_rows on CUDA takes fewer than 2^31 - 1");
+  TORCH_CHECK_VALUE(n < std::numeric_limits<int32_t>::max() &&
+                        grads.size(0) < std::numeric_limits<int32_t>::max(),
+                    "grads: ", grads.size(0), " rows for ", n,
+                    " entries; segment_sum_rows on CUDA takes fewer than 2^31 - 1 of each");
+  const bool scaled = rows_in.has_value() || scale_in.has_value();
+  const cuda::RowSource src{rows_in ? rows.const_data_ptr<int64_t>() : nullptr,
+                            scale_in ? scale.const_data_ptr<float>() : nullptr};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor nonfinite = at::empty({}, grads.options().dtype(at::kBool));  // kernels set true
   C10_CUDA_CHECK(cudaMemsetAsync(nonfinite.data_ptr(), 0, sizeof(bool), stream));
@@ -133,20 +140,21 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads
   const int64_t max_chunks = lay.max_chunks();
   at::Tensor partial = at::empty({max_chunks, d}, grads.options());
   const bool vec4 = d % 4 == 0 && aligned16(grads.const_data_ptr());
-  const auto launch = [&](auto vec) {
+  const auto launch = [&](auto vec, auto with_scale) {
     constexpr bool kVec = decltype(vec)::value;
+    constexpr bool kScaled = decltype(with_scale)::value;
     if (kVec && d / 4 <= cuda::kLookupWarp) {  // rows of one float4 per lane: packed chunks
       const int64_t warps = (max_chunks + cuda::kSumChunks - 1) / cuda::kSumChunks;
-      cuda::segment_chunk_sums_packed_kernel<<<warp_blocks(warps),
-                                               cuda::kLookupThreads, 0, stream>>>(
-          grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), co + lay.begin(),
-          co + lay.len(), co + lay.dest(), co + unique, d, max_chunks, partial.data_ptr<float>(),
-          out.data_ptr<float>(), bad);
+      cuda::segment_chunk_sums_packed_kernel<kScaled>
+          <<<warp_blocks(warps), cuda::kLookupThreads, 0, stream>>>(
+              grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), src,
+              co + lay.begin(), co + lay.len(), co + lay.dest(), co + unique, d, max_chunks,
+              partial.data_ptr<float>(), out.data_ptr<float>(), bad);
     } else {
-      cuda::segment_chunk_sums_kernel<kVec>
+      cuda::segment_chunk_sums_kernel<kVec, kScaled>
           <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
-              grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), co + lay.begin(),
-              co + lay.len(), co + lay.dest(), co + unique, d, max_chunks,
+              grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), src,
+              co + lay.begin(), co + lay.len(), co + lay.dest(), co + unique, d, max_chunks,
               partial.data_ptr<float>(), out.data_ptr<float>(), bad);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -155,10 +163,17 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(const at::Tensor& grads
         partial.const_data_ptr<float>(), co, unique, d, out.data_ptr<float>(), bad);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  if (vec4) {
-    launch(std::true_type{});
+  const auto with_vec = [&](auto with_scale) {
+    if (vec4) {
+      launch(std::true_type{}, with_scale);
+    } else {
+      launch(std::false_type{}, with_scale);
+    }
+  };
+  if (scaled) {
+    with_vec(std::true_type{});
   } else {
-    launch(std::false_type{});
+    with_vec(std::false_type{});
   }
   return {out, nonfinite};
 }

@@ -64,20 +64,23 @@ struct RowAcc {
 #pragma unroll
     for (int q = 0; q < kParts; ++q) v[q] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  __device__ __forceinline__ void add(const float* __restrict__ r, int64_t col0, int64_t d) {
+  // Adds row r (times s when Scaled: the product, then the sum).
+  template <bool Scaled>
+  __device__ __forceinline__ void add(const float* __restrict__ r, int64_t col0, int64_t d,
+                                      float s) {
 #pragma unroll
     for (int q = 0; q < kParts; ++q) {
       const int64_t col = col0 + q * kLookupWarp;
       if constexpr (Vec4) {
         if (col < d / 4) {
           const float4 x = __ldg(reinterpret_cast<const float4*>(r) + col);
-          v[q].x += x.x;
-          v[q].y += x.y;
-          v[q].z += x.z;
-          v[q].w += x.w;
+          v[q].x += Scaled ? x.x * s : x.x;
+          v[q].y += Scaled ? x.y * s : x.y;
+          v[q].z += Scaled ? x.z * s : x.z;
+          v[q].w += Scaled ? x.w * s : x.w;
         }
       } else {
-        if (col < d) v[q].x += __ldg(r + col);
+        if (col < d) v[q].x += Scaled ? __ldg(r + col) * s : __ldg(r + col);
       }
     }
   }
@@ -144,12 +147,22 @@ __global__ void __launch_bounds__(kLookupThreads)
   }
 }
 
+// Where entry p of `order` takes its grads row and factor: row rows[p] (rows null: row p) times
+// scale[p] (scale null: 1). Kernels templated on Scaled = false ignore it (row p, no product).
+struct RowSource {
+  const int64_t* rows;
+  const float* scale;
+  __device__ __forceinline__ int64_t row(int64_t p) const { return rows ? rows[p] : p; }
+  __device__ __forceinline__ float factor(int64_t p) const { return scale ? scale[p] : 1.0f; }
+};
+
 // Pass 1: chunk c summed in k order into partial[c], or straight into out[u] when its segment
 // is one chunk (then a NaN or infinity in it sets *nonfinite). One warp per chunk: its row
 // numbers read by the lanes at once, then its rows added in order (passed round by shuffles).
-template <bool Vec4>
+template <bool Vec4, bool Scaled>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_chunk_sums_kernel(const float* __restrict__ grads, const int64_t* __restrict__ order,
+                              RowSource src,
                               const int64_t* __restrict__ chunk_begin,
                               const int64_t* __restrict__ chunk_len,
                               const int64_t* __restrict__ chunk_dest,
@@ -164,7 +177,9 @@ __global__ void __launch_bounds__(kLookupThreads)
   const int len = static_cast<int>(chunk_len[c]);
   const int64_t dest = chunk_dest[c];
   float* dst = dest >= 0 ? out + dest * d : partial + (~dest) * d;
-  const int64_t my_row = lane < len ? order[b + lane] : 0;
+  const int64_t my_entry = lane < len ? order[b + lane] : 0;
+  const int64_t my_row = Scaled && lane < len ? src.row(my_entry) : my_entry;
+  const float my_scale = Scaled && lane < len ? src.factor(my_entry) : 1.0f;
   const int64_t cols = Vec4 ? d / 4 : d;
   for (int64_t base = 0; base < cols; base += RowAcc<Vec4>::kStep) {
     RowAcc<Vec4> acc;
@@ -172,7 +187,8 @@ __global__ void __launch_bounds__(kLookupThreads)
 #pragma unroll 4
     for (int r = 0; r < len; ++r) {
       const int64_t row = __shfl_sync(kAll, my_row, r);
-      acc.add(grads + row * d, base + lane, d);
+      const float s = Scaled ? __shfl_sync(kAll, my_scale, r) : 1.0f;
+      acc.template add<Scaled>(grads + row * d, base + lane, d, s);
     }
     acc.store(dst, base + lane, d);
     if (__any_sync(kAll, dest >= 0 && acc.nonfinite(base + lane, d)) && lane == 0) {
@@ -189,9 +205,10 @@ constexpr int kSumChunks = 2;
 // Pass 1 when a row is one float4 per lane (d <= 128, 16-byte aligned): a warp sums
 // kSumChunks consecutive chunks together, one row of each in flight at a time, in the same
 // order per chunk as segment_chunk_sums_kernel (so the same floats).
+template <bool Scaled>
 __global__ void __launch_bounds__(kLookupThreads, 8)
     segment_chunk_sums_packed_kernel(const float* __restrict__ grads,
-                                     const int64_t* __restrict__ order,
+                                     const int64_t* __restrict__ order, RowSource src,
                                      const int64_t* __restrict__ chunk_begin,
                                      const int64_t* __restrict__ chunk_len,
                                      const int64_t* __restrict__ chunk_dest,
@@ -208,6 +225,7 @@ __global__ void __launch_bounds__(kLookupThreads, 8)
   const int quads = static_cast<int>(d / 4);
   int len[kSumChunks];
   int32_t my_row[kSumChunks];
+  float my_scale[kSumChunks];
   int longest = 0;
 #pragma unroll
   for (int c = 0; c < kSumChunks; ++c) {
@@ -215,7 +233,9 @@ __global__ void __launch_bounds__(kLookupThreads, 8)
     const bool ok = cc < total;
     const int64_t b = ok ? chunk_begin[cc] : 0;
     len[c] = ok ? static_cast<int>(chunk_len[cc]) : 0;
-    my_row[c] = lane < len[c] ? static_cast<int32_t>(order[b + lane]) : 0;
+    const int64_t entry = lane < len[c] ? order[b + lane] : 0;
+    my_row[c] = static_cast<int32_t>(Scaled && lane < len[c] ? src.row(entry) : entry);
+    my_scale[c] = Scaled && lane < len[c] ? src.factor(entry) : 1.0f;
     longest = len[c] > longest ? len[c] : longest;
   }
   float4 acc[kSumChunks];
@@ -226,12 +246,13 @@ __global__ void __launch_bounds__(kLookupThreads, 8)
 #pragma unroll
     for (int c = 0; c < kSumChunks; ++c) {
       const int32_t row = __shfl_sync(kAll, my_row[c], r);
+      const float s = Scaled ? __shfl_sync(kAll, my_scale[c], r) : 1.0f;
       if (r < len[c] && lane < quads) {
         const float4 x = __ldg(rows + static_cast<int64_t>(row) * quads + lane);
-        acc[c].x += x.x;
-        acc[c].y += x.y;
-        acc[c].z += x.z;
-        acc[c].w += x.w;
+        acc[c].x += Scaled ? x.x * s : x.x;
+        acc[c].y += Scaled ? x.y * s : x.y;
+        acc[c].z += Scaled ? x.z * s : x.z;
+        acc[c].w += Scaled ? x.w * s : x.w;
       }
     }
   }
@@ -276,7 +297,9 @@ __global__ void __launch_bounds__(kLookupThreads)
     for (int64_t base = 0; base < cols; base += RowAcc<Vec4>::kStep) {
       RowAcc<Vec4> acc;
       acc.zero();
-      for (int64_t c = from; c < to; ++c) acc.add(partial + c * d, base + lane, d);
+      for (int64_t c = from; c < to; ++c) {
+        acc.template add<false>(partial + c * d, base + lane, d, 1.0f);
+      }
       acc.store(out + (first + j) * d, base + lane, d);
       if (__any_sync(kAll, acc.nonfinite(base + lane, d)) && lane == 0) *nonfinite = true;
     }

@@ -236,40 +236,51 @@ def segment_sum_rows(
     *,
     plan: torch.Tensor | None = None,
     check: bool = True,
+    rows: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``out[u]`` = the sum of ``grads[order[k]]`` for ``k`` in ``[starts[u], starts[u + 1])``
-    (the last segment ends at ``N``), in chunks of :data:`SEGMENT_CHUNK` rows.
+    (the last segment ends at ``N``), in chunks of :data:`SEGMENT_CHUNK` rows. With ``rows``
+    and/or ``scale``, entry ``p = order[k]`` adds ``scale[p] * grads[rows[p]]`` instead (the
+    product in float32, then the sum): a pooled output's gradient summed per unique key
+    (``rows[p]``: the bag of occurrence ``p``; ``scale[p]``: its weight, or ``1 / bag size``
+    for MEAN).
 
     Args:
-        grads: ``(N, D)`` float32.
-        order: ``(N,)`` int64 a permutation of the rows (grouped by segment).
+        grads: ``(N, D)`` float32, or ``(R, D)`` with ``rows``.
+        order: ``(N,)`` int64 a permutation of ``[0, N)`` (grouped by segment).
         starts: ``(U,)`` int64 segment starts in ``order``: 0 first, never decreasing.
         plan: :func:`segment_plan` ``(starts, N)`` made ahead (default: made here). The CPU
             kernel checks that it is; on CUDA ``check`` does (:func:`plan_differs`), and
             unchecked only its size is.
-        check: on CUDA, check ``order`` and ``starts`` first (one sync); the CPU kernel always
-            checks.
+        check: on CUDA, check ``order``, ``starts`` and ``rows`` first (one sync); the CPU
+            kernel always checks.
+        rows: ``(N,)`` int64 the ``grads`` row of each entry (default: the entry's own).
+        scale: ``(N,)`` float32 each entry's factor (default 1).
 
     Returns:
         ``(U, D)`` float32 sums, and a ``()`` bool on their device (no sync): whether any sum
         is NaN or infinite.
     """
     if check and grads.device.type != "cpu" and starts.numel():
-        n = grads.shape[0]
+        n = order.numel()
+        no = torch.zeros((), dtype=torch.bool, device=grads.device)
         checks = [
             ((order < 0) | (order >= n)).any(),
             (starts[0] != 0) | (starts.diff() < 0).any() | (starts[-1] > n),
+            no if plan is None else plan_differs(plan, starts, n),
+            no if rows is None else ((rows < 0) | (rows >= grads.shape[0])).any(),
         ]
-        if plan is not None:
-            checks.append(plan_differs(plan, starts, n))
         flags = torch.stack(checks).tolist()
         if flags[0]:
-            raise ValueError(f"order: out of range for {n} rows")
+            raise ValueError(f"order: out of range for {n} entries")
         if flags[1]:
             raise ValueError(f"starts: must begin at 0, never decrease and stay <= {n}")
-        if plan is not None and flags[2]:
+        if flags[2]:
             raise ValueError(f"plan: not segment_plan(starts, {n}) of these starts")
-    out, nonfinite = torch.ops.demb.segment_sum_rows(grads, order, starts, plan)
+        if flags[3]:
+            raise ValueError(f"rows: out of range for {grads.shape[0]} grads rows")
+    out, nonfinite = torch.ops.demb.segment_sum_rows(grads, order, starts, plan, rows, scale)
     return out, nonfinite
 
 
@@ -297,6 +308,8 @@ def _segment_sum_rows_fake(
     order: torch.Tensor,
     starts: torch.Tensor,
     plan: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     flag = grads.new_empty((), dtype=torch.bool)
     return grads.new_empty((starts.shape[0], grads.shape[1])), flag

@@ -12,7 +12,7 @@ from torch.nn import functional
 
 from demb_torchrec.options import DynamicEmbPoolingMode
 
-__all__ = ["pool", "pool_uniform"]
+__all__ = ["bag_rows", "pool", "pool_uniform"]
 
 _BAG_MODE = {DynamicEmbPoolingMode.SUM: "sum", DynamicEmbPoolingMode.MEAN: "mean"}
 
@@ -91,3 +91,33 @@ def pool_uniform(
     )
     dim = rows.shape[1]
     return bags.view(features, batch_size, dim).transpose(0, 1).reshape(batch_size, -1)
+
+
+def bag_rows(
+    offsets: torch.Tensor,
+    batch_size: int,
+    features: int,
+    n: int,
+    mode: DynamicEmbPoolingMode,
+    weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Where each index's gradient comes from in :func:`pool_uniform`'s output: the row of its
+    bag in the output seen as ``(B * F, D)`` (bag ``j = f * B + b`` is row ``b * F + f``), and
+    the factor of that bag's gradient (its weight; ``1 / size`` for MEAN; None: 1).
+
+    Args:
+        offsets: ``(F * B + 1,)`` int64 bag offsets.
+        batch_size: ``B``; features: ``F``; n: ``N`` indices.
+        mode: SUM or MEAN.
+        weights: ``(N,)`` float32 SUM weights or None.
+
+    Returns:
+        ``(N,)`` int64 rows and ``(N,)`` float32 factors (or None).
+    """
+    at = torch.arange(n, device=offsets.device)
+    bag = (torch.searchsorted(offsets, at, right=True) - 1).clamp_(0, features * batch_size - 1)
+    rows = (bag % batch_size) * features + bag // batch_size
+    if mode is DynamicEmbPoolingMode.MEAN:
+        sizes = offsets.diff().clamp_min(1).to(torch.float32)
+        return rows, (1.0 / sizes)[bag]
+    return rows, weights

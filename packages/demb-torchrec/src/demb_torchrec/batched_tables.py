@@ -41,7 +41,7 @@ from torch.nn import functional
 from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_spec, resolve_device
 from demb_torchrec._autograd import Reduced, TrainStep, trained_rows
 from demb_torchrec._dedup import DedupedBatch, dedup
-from demb_torchrec._pooling import pool, pool_uniform
+from demb_torchrec._pooling import bag_rows, pool, pool_uniform
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
 __all__ = ["BatchedDynamicEmbeddingTablesV2", "DynamicEmbeddingTables"]
@@ -330,6 +330,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
             step = TrainStep(self, [occurrences], self._split(batch, slots), reduce_occurrences)
             (whole,) = trained_rows(self._trigger, step)
             index = None
+        elif grad and self.pooling_mode is not _NONE:
+            return self._pooled_trained(batch, slots, whole, offsets, batch_size, weights)
         elif grad:
             step = TrainStep(
                 self,
@@ -339,6 +341,40 @@ class DynamicEmbeddingTables(torch.nn.Module):
             )
             (whole,) = trained_rows(self._trigger, step)
         return pool_uniform(whole, index, offsets, batch_size, features, self.pooling_mode, weights)
+
+    def _pooled_trained(
+        self,
+        batch: DedupedBatch,
+        slots: torch.Tensor,
+        whole: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """SUM / MEAN over one dim, trained: the bags pooled outside autograd, and in backward
+        each key's gradient summed straight from its bags' output gradients (scaled by weight,
+        or by ``1 / bag size`` for MEAN) in the dedup's order, as the NONE path sums its rows:
+        no ``(U, D)`` gradient of the pooling and no sort in backward."""
+        features = len(self.feature_table_map)
+        n, dim = batch.order.numel(), whole.shape[1]
+        with torch.no_grad():
+            out = pool_uniform(
+                whole, batch.inverse, offsets, batch_size, features, self.pooling_mode, weights
+            )
+        rows, scale = bag_rows(offsets, batch_size, features, n, self.pooling_mode, weights)
+        plan = segment_plan(batch.starts, n) if batch.starts.is_cuda else None
+
+        def per_key(g: Sequence[torch.Tensor]) -> Reduced:
+            bags = g[0].reshape(batch_size * features, dim)
+            summed, bad = segment_sum_rows(
+                bags, batch.order, batch.starts, plan=plan, check=False, rows=rows, scale=scale
+            )
+            return self._split(batch, summed), [bad]
+
+        (out,) = trained_rows(
+            self._trigger, TrainStep(self, [out], self._split(batch, slots), per_key)
+        )
+        return out
 
     def _forward_mixed(
         self,
