@@ -16,6 +16,8 @@
 namespace demb {
 namespace {
 
+constexpr int64_t kUpdatePrefetchAhead = 8;  // rows optimizer_update asks memory for in advance
+
 // sum(g^2) over a row in the CUDA warp's order (optimizer_rule.h, kRowwiseLanes): lane l sums
 // g[l], g[l + 32], ...; then lanes l and l + h are added for h = 16, 8, 4, 2, 1.
 float rowwise_sum_sq(const float* g, int64_t dim) {
@@ -55,10 +57,18 @@ void update_rows(const OptimizerParams& o, T* values, int64_t width, int64_t row
   const float bias1 = K == OptimizerKind::kAdam ? adam_bias(o.beta1, step) : 1.0f;
   const float bias2 = K == OptimizerKind::kAdam ? adam_bias(o.beta2, step) : 1.0f;
   const int64_t state_width = width - dim;
+  const int64_t row_bytes = width * static_cast<int64_t>(sizeof(T));
   at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
     std::vector<float> w(static_cast<size_t>(dim));
     std::vector<float> s(static_cast<size_t>(state_width));
     for (int64_t i = begin; i < end; ++i) {
+      // Rows are scattered over big tables: ask for row i + kPrefetchAhead's cache lines now
+      // (for writing), so that the update does not wait on memory row after row.
+      if (i + kUpdatePrefetchAhead < end && slots[i + kUpdatePrefetchAhead] >= 0) {
+        const auto* ahead =
+            reinterpret_cast<const char*>(values + slots[i + kUpdatePrefetchAhead] * width);
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b, 1);
+      }
       const int64_t slot = slots[i];
       if (slot < 0) continue;
       T* row = values + slot * width;
