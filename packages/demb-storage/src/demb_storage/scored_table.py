@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import torch
 from demb_kernels import table as ops
@@ -23,50 +22,12 @@ from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 
 from demb_storage._errors import InsertFailedError, TableConfigError
+from demb_storage._outcomes import EvictedRows, InsertOutcome, TableExport
 from demb_storage.options import SafeCheckMode, TableConfig
 
 __all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
 
 _TIME_POLICIES = (ScorePolicy.TIMESTAMP, ScorePolicy.NO_EVICTION, ScorePolicy.TIMESTAMP_LFU)
-
-
-class EvictedRows(NamedTuple):
-    """Keys a batch evicted, each reported once, with what they held."""
-
-    keys: torch.Tensor
-    """``(m,)`` int64."""
-    table_ids: torch.Tensor
-    """``(m,)`` int64."""
-    scores: torch.Tensor
-    """``(m, W)`` int64 index score words ``[word 0, word 1]``."""
-    slots: torch.Tensor
-    """``(m,)`` int64 the freed slots (now holding the keys that evicted them)."""
-    values: list[torch.Tensor]
-    """Per table, ``(m_t, width_t)`` the evicted rows, in the order of this table's entries."""
-
-
-class InsertOutcome(NamedTuple):
-    """Result of :meth:`ScoredHashTable.find_or_insert`."""
-
-    slots: torch.Tensor
-    """``(N,)`` int64 table-local slot of each key, -1 if it could not be inserted."""
-    status: torch.Tensor
-    """``(N,)`` int64 :class:`demb_kernels.table.InsertStatus`."""
-    evicted: EvictedRows | None
-    """The evictions, when asked for (``return_evicted=True``)."""
-
-
-class TableExport(NamedTuple):
-    """Occupied slots of one table (see :meth:`ScoredHashTable.export`)."""
-
-    keys: torch.Tensor
-    """``(n,)`` int64."""
-    scores: torch.Tensor
-    """``(n, C)`` int64 score columns in the table's ``score_strategy`` order."""
-    slots: torch.Tensor
-    """``(n,)`` int64."""
-    values: torch.Tensor
-    """``(n, width)`` the rows."""
 
 
 _ONE_HOT_TABLES = 64
@@ -501,24 +462,13 @@ class ScoredHashTable:
             per_table = torch.zeros_like(self.failed_inserts).index_add_(
                 0, table_ids, failed.to(torch.int64)
             )
-        self.failed_inserts += per_table  # no sync: IGNORE tables pay nothing more
-        if all(c.safe_check_mode is SafeCheckMode.IGNORE for c in self.configs):
-            return
-        self._raise_or_warn(per_table.tolist(), int(status.numel()))
+        self.record_failures(per_table, int(status.numel()))
 
-    def record_failures(self, per_table: Sequence[int], batch_size: int) -> None:
+    def record_failures(self, per_table: torch.Tensor, batch_size: int) -> None:
         """Account the failed inserts of a ``find_or_insert(count_failures=False)`` batch that
-        the caller counted per table (host ints), as that call would have: add them to
-        :attr:`failed_inserts`, then raise / warn per the tables' safe-check modes."""
-        if not any(per_table):
-            return
-        self.failed_inserts += torch.tensor(list(per_table), device=self.device)
-        self._raise_or_warn(list(per_table), batch_size)
-
-    def record_failure_tensor(self, per_table: torch.Tensor, batch_size: int) -> None:
-        """:meth:`record_failures` with the counts on the index device: ``(T,)`` int64. They
-        are added there (no sync); they are read back only when a table's safe-check mode is
-        not IGNORE."""
+        the caller counted per table, as that call would have: ``(T,)`` int64 counts on the
+        index device, added to :attr:`failed_inserts` there (no sync: IGNORE tables pay nothing
+        more), then read back to raise / warn per the tables' safe-check modes."""
         self.failed_inserts += per_table
         if self._checks_failures:
             self._raise_or_warn(per_table.tolist(), batch_size)
