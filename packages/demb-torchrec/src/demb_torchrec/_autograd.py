@@ -13,10 +13,20 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
-from demb_optim import OptimizerSpec, apply_update, nonfinite
+from demb_kernels.lookup import segment_plan, segment_sum_rows
+from demb_optim import OptimizerSpec, apply_update, clip_gradient, nonfinite
 from torch.autograd.function import FunctionCtx
 
-__all__ = ["Reduced", "TrainStep", "TrainedRows", "Updatable", "trained_rows"]
+from demb_torchrec._dedup import DedupedBatch
+
+__all__ = [
+    "Reduced",
+    "TrainStep",
+    "TrainedRows",
+    "Updatable",
+    "summed_per_key",
+    "trained_rows",
+]
 
 Reduced = tuple[list[torch.Tensor], list[torch.Tensor]]
 """Per table ``(U_t, D_t)`` summed gradients, and what to check for NaN/inf: tensors that hold
@@ -125,3 +135,41 @@ def trained_rows(trigger: torch.Tensor, step: TrainStep) -> tuple[torch.Tensor, 
     """``step.rows`` wired to the update (``TrainedRows.apply`` with types)."""
     out: tuple[torch.Tensor, ...] = TrainedRows.apply(trigger, step)  # type: ignore[no-untyped-call]
     return out
+
+
+def summed_per_key(
+    module: Updatable,
+    trigger: torch.Tensor,
+    batch: DedupedBatch,
+    slots: torch.Tensor,
+    out: torch.Tensor,
+    dim: int,
+    rows: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``out`` wired to the update: its backward sums each key's gradient rows in the dedup's
+    sorted order (:func:`segment_sum_rows`): the rows of ``out``, one per occurrence (clipped
+    first when the optimizer clips), or, with ``rows`` / ``scale``, the rows of a pooled
+    ``out`` seen as ``(B * F, dim)``, each occurrence's bag times its factor. On a GPU the
+    sum's chunks are planned now, queued behind the forward's work (the CPU kernel would only
+    check a plan: it cuts the chunks as it sums).
+
+    Args:
+        module: the tables; trigger: the zero-size tensor that requires grad.
+        batch: the deduplicated batch; slots: ``(U,)`` int64 slot of each unique key.
+        out: the forward's output; dim: the tables' dim.
+        rows, scale: as :func:`segment_sum_rows` takes them.
+    """
+    plan = segment_plan(batch.starts, batch.order.numel()) if batch.starts.is_cuda else None
+
+    def per_key(g: Sequence[torch.Tensor]) -> Reduced:
+        grads = g[0].reshape(-1, dim)
+        if rows is None:
+            grads = clip_gradient(module.optimizer, grads)
+        summed, bad = segment_sum_rows(
+            grads, batch.order, batch.starts, plan=plan, check=False, rows=rows, scale=scale
+        )
+        return batch.per_table(summed), [bad]
+
+    (wired,) = trained_rows(trigger, TrainStep(module, [out], batch.per_table(slots), per_key))
+    return wired

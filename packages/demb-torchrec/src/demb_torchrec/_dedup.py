@@ -34,6 +34,20 @@ class DedupedBatch(NamedTuple):
     """A ``key_bits`` guess for the next batch: the low bits this batch's keys differ in,
     rounded up to whole radix passes of 8 bits."""
 
+    def per_table(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Per table, the view of ``rows`` (one per unique key, in :attr:`keys`' order) that
+        holds that table's keys."""
+        b = self.table_bounds
+        return list(rows.split_with_sizes([b[t + 1] - b[t] for t in range(len(b) - 1)]))
+
+    def count_per_table(self, mask: torch.Tensor) -> list[int]:
+        """How many of each table's unique keys the ``(U,)`` bool ``mask`` holds (one sync; no
+        atomics: the keys are grouped by table)."""
+        ends = torch.tensor(self.table_bounds, device=mask.device)
+        through = torch.cat([mask.new_zeros(1, dtype=torch.int64), torch.cumsum(mask, 0)])
+        host: list[int] = through[ends].tolist()
+        return [host[t + 1] - host[t] for t in range(len(host) - 1)]
+
 
 def dedup(
     indices: torch.Tensor,

@@ -22,11 +22,9 @@ from demb_kernels.lookup import (
     check_batch,
     gather_table_rows,
     index_tables,
-    segment_plan,
-    segment_sum_rows,
     status_count_tensor,
 )
-from demb_optim import clip_gradient, reduce_gradients
+from demb_optim import reduce_gradients
 from demb_storage import (
     InitializerArgs,
     InitializerMode,
@@ -39,7 +37,7 @@ from demb_storage import (
 from torch.nn import functional
 
 from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_spec, resolve_device
-from demb_torchrec._autograd import Reduced, TrainStep, trained_rows
+from demb_torchrec._autograd import Reduced, TrainStep, summed_per_key, trained_rows
 from demb_torchrec._dedup import DedupedBatch, dedup
 from demb_torchrec._pooling import bag_rows, pool, pool_uniform
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
@@ -230,7 +228,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 out = self._forward_mixed(batch, slots, rows, grad, args, pooling_weights)
         if status is not None:  # the forward's work is queued: failed inserts are counted now
             counts = status_count_tensor(status, batch.table_bounds)
-            self.tables.record_failure_tensor(counts[1], int(status.numel()))
+            self.tables.record_failures(counts[1], int(status.numel()))
         return out if out.dtype == self.output_dtype else out.to(self.output_dtype)
 
     def value_buffers(self) -> list[torch.Tensor]:
@@ -238,11 +236,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
         return self.tables.values
 
     # ------------------------------------------------------------------------------ internals
-    def _split(self, batch: DedupedBatch, rows: torch.Tensor) -> list[torch.Tensor]:
-        """Per table, the view of ``rows`` (one per unique key) holding that table's keys."""
-        b = batch.table_bounds
-        return list(rows.split_with_sizes([b[t + 1] - b[t] for t in range(len(b) - 1)]))
-
     def _eval_none(
         self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int
     ) -> torch.Tensor:
@@ -282,29 +275,13 @@ class DynamicEmbeddingTables(torch.nn.Module):
 
     def _forward_none(self, batch: DedupedBatch, slots: torch.Tensor, grad: bool) -> torch.Tensor:
         """No pooling: each occurrence's row read straight from its table (one launch), and
-        in backward each key's occurrence gradients summed in the dedup's sorted order (the
-        sum's chunks planned here, behind the gather)."""
+        in backward each key's occurrence gradients summed in the dedup's sorted order."""
         out = gather_table_rows(
             self.tables.values, slots, batch.tables, batch.inverse, self.dims[0], check=False
         )
         if not grad:
             return out
-        # On a GPU the sum's chunks are planned now, queued behind the gather (the CPU kernel
-        # would only check a plan: it cuts the chunks as it sums).
-        n = batch.order.numel()
-        plan = segment_plan(batch.starts, n) if batch.starts.is_cuda else None
-
-        def per_key(g: Sequence[torch.Tensor]) -> Reduced:
-            clipped = clip_gradient(self.optimizer, g[0])
-            summed, bad = segment_sum_rows(
-                clipped, batch.order, batch.starts, plan=plan, check=False
-            )
-            return self._split(batch, summed), [bad]
-
-        (out,) = trained_rows(
-            self._trigger, TrainStep(self, [out], self._split(batch, slots), per_key)
-        )
-        return out
+        return summed_per_key(self, self._trigger, batch, slots, out, self.dims[0])
 
     def _forward_uniform(
         self,
@@ -325,9 +302,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
 
             def reduce_occurrences(g: Sequence[torch.Tensor]) -> Reduced:
                 summed = reduce_gradients(self.optimizer, g[0], batch.inverse, unique)
-                return self._split(batch, summed), [summed]
+                return batch.per_table(summed), [summed]
 
-            step = TrainStep(self, [occurrences], self._split(batch, slots), reduce_occurrences)
+            step = TrainStep(self, [occurrences], batch.per_table(slots), reduce_occurrences)
             (whole,) = trained_rows(self._trigger, step)
             index = None
         elif grad and self.pooling_mode is not _NONE:
@@ -336,8 +313,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
             step = TrainStep(
                 self,
                 [whole],
-                self._split(batch, slots),
-                lambda g: (self._split(batch, g[0]), [g[0]]),
+                batch.per_table(slots),
+                lambda g: (batch.per_table(g[0]), [g[0]]),
             )
             (whole,) = trained_rows(self._trigger, step)
         return pool_uniform(whole, index, offsets, batch_size, features, self.pooling_mode, weights)
@@ -356,25 +333,13 @@ class DynamicEmbeddingTables(torch.nn.Module):
         or by ``1 / bag size`` for MEAN) in the dedup's order, as the NONE path sums its rows:
         no ``(U, D)`` gradient of the pooling and no sort in backward."""
         features = len(self.feature_table_map)
-        n, dim = batch.order.numel(), whole.shape[1]
         with torch.no_grad():
             out = pool_uniform(
                 whole, batch.inverse, offsets, batch_size, features, self.pooling_mode, weights
             )
+        n = batch.order.numel()
         rows, scale = bag_rows(offsets, batch_size, features, n, self.pooling_mode, weights)
-        plan = segment_plan(batch.starts, n) if batch.starts.is_cuda else None
-
-        def per_key(g: Sequence[torch.Tensor]) -> Reduced:
-            bags = g[0].reshape(batch_size * features, dim)
-            summed, bad = segment_sum_rows(
-                bags, batch.order, batch.starts, plan=plan, check=False, rows=rows, scale=scale
-            )
-            return self._split(batch, summed), [bad]
-
-        (out,) = trained_rows(
-            self._trigger, TrainStep(self, [out], self._split(batch, slots), per_key)
-        )
-        return out
+        return summed_per_key(self, self._trigger, batch, slots, out, whole.shape[1], rows, scale)
 
     def _forward_mixed(
         self,
@@ -411,11 +376,11 @@ class DynamicEmbeddingTables(torch.nn.Module):
                     summed.append(reduce_gradients(self.optimizer, occ, at, count))
                 return summed, summed
 
-            step = TrainStep(self, per_feature, self._split(batch, slots), reduce_occurrences)
+            step = TrainStep(self, per_feature, batch.per_table(slots), reduce_occurrences)
             sources = list(trained_rows(self._trigger, step))
             local = [torch.arange(s.shape[0], device=self.device) for s in sources]
         elif grad:
-            step = TrainStep(self, rows, self._split(batch, slots), lambda g: (list(g), list(g)))
+            step = TrainStep(self, rows, batch.per_table(slots), lambda g: (list(g), list(g)))
             outs = trained_rows(self._trigger, step)
             sources = [outs[t] for t in ftm]
         return pool(sources, local, offsets, batch_size, bounds, self.pooling_mode, weights)
@@ -461,18 +426,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
 
     def _find(self, batch: DedupedBatch) -> tuple[torch.Tensor, list[int]]:
         slots = self.tables.find(batch.keys, batch.tables, check=False)
-        return slots, self._per_table(batch, slots < 0)[0]
-
-    def _per_table(self, batch: DedupedBatch, *masks: torch.Tensor) -> list[list[int]]:
-        """For each ``(U,)`` bool mask, how many of each table's unique keys it holds (one
-        sync for all masks; no atomics: the keys are grouped by table)."""
-        ends = torch.tensor(batch.table_bounds, device=self.device)
-        cols = []
-        for mask in masks:
-            through = torch.cat([mask.new_zeros(1, dtype=torch.int64), torch.cumsum(mask, 0)])
-            cols.append(through[ends])
-        host = torch.stack(cols).tolist()
-        return [[row[t + 1] - row[t] for t in range(self.num_tables)] for row in host]
+        return slots, batch.count_per_table(slots < 0)
 
     def _rows(
         self,
