@@ -81,6 +81,19 @@ inline void check_segment_plan(const at::Tensor& starts, int64_t n) {
   TORCH_CHECK_VALUE(n >= 0, "n: ", n, " rows; must be >= 0");
 }
 
+// An optional (N,) tensor `name` of `dtype` on grads' device: `what` per entry of order.
+inline void check_per_entry(const std::optional<at::Tensor>& x, const char* name,
+                            at::ScalarType dtype, const char* dtype_name, int64_t n,
+                            const char* what, const at::Tensor& grads) {
+  if (!x) return;
+  TORCH_CHECK_TYPE(x->scalar_type() == dtype, name, " must be ", dtype_name, ", got ",
+                   x->scalar_type());
+  TORCH_CHECK_VALUE(x->dim() == 1 && x->numel() == n, name, " must be (", n, ",), ", what,
+                    " per entry of order; got ", x->sizes());
+  TORCH_CHECK_VALUE(x->device() == grads.device(), name, " is on ", x->device(), ", grads on ",
+                    grads.device());
+}
+
 // grads (R, D) float32; order (N,) int64; starts (U,) int64; plan, if given, segment_plan's
 // int64 array for (U, N); rows, if given, (N,) int64 (else R = N); scale, if given, (N,)
 // float32; all on one device.
@@ -99,25 +112,10 @@ inline void check_segment_sum(const at::Tensor& grads, const at::Tensor& order,
                       grads.device());
   }
   const int64_t n = order.numel();
-  if (rows) {
-    TORCH_CHECK_TYPE(rows->scalar_type() == at::kLong, "rows must be int64, got ",
-                     rows->scalar_type());
-    TORCH_CHECK_VALUE(rows->dim() == 1 && rows->numel() == n, "rows must be (", n,
-                      ",), one grads row per entry of order; got ", rows->sizes());
-    TORCH_CHECK_VALUE(rows->device() == grads.device(), "rows is on ", rows->device(),
-                      ", grads on ", grads.device());
-  } else {
-    TORCH_CHECK_VALUE(n == grads.size(0), "order must have one entry per grads row, got ", n,
-                      " for ", grads.size(0));
-  }
-  if (scale) {
-    TORCH_CHECK_TYPE(scale->scalar_type() == at::kFloat, "scale must be float32, got ",
-                     scale->scalar_type());
-    TORCH_CHECK_VALUE(scale->dim() == 1 && scale->numel() == n, "scale must be (", n,
-                      ",), one factor per entry of order; got ", scale->sizes());
-    TORCH_CHECK_VALUE(scale->device() == grads.device(), "scale is on ", scale->device(),
-                      ", grads on ", grads.device());
-  }
+  check_per_entry(rows, "rows", at::kLong, "int64", n, "one grads row", grads);
+  check_per_entry(scale, "scale", at::kFloat, "float32", n, "one factor", grads);
+  TORCH_CHECK_VALUE(rows || n == grads.size(0), "order must have one entry per grads row, got ",
+                    n, " for ", grads.size(0));
   if (!plan) return;
   const PlanLayout lay{starts.numel(), n};
   TORCH_CHECK_TYPE(plan->scalar_type() == at::kLong, "plan must be int64, got ",
