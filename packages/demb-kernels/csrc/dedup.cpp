@@ -26,15 +26,10 @@ at::Tensor table_of_index(const at::Tensor& offsets, const at::Tensor& feature_t
   return feature_tables.index_select(0, feature);
 }
 
-namespace {
-
-using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                            at::Tensor, at::Tensor>;
-
 // The batch's checks, then offsets[::B] (kDedupFlags + F + 1 words, see dedup_checks.h).
-at::Tensor batch_checks(const at::Tensor& indices, const at::Tensor& offsets,
-                        const at::Tensor& feature_tables, int64_t num_tables, int64_t batch_size,
-                        const std::optional<at::Tensor>& counters) {
+at::Tensor batch_checks_cpu(const at::Tensor& indices, const at::Tensor& offsets,
+                            const at::Tensor& feature_tables, int64_t num_tables,
+                            int64_t batch_size, const std::optional<at::Tensor>& counters) {
   const int64_t n = indices.numel();
   const at::Tensor negative =
       counters ? counters->lt(0).sum() : at::zeros({}, indices.options());
@@ -45,13 +40,18 @@ at::Tensor batch_checks(const at::Tensor& indices, const at::Tensor& offsets,
   return at::cat({flags, offsets.slice(0, 0, offsets.numel(), batch_size)});
 }
 
+namespace {
+
+using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                            at::Tensor, at::Tensor>;
+
 std::tuple<at::Tensor, at::Tensor> index_tables(const at::Tensor& indices,
                                                 const at::Tensor& offsets,
                                                 const at::Tensor& feature_tables,
                                                 int64_t num_tables, int64_t batch_size) {
   check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, std::nullopt, 64);
   return {table_of_index(offsets, feature_tables, batch_size, indices.numel()),
-          batch_checks(indices, offsets, feature_tables, num_tables, batch_size, std::nullopt)};
+          batch_checks_cpu(indices, offsets, feature_tables, num_tables, batch_size, std::nullopt)};
 }
 
 // out = keys (U,) sorted by (table, key); tables (U,); inverse (N,) position in keys of each
@@ -94,7 +94,7 @@ DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
       n == 0 ? at::zeros({num_tables}, opts)
              : at::where(ends > 0, rank.index_select(0, (ends - 1).clamp_min(0)) + 1, 0);
   const at::Tensor host =  // the one sync
-      at::cat({through, batch_checks(indices, offsets, feature_tables, num_tables, batch_size,
+      at::cat({through, batch_checks_cpu(indices, offsets, feature_tables, num_tables, batch_size,
                                      counters)})
           .cpu();
   const at::Tensor bounds =

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 
 namespace demb {
@@ -58,17 +59,22 @@ inline void check_dedup_args(const at::Tensor& indices, const at::Tensor& offset
 // From the words read back (`host`, see kDedupFlags): raises the error a bad batch earns, else
 // returns bounds (T + 1 + F + 1,) int64 on the CPU: the table bounds of the unique keys (a
 // table without keys ends where the last did), then offsets[::B].
-inline at::Tensor dedup_bounds(const int64_t* host, int64_t n, int64_t num_tables,
-                               int64_t features) {
-  const int64_t* f = host + num_tables;
-  TORCH_CHECK_VALUE(f[5] == 0, "feature_tables: ", f[5], " entries outside [0, ", num_tables,
-                    ")");
+// Raises the error the batch's checks `f` (kDedupFlags words) earn, if any; num_tables is
+// only named (0: unknown, as in index_tables' read-back).
+inline void raise_batch_checks(const int64_t* f, int64_t n, int64_t num_tables) {
+  TORCH_CHECK_VALUE(f[5] == 0, "feature_tables: ", f[5], " entries outside [0, ",
+                    num_tables > 0 ? std::to_string(num_tables) : std::string("num_tables"), ")");
   TORCH_CHECK_VALUE(f[3] == 0,
                     "indices: contains -1, the empty-key sentinel, which is never a key");
   TORCH_CHECK_VALUE(f[4] == 0, "frequency_counters: contains a negative count");
   TORCH_CHECK_VALUE(f[0] == 0 && f[1] == 0 && f[2] == 0, "offsets: must start at 0, never "
                     "decrease and end at ", n, " (the number of indices); got ", f[1], " ... ",
                     n - f[2], " with ", f[0], " decreases");
+}
+
+inline at::Tensor dedup_bounds(const int64_t* host, int64_t n, int64_t num_tables,
+                               int64_t features) {
+  raise_batch_checks(host + num_tables, n, num_tables);
   at::Tensor bounds = at::empty({num_tables + 1 + features + 1}, at::kLong);
   int64_t* b = bounds.data_ptr<int64_t>();
   b[0] = 0;

@@ -34,12 +34,13 @@ TORCH_LIBRARY(demb, m) {
       "table_find_rows(Tensor index_keys, Tensor digests, Tensor scores, Tensor slot_offsets, "
       "Tensor bucket_widths, Tensor policies, Tensor[] values, Tensor keys, Tensor table_ids, "
       "int dim) -> (Tensor, Tensor)");
-  // table_find_rows of a TBE-layout batch: each index's table is its feature's.
+  // table_find_rows of a TBE-layout batch: each index's table is its feature's; with check,
+  // the batch's data checks of dedup_batch raise before anything is returned.
   m.def(
       "table_find_batch_rows(Tensor index_keys, Tensor digests, Tensor scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor[] values, "
-      "Tensor indices, Tensor offsets, Tensor feature_tables, int batch_size, int dim) -> "
-      "(Tensor, Tensor)");
+      "Tensor indices, Tensor offsets, Tensor feature_tables, int batch_size, int dim, "
+      "bool check=False) -> (Tensor, Tensor)");
   // Value rows addressed by slot (-1: none).
   m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
   m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");

@@ -165,10 +165,55 @@ def test_cpu_raises_on_a_feature_table_out_of_range():
     gen = torch.Generator().manual_seed(1)
     index, values, keys, _ = filled_case(gen, [64, 64], 8, torch.float32, 40, 20)
     offsets = torch.arange(0, 21, 10)
+    bad = torch.tensor([0, 2])
     with pytest.raises(ValueError, match=r"table_ids\[10\]=2 is out of range"):
-        ops.lookup_batch_rows(index, values, keys, offsets, torch.tensor([0, 2]), 1, 8)
+        ops.lookup_batch_rows(index, values, keys, offsets, bad, 1, 8, check=False)
+    with pytest.raises(ValueError, match=r"feature_tables: 1 entries outside \[0, 2\)"):
+        ops.lookup_batch_rows(index, values, keys, offsets, bad, 1, 8)
     with pytest.raises(ValueError, match="batch_size"):
         ops.lookup_batch_rows(index, values, keys, offsets, torch.tensor([0, 1]), 0, 8)
+
+
+def check_cases(keys: torch.Tensor, offsets: torch.Tensor, tables: torch.Tensor):
+    """(name, keys, offsets, feature tables, the error's pattern) of batches the checks
+    refuse."""
+    empty_key = keys.clone()
+    empty_key[-1] = -1
+    late = offsets.clone()
+    late[0] = 1
+    short = offsets.clone()
+    short[-1] -= 1
+    down = offsets.clone()
+    down[1] = offsets[2] + 1  # above offsets[2]: one decrease
+    bad_table = tables.clone()
+    bad_table[-1] = -1
+    ok = (keys, offsets, tables)
+    return [
+        ("empty key", (empty_key, offsets, tables), "indices: contains -1"),
+        ("offsets[0]", (keys, late, tables), "offsets: must start at 0"),
+        ("offsets[-1]", (keys, short, tables), "offsets: must start at 0"),
+        ("decrease", (keys, down, tables), "offsets: must start at 0"),
+        ("table", (keys, offsets, bad_table), r"feature_tables: 1 entries outside \[0, 2\)"),
+        ("ok", ok, None),
+    ]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_checked_batches_raise_naming_the_argument(device):
+    gen = torch.Generator().manual_seed(2)
+    index, values, keys, _ = filled_case(gen, [64, 64], 8, torch.float32, 40, 20)
+    if device == "cuda":
+        index, values = on_cuda(index), [v.cuda() for v in values]
+    offsets = torch.tensor([0, 3, 10, 14, 20])  # 2 features x batch 2
+    for name, (k, o, t), error in check_cases(keys, offsets, torch.tensor([0, 1])):
+        args = (index, values, k.to(device), o.to(device), t.to(device), 2, 8)
+        if error is None:
+            rows, slots = ops.lookup_batch_rows(*args)
+            assert torch.equal(rows.cpu(), ops.lookup_batch_rows(*args, check=False)[0].cpu())
+            assert (slots >= 0).any(), name
+        else:
+            with pytest.raises(ValueError, match=error):
+                ops.lookup_batch_rows(*args)
 
 
 @pytest.mark.cuda
@@ -191,18 +236,19 @@ def test_cuda_batch_rows_equal_cpu(features, batch_size, dim, extra, dtype):
     assert torch.equal(rows.cpu(), cpu_rows)
     bad_tables = feature_tables.clone()
     bad_tables[0] = 7  # out of range: feature 0's indices read as missing
-    rows, slots = ops.lookup_batch_rows(
-        gpu_index, gpu_values, keys.cuda(), offsets.cuda(), bad_tables.cuda(), batch_size, dim
-    )
+    gpu_batch = (keys.cuda(), offsets.cuda(), bad_tables.cuda(), batch_size, dim)
+    rows, slots = ops.lookup_batch_rows(gpu_index, gpu_values, *gpu_batch, check=False)
+    with pytest.raises(ValueError, match="feature_tables: 1 entries outside"):
+        ops.lookup_batch_rows(gpu_index, gpu_values, *gpu_batch)
     mine = torch.arange(n) < offsets[batch_size]
     assert (slots.cpu()[mine] == -1).all()
     assert not rows.cpu()[mine].any()
     assert torch.equal(slots.cpu()[~mine], cpu_slots[~mine])
     bad_offsets = offsets.clone()
     bad_offsets[1:-1] = bad_offsets[1:-1].flip(0)  # decreasing: no read out of bounds
-    rows, slots = ops.lookup_batch_rows(
-        gpu_index, gpu_values, keys.cuda(), bad_offsets.cuda(), feature_tables.cuda(), batch_size,
-        dim,
-    )  # fmt: skip
+    gpu_batch = (keys.cuda(), bad_offsets.cuda(), feature_tables.cuda(), batch_size, dim)
+    rows, slots = ops.lookup_batch_rows(gpu_index, gpu_values, *gpu_batch, check=False)
+    with pytest.raises(ValueError, match="offsets: must start at 0, never decrease"):
+        ops.lookup_batch_rows(gpu_index, gpu_values, *gpu_batch)
     assert rows.shape == (n, dim)
     assert (slots.cpu() >= -1).all()

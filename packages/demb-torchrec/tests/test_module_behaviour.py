@@ -52,7 +52,7 @@ def test_eval_inserts_nothing_and_reads_eval_initializer_args():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_eval_without_pooling_fills_missing_keys_and_checks_the_batch(device):
-    """The NONE eval path (no dedup; on CUDA the batch's checks run on a side stream)."""
+    """The NONE eval path (no dedup; the batch's checks run in the lookup's op, before it)."""
     minus_two = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=-2.0)
     module = tables(mode=DynamicEmbPoolingMode.NONE, device=device, eval_initializer_args=minus_two)
 

@@ -1,5 +1,5 @@
 // CPU parts shared across files: the gather of a table module step (also the second half of the
-// CPU table_find_rows) and the table of each index of a batch (dedup.cpp).
+// CPU table_find_rows), and the table of each index of a batch and its checks (dedup.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -19,5 +19,11 @@ at::Tensor gather_table_rows_cpu(at::TensorList values, const at::Tensor& slots,
 // feature 0 if none).
 at::Tensor table_of_index(const at::Tensor& offsets, const at::Tensor& feature_tables,
                           int64_t batch_size, int64_t n);
+
+// The checks of a TBE-layout batch (dedup.cpp): (kDedupFlags + F + 1,) int64, the flags of
+// dedup_checks.h, then offsets[::B]. Its arguments are checked by check_dedup_args first.
+at::Tensor batch_checks_cpu(const at::Tensor& indices, const at::Tensor& offsets,
+                            const at::Tensor& feature_tables, int64_t num_tables,
+                            int64_t batch_size, const std::optional<at::Tensor>& counters);
 
 }  // namespace demb

@@ -390,14 +390,20 @@ std::tuple<at::Tensor, at::Tensor> table_find_rows_cpu(
   return {gather_table_rows_cpu(values, slots, table_ids.contiguous(), std::nullopt, dim), slots};
 }
 
-// table_find_batch_rows: each index's table from its feature, then table_find_rows.
+// table_find_batch_rows: the batch's checks first (with check), each index's table from its
+// feature, then table_find_rows.
 std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cpu(
     const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
     const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
     at::TensorList values, const at::Tensor& indices, const at::Tensor& offsets,
-    const at::Tensor& feature_tables, int64_t batch_size, int64_t dim) {
-  check_dedup_args(indices, offsets, feature_tables, bucket_widths.numel(), batch_size,
-                   std::nullopt, 64);
+    const at::Tensor& feature_tables, int64_t batch_size, int64_t dim, bool check) {
+  const int64_t num_tables = bucket_widths.numel();
+  check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, std::nullopt, 64);
+  if (check) {
+    const at::Tensor words = batch_checks_cpu(indices, offsets, feature_tables, num_tables,
+                                              batch_size, std::nullopt);
+    raise_batch_checks(words.const_data_ptr<int64_t>(), indices.numel(), num_tables);
+  }
   const at::Tensor tables =
       table_of_index(offsets.contiguous(), feature_tables.contiguous(), batch_size,
                      indices.numel());

@@ -1,8 +1,8 @@
-// dedup_batch, index_tables and status_counts on CUDA: the CPU's outputs (dedup.cpp) from a few
-// kernels and two cub radix sorts: the batch's positions sorted by key (sign bit flipped: signed
-// order), then stably by table (only the bits T needs), which is the one stable order by (table,
-// key, position). Each unique key is the first of its run; the checks ride the kernels into one
-// read-back buffer.
+// dedup_batch, index_tables (and batch_checks) and status_counts on CUDA: the CPU's outputs
+// (dedup.cpp) from a few kernels and two cub radix sorts: the batch's positions sorted by key
+// (sign bit flipped: signed order), then stably by table (only the bits T needs), which is the
+// one stable order by (table, key, position). Each unique key is the first of its run; the
+// checks ride the kernels into one read-back buffer.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -19,6 +19,7 @@
 #include <tuple>
 
 #include "cuda/cub_call.cuh"
+#include "cuda/dedup_cuda.h"
 #include "dedup_checks.h"
 #include "table_rule.h"
 
@@ -118,7 +119,8 @@ __global__ void __launch_bounds__(kDedupThreads)
   }
 }
 
-// index_tables: the table of each index, and the batch's checks.
+// index_tables: the table of each index (none when `tables` is null: batch_checks), and the
+// batch's checks.
 __global__ void index_tables_kernel(const int64_t* __restrict__ indices,
                                     const int64_t* __restrict__ offsets, int64_t bags,
                                     const int64_t* __restrict__ feature_tables, int64_t features,
@@ -127,7 +129,9 @@ __global__ void index_tables_kernel(const int64_t* __restrict__ indices,
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, nullptr, n,
                     num_tables, flags);
-  if (i < n) tables[i] = table_of(i, offsets, feature_tables, features, batch_size);
+  if (tables != nullptr && i < n) {
+    tables[i] = table_of(i, offsets, feature_tables, features, batch_size);
+  }
 }
 
 // The tables of the key-sorted positions.
@@ -354,10 +358,10 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
           starts.slice(0, 0, unique), bounds, at::scalar_tensor(needed, at::kLong)};
 }
 
-std::tuple<at::Tensor, at::Tensor> index_tables_cuda(const at::Tensor& indices_in,
-                                                     const at::Tensor& offsets_in,
-                                                     const at::Tensor& feature_tables_in,
-                                                     int64_t num_tables, int64_t batch_size) {
+// The batch's checks, and each index's table into `tables` when it is given.
+at::Tensor launch_index_tables(const at::Tensor& indices_in, const at::Tensor& offsets_in,
+                               const at::Tensor& feature_tables_in, int64_t num_tables,
+                               int64_t batch_size, at::Tensor* tables) {
   check_dedup_args(indices_in, offsets_in, feature_tables_in, num_tables, batch_size,
                    std::nullopt, 64);
   const c10::cuda::CUDAGuard guard(indices_in.device());
@@ -367,16 +371,27 @@ std::tuple<at::Tensor, at::Tensor> index_tables_cuda(const at::Tensor& indices_i
   const int64_t n = indices.numel();
   const int64_t features = feature_tables.numel();
   const int64_t bags = offsets.numel() - 1;
-  at::Tensor tables = at::empty({n}, indices.options());
+  if (tables != nullptr) *tables = at::empty({n}, indices.options());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   at::Tensor flags = zeroed(kDedupFlags + features + 1, indices.options(), stream);
   index_tables_kernel<<<dedup_blocks(std::max(n, bags + 1)), kDedupThreads, 0, stream>>>(
       indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
       feature_tables.const_data_ptr<int64_t>(), features, batch_size, n, num_tables,
-      tables.data_ptr<int64_t>(), flags.data_ptr<int64_t>());
+      tables != nullptr ? tables->data_ptr<int64_t>() : nullptr, flags.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return flags;
+}
+
+std::tuple<at::Tensor, at::Tensor> index_tables_cuda(const at::Tensor& indices,
+                                                     const at::Tensor& offsets,
+                                                     const at::Tensor& feature_tables,
+                                                     int64_t num_tables, int64_t batch_size) {
+  at::Tensor tables;
+  at::Tensor flags =
+      launch_index_tables(indices, offsets, feature_tables, num_tables, batch_size, &tables);
   return {tables, flags};
 }
+
 
 constexpr int kStatusTables = 64;  // tables one status_counts launch takes
 constexpr int kStatusThreads = 1024;
@@ -427,6 +442,12 @@ at::Tensor status_counts_cuda(const at::Tensor& status_in, at::IntArrayRef bound
 }
 
 }  // namespace
+
+at::Tensor batch_checks_cuda(const at::Tensor& indices, const at::Tensor& offsets,
+                             const at::Tensor& feature_tables, int64_t num_tables,
+                             int64_t batch_size) {
+  return launch_index_tables(indices, offsets, feature_tables, num_tables, batch_size, nullptr);
+}
 
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("dedup_batch", &dedup_batch_cuda);

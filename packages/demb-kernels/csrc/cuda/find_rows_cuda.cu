@@ -5,6 +5,7 @@
 // tiles finds one key (phase A's tile_find), then the warp copies the rows (the gather's copy).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -13,6 +14,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "cuda/dedup_cuda.h"
 #include "cuda/gather_rows.cuh"
 #include "cuda/row_dispatch.cuh"
 #include "cuda/table_find.cuh"
@@ -178,11 +180,14 @@ std::tuple<at::Tensor, at::Tensor> table_find_rows_cuda(
   return find_rows_launch(ix, g, values, keys, k, dim);
 }
 
+// With check, the batch's checks run first and only their copy to the host is waited for,
+// once the lookup is queued behind them: the host returns while the lookup runs (a bad batch
+// changes nothing: its keys read as missing until the error is raised).
 std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cuda(
     const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
     const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
     at::TensorList values, const at::Tensor& indices, const at::Tensor& offsets_in,
-    const at::Tensor& feature_tables_in, int64_t batch_size, int64_t dim) {
+    const at::Tensor& feature_tables_in, int64_t batch_size, int64_t dim, bool check) {
   const IndexTensors ix =
       checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   check_dedup_args(indices, offsets_in, feature_tables_in, ix.num_tables(), batch_size,
@@ -192,10 +197,24 @@ std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cuda(
   const c10::cuda::CUDAGuard guard(indices.device());
   const at::Tensor offsets = offsets_in.contiguous();
   const at::Tensor feature_tables = feature_tables_in.contiguous();
+  at::Tensor host;
+  at::cuda::CUDAEvent copied;
+  if (check) {
+    const at::Tensor words =
+        batch_checks_cuda(indices, offsets, feature_tables, ix.num_tables(), batch_size);
+    host = at::empty(words.sizes(), words.options().device(at::kCPU).pinned_memory(true));
+    host.copy_(words, /*non_blocking=*/true);
+    copied.record(at::cuda::getCurrentCUDAStream());
+  }
   const cuda::KeyTables k{nullptr, offsets.const_data_ptr<int64_t>(),
                           feature_tables.const_data_ptr<int64_t>(), feature_tables.numel(),
                           batch_size};
-  return find_rows_launch(ix, g, values, indices, k, dim);
+  auto found = find_rows_launch(ix, g, values, indices, k, dim);
+  if (check) {
+    copied.synchronize();
+    raise_batch_checks(host.const_data_ptr<int64_t>(), indices.numel(), ix.num_tables());
+  }
+  return found;
 }
 
 }  // namespace

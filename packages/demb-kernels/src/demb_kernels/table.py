@@ -168,10 +168,12 @@ def lookup_batch_rows(
     feature_tables: torch.Tensor,
     batch_size: int,
     dim: int,
+    *,
+    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`lookup_rows` of a TBE-layout batch: each index's table is its feature's (feature
     ``f`` owns ``indices[offsets[f * B]:offsets[(f + 1) * B]]``), found in the same pass (on
-    CUDA, one launch and no sync).
+    CUDA, one launch).
 
     Args:
         index: the index.
@@ -181,16 +183,18 @@ def lookup_batch_rows(
         feature_tables: ``(F,)`` int64 table of each feature.
         batch_size: ``B`` (>= 1).
         dim: columns to read.
+        check: check the batch's data (offsets start at 0, never decrease and end at ``N``;
+            feature tables in range; no empty key) as :func:`demb_kernels.lookup.dedup_batch`
+            does. On CUDA the checks run before the lookup and the host waits for them only,
+            not for the lookup. Without it, on CUDA an index of a bad feature table, or an
+            empty key, reads as missing (bad offsets only move indices between features); the
+            CPU kernel raises on a table out of range.
 
-    Returns:
-        As :func:`lookup_rows`. The batch's data checks (offsets in order and ending at
-        ``N``, feature tables in range, no empty key) are left to
-        :func:`demb_kernels.lookup.index_tables` and ``check_batch``: on CUDA an index of a
-        bad feature table, or an empty key, reads as missing (bad offsets only move indices
-        between features); the CPU kernel raises on a table out of range.
+    Raises:
+        ValueError: a failed check, naming the argument.
     """
     rows, slots = torch.ops.demb.table_find_batch_rows(
-        *index._tensors(), list(values), indices, offsets, feature_tables, batch_size, dim
+        *index._tensors(), list(values), indices, offsets, feature_tables, batch_size, dim, check
     )
     return rows, slots
 

@@ -186,9 +186,9 @@ class ScoredHashTable:
         batch_size: int,
         dim: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`find_rows` of a TBE-layout batch, each index's table its feature's
-        (:func:`demb_kernels.table.lookup_batch_rows`: on CUDA one launch, no sync, and the
-        batch's checks left to the caller)."""
+        """:meth:`find_rows` of a TBE-layout batch, each index's table its feature's, after
+        the batch's checks (:func:`demb_kernels.table.lookup_batch_rows`: on CUDA the host
+        waits for the checks only, not for the lookup)."""
         return ops.lookup_batch_rows(
             self.index, self.values, indices, offsets, feature_tables, batch_size, dim
         )

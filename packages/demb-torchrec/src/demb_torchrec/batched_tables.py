@@ -19,7 +19,6 @@ import torch
 from demb_kernels.init_rows import init_new_rows, new_rows_args
 from demb_kernels.lookup import (
     MAX_GATHER_TABLES,
-    check_batch,
     gather_table_rows,
     index_tables,
     status_count_tensor,
@@ -142,6 +141,10 @@ class DynamicEmbeddingTables(torch.nn.Module):
             [f for f, t in enumerate(ftm) if t == tt] for tt in range(len(configs))
         ]
         self._feature_tables = torch.tensor(ftm, dtype=torch.int64, device=self.device)
+        # Tables whose missing keys an eval forward fills (eval_initializer_args not zeros).
+        self._eval_fills = [
+            t for t, a in enumerate(self.eval_args) if self.features_of_table[t] and not _is_zero(a)
+        ]
         # One-launch gathers (demb::gather_table_rows) need one dim, one dtype, <= 64 tables.
         self._fused_gather = (
             len(set(self.dims)) == 1
@@ -242,35 +245,18 @@ class DynamicEmbeddingTables(torch.nn.Module):
         """An eval forward without pooling: every index found on its own (no dedup, nothing
         inserted, no score touched) and its row read straight from its table, its table taken
         from its feature, in one pass (:meth:`ScoredHashTable.find_batch_rows`); missing keys
-        read ``eval_initializer_args``. The batch's checks are read back once (one sync): on a
-        GPU after the rest is queued (nothing they guard changes a table), on the CPU first
-        (its kernels run in order and would raise on a bad entry with their own message)."""
-        n = indices.numel()
-        features = len(self.feature_table_map)
-        gpu = indices.is_cuda
-
-        def find() -> tuple[torch.Tensor, torch.Tensor]:
-            return self.tables.find_batch_rows(
-                indices, offsets, self._feature_tables, batch_size, self.dims[0]
-            )
-
-        if gpu:  # the lookup first: the GPU starts it while the checks are queued
-            out, slots = find()
-        tables, checks = index_tables(
-            indices, offsets, self._feature_tables, self.num_tables, batch_size
-        )
-        if not gpu:
-            check_batch(checks, n, features)
-            out, slots = find()
-        for t, args in enumerate(self.eval_args):
-            if _is_zero(args) or not self.features_of_table[t]:
-                continue
-            where = torch.where(
-                (slots < 0) & (tables == t), torch.arange(n, device=self.device), -1
-            )
+        read ``eval_initializer_args``. The batch's checks run in the same op, before the
+        lookup: on a GPU the host waits for them only, so the forward returns while the
+        lookup runs."""
+        n, ftab = indices.numel(), self._feature_tables
+        out, slots = self.tables.find_batch_rows(indices, offsets, ftab, batch_size, self.dims[0])
+        if self._eval_fills:
+            tables, _ = index_tables(indices, offsets, ftab, self.num_tables, batch_size)
+        for t in self._eval_fills:
+            missing = (slots < 0) & (tables == t)
+            where = torch.where(missing, torch.arange(n, device=self.device), -1)
+            args = self.eval_args[t]
             initialize_rows(out, where, indices, self.dims[t], args, self.seeds[t], check=False)
-        if gpu:
-            check_batch(checks, n, features)
         return out
 
     def _forward_none(self, batch: DedupedBatch, slots: torch.Tensor, grad: bool) -> torch.Tensor:
