@@ -180,9 +180,9 @@ std::tuple<at::Tensor, at::Tensor> table_find_rows_cuda(
   return find_rows_launch(ix, g, values, keys, k, dim);
 }
 
-// With check, the batch's checks run first and only their copy to the host is waited for,
-// once the lookup is queued behind them: the host returns while the lookup runs (a bad batch
-// changes nothing: its keys read as missing until the error is raised).
+// With check, the batch's checks run beside the lookup on a high-priority stream (their blocks
+// go first as the lookup's retire) and the host waits for their copy only: it returns while
+// the lookup runs (a bad batch changes nothing: its keys read as missing, then the error).
 std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cuda(
     const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
     const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
@@ -197,20 +197,26 @@ std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cuda(
   const c10::cuda::CUDAGuard guard(indices.device());
   const at::Tensor offsets = offsets_in.contiguous();
   const at::Tensor feature_tables = feature_tables_in.contiguous();
-  at::Tensor host;
-  at::cuda::CUDAEvent copied;
-  if (check) {
-    const at::Tensor words =
-        batch_checks_cuda(indices, offsets, feature_tables, ix.num_tables(), batch_size);
-    host = at::empty(words.sizes(), words.options().device(at::kCPU).pinned_memory(true));
-    host.copy_(words, /*non_blocking=*/true);
-    copied.record(at::cuda::getCurrentCUDAStream());
-  }
+  const at::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  at::cuda::CUDAEvent inputs_ready;  // the checks read what the stream wrote before the op
+  if (check) inputs_ready.record(stream);
   const cuda::KeyTables k{nullptr, offsets.const_data_ptr<int64_t>(),
                           feature_tables.const_data_ptr<int64_t>(), feature_tables.numel(),
                           batch_size};
   auto found = find_rows_launch(ix, g, values, indices, k, dim);
   if (check) {
+    const at::cuda::CUDAStream side =
+        at::cuda::getStreamFromPool(/*isHighPriority=*/true, indices.device().index());
+    inputs_ready.block(side);
+    const at::cuda::CUDAStreamGuard on_side(side);
+    // Allocated and freed on `side`, waited for before returning: no cross-stream reuse.
+    const at::Tensor words =
+        batch_checks_cuda(indices, offsets, feature_tables, ix.num_tables(), batch_size);
+    const at::Tensor host =
+        at::empty(words.sizes(), words.options().device(at::kCPU).pinned_memory(true));
+    host.copy_(words, /*non_blocking=*/true);
+    at::cuda::CUDAEvent copied;
+    copied.record(side);
     copied.synchronize();
     raise_batch_checks(host.const_data_ptr<int64_t>(), indices.numel(), ix.num_tables());
   }
