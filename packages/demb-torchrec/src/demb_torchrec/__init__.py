@@ -1,8 +1,15 @@
 """demb-torchrec: dynamic embedding tables in TorchRec (table module, sharding, model APIs).
 
 The spec's public names are exported here with the spec's signatures; demb's own names
-(``DynamicEmbeddingTables``, ...) are the same objects.
+(``DynamicEmbeddingTables``, ...) are the same objects. The names that build on TorchRec's own
+classes (``FTRL``, ``DynamicEmbParameterConstraints``) import TorchRec on first use, so that
+``import demb_torchrec`` alone (the table module, the CLI) does not.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from demb_torchrec._args import optimizer_spec
 from demb_torchrec.batched_tables import BatchedDynamicEmbeddingTablesV2, DynamicEmbeddingTables
@@ -19,12 +26,14 @@ from demb_torchrec.options import (
 )
 
 __all__ = [
+    "FTRL",
     "BatchedDynamicEmbeddingTablesV2",
     "DynamicEmbCheckMode",
     "DynamicEmbEvictStrategy",
     "DynamicEmbInitializerArgs",
     "DynamicEmbInitializerMode",
     "DynamicEmbOptimType",
+    "DynamicEmbParameterConstraints",
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",
     "DynamicEmbTableOptions",
@@ -32,3 +41,19 @@ __all__ = [
     "EvictedItemMode",
     "optimizer_spec",
 ]
+
+_ON_TORCHREC = {
+    "FTRL": "demb_torchrec.optimizers",
+    "DynamicEmbParameterConstraints": "demb_torchrec.constraints",
+}
+
+if TYPE_CHECKING:
+    from demb_torchrec.constraints import DynamicEmbParameterConstraints
+    from demb_torchrec.optimizers import FTRL
+
+
+def __getattr__(name: str) -> object:
+    module = _ON_TORCHREC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'demb_torchrec' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
