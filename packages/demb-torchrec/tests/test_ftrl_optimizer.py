@@ -18,7 +18,6 @@ from demb_torchrec import (
 from demb_torchrec.optimizers import (
     ftrl_spec,
     optimizer_multiplier,
-    register_ftrl_emb_opt_type,
     unregister_ftrl_emb_opt_type,
 )
 from torchrec import (
@@ -29,7 +28,6 @@ from torchrec import (
 )
 from torchrec.distributed.planner.shard_estimators import _get_optimizer_multipler
 from torchrec.distributed.utils import (
-    _OPTIMIZER_CLASS_TO_EMB_OPT_TYPE,
     merge_fused_params,
     optimizer_type_to_emb_opt_type,
 )
@@ -55,17 +53,6 @@ SPEC = demb_optim.FTRL(
     gradient_clipping=True,
     max_gradient=2.0,
 )
-
-
-@pytest.fixture
-def registry():
-    """TorchRec's class-to-type table is left as the test found it (FTRL's entry undone)."""
-    had = FTRL in _OPTIMIZER_CLASS_TO_EMB_OPT_TYPE
-    yield
-    if had:
-        register_ftrl_emb_opt_type()
-    else:
-        unregister_ftrl_emb_opt_type()
 
 
 def test_ftrl_resolves_to_the_dynamic_type_once_constructed(registry):

@@ -43,8 +43,8 @@ def test_constraints_are_torchrec_constraints_with_their_own_options():
 
 
 def test_every_table_once_and_constraints_match():
-    configs = [config("a"), EmbeddingBagConfig(name="b", embedding_dim=8, num_embeddings=10,
-                                               feature_names=["fb"])]  # fmt: skip
+    bag = EmbeddingBagConfig(name="b", embedding_dim=8, num_embeddings=10, feature_names=["fb"])
+    configs = [config("a"), bag]
     both = {"a": DynamicEmbParameterConstraints(use_dynamicemb=True), "b": ParameterConstraints()}
     check_constraints(configs, both)
     check_constraints(configs, None)
@@ -80,8 +80,9 @@ def test_the_worked_example():
     hbm=st.integers(0, 10**12),
 )
 def test_steps_two_and_three_follow_the_spec(rows, world, width, init, hbm):
-    options = DynamicEmbTableOptions(bucket_capacity=width, init_capacity=init,
-                                     global_hbm_for_values=hbm)  # fmt: skip
+    options = DynamicEmbTableOptions(
+        bucket_capacity=width, init_capacity=init, global_hbm_for_values=hbm
+    )
     got = prepare_table_options(options, config(rows=rows), world)
     per_rank = -(-rows // world)
     if width == MAX_BUCKET_CAPACITY:

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 import torch
-from demb_optim import OptimizerSpec
+import torchrec.optim as trec_optim
+from demb_optim import OptimizerKind, OptimizerSpec
 from torchrec.distributed import utils as trec_utils
 from torchrec.distributed.planner import shard_estimators
 
@@ -29,6 +30,7 @@ from demb_torchrec.options import DynamicEmbOptimType
 
 __all__ = [
     "FTRL",
+    "dynamic_optimizer_kind",
     "ftrl_spec",
     "optimizer_multiplier",
     "register_ftrl_emb_opt_type",
@@ -110,3 +112,36 @@ def optimizer_multiplier(
     if optimizer_class is FTRL:
         return 2.0
     return float(_torchrec_multiplier(optimizer_class, shape))
+
+
+def dynamic_optimizer_kind(
+    optimizer_class: type[torch.optim.Optimizer] | None,
+) -> OptimizerKind | None:
+    """The demb optimizer a dynamic table runs for an in-backward optimizer class (None: no
+    optimizer, no state).
+
+    Raises:
+        ValueError: a class dynamic tables have no update for, naming it.
+    """
+    if optimizer_class is None:
+        return None
+    kind = _DYNAMIC_KINDS.get(optimizer_class)
+    if kind is None:
+        known = sorted(c.__module__ + "." + c.__qualname__ for c in _DYNAMIC_KINDS)
+        raise ValueError(
+            f"optimizer {optimizer_class.__module__}.{optimizer_class.__qualname__}: dynamic "
+            f"tables have no update for it (they take {', '.join(known)})"
+        )
+    return kind
+
+
+_DYNAMIC_KINDS: dict[type[torch.optim.Optimizer], OptimizerKind] = {
+    torch.optim.SGD: OptimizerKind.SGD,
+    trec_optim.SGD: OptimizerKind.SGD,
+    torch.optim.Adam: OptimizerKind.ADAM,
+    trec_optim.Adam: OptimizerKind.ADAM,
+    torch.optim.Adagrad: OptimizerKind.ADAGRAD,
+    trec_optim.Adagrad: OptimizerKind.ADAGRAD,
+    trec_optim.RowWiseAdagrad: OptimizerKind.ROWWISE_ADAGRAD,
+    FTRL: OptimizerKind.FTRL,
+}

@@ -1,0 +1,216 @@
+"""The planner on a model mixing dynamic and static tables (CPU topologies): dynamic tables are
+planned row-wise on CUSTOMIZED_KERNEL with their prepared options, static ones as TorchRec plans
+them; the storage estimate of a dynamic table uses its optimizer's real state size; FTRL is
+refused at plan time on static tables that are not data-parallel (spec seed 000)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchrec.optim as trec_optim
+from demb_torchrec import (
+    FTRL,
+    DynamicEmbParameterConstraints,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+from demb_torchrec.planner import (
+    DynamicEmbeddingEnumerator,
+    DynamicEmbeddingShardingPlanner,
+    DynamicEmbParameterSharding,
+)
+from torch import nn
+from torchrec import (
+    EmbeddingBagCollection,
+    EmbeddingBagConfig,
+    EmbeddingCollection,
+    EmbeddingConfig,
+)
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+CUSTOMIZED = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
+
+
+class _OffersCustomized:
+    """Test sharders: TorchRec's, also offering row-wise sharding on CUSTOMIZED_KERNEL on any
+    device (as a dynamic-table sharder does; TorchRec offers no row-wise on the CPU), and the
+    DENSE kernel for every sharding type (as other trainers' topologies do: seed 000's review;
+    TorchRec drops it wherever FUSED is allowed too, unless constraints pin it); used to plan
+    only, never to shard."""
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        types = super().sharding_types(compute_device_type)  # type: ignore[misc]
+        return types if "row_wise" in types else [*types, "row_wise"]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        kernels = super().compute_kernels(sharding_type, compute_device_type)  # type: ignore[misc]
+        kernels = kernels if "dense" in kernels else [*kernels, "dense"]
+        return [*kernels, CUSTOMIZED] if sharding_type == "row_wise" else kernels
+
+
+class EBCSharder(_OffersCustomized, EmbeddingBagCollectionSharder):
+    pass
+
+
+class ECSharder(_OffersCustomized, EmbeddingCollectionSharder):
+    pass
+
+
+SHARDERS = [EBCSharder(), ECSharder()]
+
+
+class Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(
+                    name="user", embedding_dim=16, num_embeddings=1000, feature_names=["u"]
+                ),
+                EmbeddingBagConfig(
+                    name="item", embedding_dim=8, num_embeddings=500, feature_names=["i"]
+                ),
+            ],
+            device=torch.device("meta"),
+        )
+        self.ec = EmbeddingCollection(
+            tables=[
+                EmbeddingConfig(
+                    name="query", embedding_dim=16, num_embeddings=3000, feature_names=["q"]
+                )
+            ],
+            device=torch.device("meta"),
+        )
+
+    def configs(self) -> list:
+        return [*self.ebc.embedding_bag_configs(), *self.ec.embedding_configs()]
+
+
+def dynamic(**options) -> DynamicEmbParameterConstraints:
+    return DynamicEmbParameterConstraints(
+        use_dynamicemb=True, dynamicemb_options=DynamicEmbTableOptions(**options)
+    )
+
+
+def test_dynamic_tables_are_planned_row_wise_on_the_customized_kernel():
+    model = Model()
+    constraints = {
+        "user": dynamic(bucket_capacity=64, init_capacity=100),
+        "item": ParameterConstraints(),
+        "query": dynamic(score_strategy=DynamicEmbScoreStrategy.STEP),
+    }
+    topology = Topology(world_size=2, compute_device="cpu")
+    planner = DynamicEmbeddingShardingPlanner(model.configs(), topology, constraints=constraints)
+    user = constraints["user"].dynamicemb_options  # prepared in place for 2 ranks
+    shape = (user.dim, user.max_capacity, user.init_capacity, user.bucket_capacity)
+    assert shape == (16, 512, 128, 64)
+    plan = planner.plan(model, SHARDERS)
+    for path, table in (("ebc", "user"), ("ec", "query")):
+        sharding = plan.plan[path][table]
+        assert isinstance(sharding, DynamicEmbParameterSharding)
+        assert (sharding.sharding_type, sharding.compute_kernel) == ("row_wise", CUSTOMIZED)
+        assert sharding.ranks == [0, 1]
+        options = constraints[table].dynamicemb_options
+        assert sharding.get_additional_fused_params() == {"dynamicemb_options": options}
+    item = plan.plan["ebc"]["item"]
+    assert not isinstance(item, DynamicEmbParameterSharding)
+    assert item.compute_kernel != CUSTOMIZED
+    assert constraints["query"].dynamicemb_options.max_capacity == 1536  # ceil(3000/2) -> 128s
+
+
+def test_constraints_must_allow_row_wise_and_the_kernel():
+    model = Model()
+    bad_constraints = [
+        ({"sharding_types": ["table_wise"]}, "row_wise"),
+        ({"compute_kernels": ["fused"]}, CUSTOMIZED),
+    ]
+    for bad, word in bad_constraints:
+        constraints = {
+            "user": DynamicEmbParameterConstraints(use_dynamicemb=True, **bad),
+            "item": ParameterConstraints(),
+            "query": ParameterConstraints(),
+        }
+        topology = Topology(world_size=1, compute_device="cpu")
+        planner = DynamicEmbeddingShardingPlanner(
+            model.configs(), topology, constraints=constraints
+        )
+        with pytest.raises(ValueError, match=f"table 'user': dynamic tables .*{word}"):
+            planner.plan(model, SHARDERS)
+    with pytest.raises(ValueError, match=r"constraints: no entry for tables \['query'\]"):
+        DynamicEmbeddingShardingPlanner(
+            model.configs(), constraints={"user": dynamic(), "item": dynamic()}
+        )
+
+
+STATES = [(FTRL, 2), (trec_optim.Adam, 2), (trec_optim.SGD, 0), (trec_optim.Adagrad, 1)]
+
+
+@pytest.mark.parametrize(("optimizer", "state"), STATES)
+def test_storage_of_a_dynamic_shard_uses_its_optimizers_state(registry, optimizer, state):
+    model = Model()
+    kwargs = {"lr": 0.01}
+    apply_optimizer_in_backward(optimizer, model.ebc.parameters(), kwargs)
+    constraints = {"user": dynamic(), "item": ParameterConstraints(), "query": dynamic()}
+    topology = Topology(world_size=2, compute_device="cpu")
+    DynamicEmbeddingShardingPlanner(model.configs(), topology, constraints=constraints)
+    enumerator = DynamicEmbeddingEnumerator(topology, 512, constraints)
+    options = [o for o in enumerator.enumerate(model, SHARDERS) if o.name == "user"]
+    assert len(options) == 1
+    slots = constraints["user"].dynamicemb_options.max_capacity  # 512 per rank
+    index = 8 + 1 + 8  # key, digest, one score word
+    want = slots * (16 * 4 + state * 16 * 4 + index)
+    for shard in options[0].shards:
+        assert (shard.storage.hbm, shard.storage.ddr) == (0, want)
+    if optimizer is FTRL:  # what TorchRec's default multiplier of 1 would have planned
+        assert want != slots * (16 * 4 + 1 * 16 * 4 + index)
+
+
+def ftrl_model(constraints_item: ParameterConstraints) -> tuple[nn.Module, dict]:
+    model = Model()
+    apply_optimizer_in_backward(FTRL, model.ebc.parameters(), {"lr": 0.01})
+    return model, {"user": dynamic(), "item": constraints_item, "query": dynamic()}
+
+
+def test_ftrl_on_a_static_table_is_refused_at_plan_time_naming_it(registry):
+    topology = Topology(world_size=2, compute_device="cpu")
+    cases = [
+        (ParameterConstraints(compute_kernels=["fused"]), True),
+        (ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["dense"]), True),
+        (ParameterConstraints(sharding_types=["data_parallel"]), False),
+    ]
+    for item, refused in cases:
+        model, constraints = ftrl_model(item)
+        planner = DynamicEmbeddingShardingPlanner(
+            model.configs(), topology, constraints=constraints
+        )
+        if refused:
+            with pytest.raises(ValueError, match="table 'item': FTRL runs only on dynamic tables"):
+                planner.plan(model, SHARDERS)
+        else:
+            plan = planner.plan(model, SHARDERS)
+            assert plan.plan["ebc"]["item"].sharding_type == "data_parallel"
+            assert isinstance(plan.plan["ebc"]["user"], DynamicEmbParameterSharding)
+
+
+def test_collective_plan_on_a_one_rank_group_equals_plan(tmp_path):
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = Model()
+        constraints = {"user": dynamic(), "item": ParameterConstraints(), "query": dynamic()}
+        planner = DynamicEmbeddingShardingPlanner(model.configs(), constraints=constraints)
+        assert planner.topology.world_size == 1
+        collective = planner.collective_plan(model, SHARDERS)
+        local = planner.plan(model, SHARDERS)
+        assert str(collective) == str(local)
+        sharding = collective.plan["ec"]["query"]
+        assert isinstance(sharding, DynamicEmbParameterSharding)
+        assert sharding.dynamicemb_options.max_capacity == 3072  # one rank: all 3000 rows
+    finally:
+        dist.destroy_process_group()
