@@ -115,7 +115,8 @@ def test_dynamic_tables_are_planned_row_wise_on_the_customized_kernel():
         assert (sharding.sharding_type, sharding.compute_kernel) == ("row_wise", CUSTOMIZED)
         assert sharding.ranks == [0, 1]
         options = constraints[table].dynamicemb_options
-        assert sharding.get_additional_fused_params() == {"dynamicemb_options": options}
+        assert sharding.dynamicemb_options is options
+        assert sharding.get_additional_fused_params()["dynamicemb_tables"][table] is options
     item = plan.plan["ebc"]["item"]
     assert not isinstance(item, DynamicEmbParameterSharding)
     assert item.compute_kernel != CUSTOMIZED

@@ -119,6 +119,9 @@ class DynamicEmbTableOptions:
     admission_counter: Any = None
     evicted_item_mode: EvictedItemMode = EvictedItemMode.DISCARD
     score_function: Callable[..., float] | None = None
+    dist_type: str = "roundrobin"
+    """How row-wise sharding routes keys to ranks: ``"roundrobin"`` (default),
+    ``"hash_roundrobin"`` or ``"continuous"`` (:mod:`demb_planner.ownership`)."""
 
 
 _NOT_YET: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -154,6 +157,11 @@ def check_supported(options: DynamicEmbTableOptions, table: str) -> None:
             )
     if options.index_type not in (None, torch.int64, torch.int32):
         raise TableConfigError("index_type", options.index_type, "must be torch.int64 or int32")
+    if options.dist_type not in _DIST_TYPES:
+        raise TableConfigError("dist_type", options.dist_type, f"must be one of {_DIST_TYPES}")
+
+
+_DIST_TYPES = ("roundrobin", "hash_roundrobin", "continuous")
 
 
 def table_config(options: DynamicEmbTableOptions, state_dim: int, table: str) -> TableConfig:

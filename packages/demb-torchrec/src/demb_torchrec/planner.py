@@ -72,11 +72,13 @@ from demb_torchrec.optimizers import FTRL, dynamic_optimizer_kind
 from demb_torchrec.options import DynamicEmbTableOptions
 
 __all__ = [
+    "TABLES_KEY",
     "DynamicEmbParameterSharding",
     "DynamicEmbPerfEstimator",
     "DynamicEmbStorageEstimator",
     "DynamicEmbeddingEnumerator",
     "DynamicEmbeddingShardingPlanner",
+    "PlannedTables",
     "dynamic_options",
 ]
 
@@ -98,17 +100,43 @@ def dynamic_options(
     return c.dynamicemb_options
 
 
+class PlannedTables:
+    """The prepared options of one plan's dynamic tables, by table name. One object per plan:
+    TorchRec groups tables by their fused params (hashing them), and this one hashes by
+    identity, so a plan's dynamic tables can share a kernel."""
+
+    def __init__(self, options: Mapping[str, DynamicEmbTableOptions]) -> None:
+        self._options = dict(options)
+
+    def __getitem__(self, table: str) -> DynamicEmbTableOptions:
+        found = self._options.get(table)
+        if found is None:
+            raise KeyError(f"table {table!r} is not a dynamic table of this plan")
+        return found
+
+    def __contains__(self, table: object) -> bool:
+        return table in self._options
+
+    def __repr__(self) -> str:
+        return f"PlannedTables({sorted(self._options)})"
+
+
+TABLES_KEY = "dynamicemb_tables"
+"""The fused-params key under which a dynamic table's sharding passes :class:`PlannedTables`."""
+
+
 @dataclasses.dataclass
 class DynamicEmbParameterSharding(ParameterSharding):  # type: ignore[misc]
     """A dynamic table's ``ParameterSharding``: TorchRec's fields plus the table's per-rank
-    options, which TorchRec merges into the table's fused params (``CUSTOMIZED_KERNEL``
-    shardings only) under the key ``"dynamicemb_options"``."""
+    options; TorchRec merges :meth:`get_additional_fused_params` into the table's fused params
+    (``CUSTOMIZED_KERNEL`` shardings only)."""
 
     dynamicemb_options: DynamicEmbTableOptions | None = None
+    planned_tables: PlannedTables | None = None
 
     def get_additional_fused_params(self) -> dict[str, Any]:
-        """The per-table fused params TorchRec adds for this sharding."""
-        return {"dynamicemb_options": self.dynamicemb_options}
+        """``{"dynamicemb_tables": the plan's PlannedTables}``."""
+        return {TABLES_KEY: self.planned_tables}
 
 
 class DynamicEmbPerfEstimator(ShardEstimator):  # type: ignore[misc]
@@ -323,6 +351,13 @@ class DynamicEmbeddingShardingPlanner:
         return self._finish(module, self._planner.collective_plan(module, sharders, pg))
 
     def _finish(self, module: nn.Module, plan: ShardingPlan) -> ShardingPlan:
+        planned = PlannedTables(
+            {
+                name: options
+                for name in (self.constraints or {})
+                if (options := dynamic_options(self.constraints, name)) is not None
+            }
+        )
         for path, module_plan in plan.plan.items():
             weights = _table_weights(module.get_submodule(path))
             for table, sharding in list(module_plan.items()):
@@ -332,8 +367,9 @@ class DynamicEmbeddingShardingPlanner:
                     continue
                 fields = {f.name: getattr(sharding, f.name) for f in dataclasses.fields(sharding)}
                 fields.pop("dynamicemb_options", None)
+                fields.pop("planned_tables", None)
                 module_plan[table] = DynamicEmbParameterSharding(
-                    **fields, dynamicemb_options=options
+                    **fields, dynamicemb_options=options, planned_tables=planned
                 )
         return plan
 

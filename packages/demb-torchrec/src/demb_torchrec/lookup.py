@@ -1,0 +1,145 @@
+"""One rank's dynamic tables inside a sharded TorchRec collection: the compute kernel TorchRec
+runs for ``CUSTOMIZED_KERNEL`` tables, backed by :class:`DynamicEmbeddingTables`.
+
+TorchRec hands each group of tables (a ``GroupedEmbeddingConfig``) to a kernel with the group's
+per-table fused params: the in-backward optimizer (``"optimizer"`` and its hyper-parameters),
+the planner's per-rank options (``"dynamicemb_tables"``, see :class:`demb_torchrec.planner.
+DynamicEmbParameterSharding`), and TorchRec's own keys. Every key either takes effect or raises
+naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embedding_kernel import BaseEmbedding
+from torchrec.distributed.embedding_lookup import GroupedEmbeddingsLookup
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel, GroupedEmbeddingConfig
+from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_configs import data_type_to_dtype
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from demb_torchrec.batched_tables import DynamicEmbeddingTables
+from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
+from demb_torchrec.planner import TABLES_KEY, PlannedTables
+
+__all__ = ["DynamicEmbeddingKernel", "DynamicEmbeddingsLookup", "kernel_arguments"]
+
+# TorchRec keys that carry no setting for a dynamic table when they hold these values.
+_INERT: dict[str, tuple[object, ...]] = {
+    "stochastic_rounding": (None, False),
+    "enforce_hbm": (None, False),
+    "bounds_check_mode": (None,),
+    "output_dtype": (None,),
+}
+
+
+def kernel_arguments(
+    table: str, fused_params: Mapping[str, Any] | None
+) -> tuple[DynamicEmbTableOptions, object, dict[str, Any]]:
+    """``(options, optimizer, hyper_parameters)`` of one dynamic table from its fused params.
+
+    Raises:
+        ValueError: no ``dynamicemb_options`` (the table was not planned by
+            :class:`demb_torchrec.planner.DynamicEmbeddingShardingPlanner`), or no optimizer.
+        NotImplementedError: a TorchRec setting dynamic tables do not have (caching,
+            stochastic rounding, ...), naming it.
+    """
+    params = dict(fused_params or {})
+    planned = params.pop(TABLES_KEY, None)
+    if not isinstance(planned, PlannedTables) or table not in planned:
+        raise ValueError(
+            f"table {table!r}: no planned dynamic-table options in its fused params; plan "
+            "dynamic tables with DynamicEmbeddingShardingPlanner"
+        )
+    options = planned[table]
+    optimizer = params.pop("optimizer", None)
+    if optimizer is None:
+        raise ValueError(
+            f"table {table!r}: no optimizer; give the collection's parameters one with "
+            "apply_optimizer_in_backward (or the sharder fused_params={'optimizer': ...})"
+        )
+    for key, inert in _INERT.items():
+        if key in params:
+            value = params.pop(key)
+            if value not in inert:
+                raise NotImplementedError(
+                    f"table {table!r}: {key}={value!r} is not supported on dynamic tables"
+                )
+    unsupported = sorted(k for k in params if k.startswith(("cache_", "prefetch")))
+    if unsupported:
+        raise NotImplementedError(
+            f"table {table!r}: {', '.join(unsupported)}: TorchRec's UVM caching does not apply "
+            "to dynamic tables (DynamicEmbTableOptions.caching is their cache)"
+        )
+    return options, optimizer, params
+
+
+class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
+    """The dynamic tables of one ``GroupedEmbeddingConfig`` on this rank, looked up without
+    pooling (TorchRec's sequence path): ``forward(features)`` returns ``(N, D)`` rows, one per
+    value of ``features``, and the backward updates the rows in place."""
+
+    def __init__(self, config: GroupedEmbeddingConfig, device: torch.device | None) -> None:
+        super().__init__()
+        self._config = config
+        tables = config.embedding_tables
+        args = [kernel_arguments(t.name, t.fused_params) for t in tables]
+        optimizer, hyper = args[0][1], args[0][2]
+        for t, (_, opt, hp) in zip(tables, args, strict=True):
+            if opt != optimizer or hp != hyper:
+                raise ValueError(
+                    f"tables {tables[0].name!r} and {t.name!r} are grouped together but have "
+                    "different optimizers"
+                )
+        for t in tables:
+            if t.local_cols != t.embedding_dim:
+                raise ValueError(f"table {t.name!r}: dynamic tables are not column-sharded")
+        self.tables = DynamicEmbeddingTables(
+            [a[0] for a in args],
+            table_names=[t.name for t in tables],
+            feature_table_map=[i for i, t in enumerate(tables) for _ in range(t.num_features())],
+            pooling_mode=DynamicEmbPoolingMode.NONE,
+            output_dtype=data_type_to_dtype(config.data_type),
+            device=device,
+            optimizer=optimizer,
+            **hyper,
+        )
+
+    @property
+    def config(self) -> GroupedEmbeddingConfig:
+        """The group this kernel serves."""
+        return self._config
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """``(N, D)`` the rows of ``features``' values (feature-major, one stride)."""
+        rows: torch.Tensor = self.tables(features.values(), features.offsets())
+        return rows
+
+    def named_parameters_by_table(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """None: a dynamic table has no dense weight for TorchRec to expose (its rows live in
+        the hash table; DynamicEmbDump / DynamicEmbLoad move them)."""
+        return iter(())
+
+
+class DynamicEmbeddingsLookup(GroupedEmbeddingsLookup):  # type: ignore[misc]
+    """TorchRec's sequence lookup whose ``CUSTOMIZED_KERNEL`` groups are
+    :class:`DynamicEmbeddingKernel`."""
+
+    def _create_embedding_kernel(
+        self,
+        config: GroupedEmbeddingConfig,
+        pg: dist.ProcessGroup | None,
+        device: torch.device | None,
+        env: ShardingEnv | None = None,
+    ) -> BaseEmbedding:
+        if config.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
+            names = [t.name for t in config.embedding_tables]
+            raise NotImplementedError(
+                f"tables {names}: static tables sharded row-wise beside dynamic ones in one "
+                f"collection are not supported ({config.compute_kernel.value} kernel)"
+            )
+        return DynamicEmbeddingKernel(config, device)

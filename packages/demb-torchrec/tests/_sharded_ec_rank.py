@@ -1,0 +1,116 @@
+"""One rank of test_sharded_collection.py: an EmbeddingCollection of dynamic tables planned by
+DynamicEmbeddingShardingPlanner, sharded row-wise by DynamicEmbeddingCollectionSharder under
+DistributedModelParallel over gloo, trained a few steps on this rank's batches; writes each
+step's output rows to OUT.
+
+Usage: ``python _sharded_ec_rank.py RANK WORLD STORE OUT DIST_TYPE OPTIMIZER``
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+
+logging.disable(logging.WARNING)
+warnings.filterwarnings("ignore")
+
+STEPS = 3
+BATCH = 6  # samples per rank
+TABLES = (("a", "fa", 8, 1000), ("b", "fb", 8, 300))  # name, feature, dim, num_embeddings
+
+
+def batch(step: int, rank: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per feature, this rank's (lengths, values) at ``step``: 0-4 ids per sample, some hot
+    ids shared with other ranks, some far above num_embeddings."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    lengths, values = [], []
+    for _, _, _, rows in TABLES:
+        ln = torch.randint(0, 5, (BATCH,), generator=gen)
+        n = int(ln.sum())
+        hot = torch.randint(0, 8, (n,), generator=gen)
+        cold = torch.randint(0, 10 * rows, (n,), generator=gen)
+        pick = torch.rand(n, generator=gen) < 0.5
+        lengths.append(ln)
+        values.append(torch.where(pick, hot, cold))
+    return lengths, values
+
+
+def gradient(step: int, rank: int, feature: int, n: int, dim: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(7919 * step + 97 * rank + feature)
+    return torch.randn(n, dim, generator=gen)
+
+
+def main() -> None:
+    rank, world, store_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist_type, optimizer = sys.argv[5], sys.argv[6]
+    import torchrec.optim as trec_optim
+    from demb_torchrec import (
+        DynamicEmbInitializerArgs,
+        DynamicEmbInitializerMode,
+        DynamicEmbParameterConstraints,
+        DynamicEmbTableOptions,
+    )
+    from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
+    from demb_torchrec.sharders import DynamicEmbeddingCollectionSharder
+    from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    store = dist.FileStore(store_path, world)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    configs = [
+        EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
+        for n, f, d, r in TABLES
+    ]
+    model = EmbeddingCollection(tables=configs, device=torch.device("meta"))
+    opt_class = {"sgd": trec_optim.SGD, "adam": trec_optim.Adam}[optimizer]
+    apply_optimizer_in_backward(opt_class, model.parameters(), {"lr": 0.1})
+    init = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
+    constraints = {
+        n: DynamicEmbParameterConstraints(
+            use_dynamicemb=True,
+            dynamicemb_options=DynamicEmbTableOptions(initializer_args=init, dist_type=dist_type),
+        )
+        for n, _, _, _ in TABLES
+    }
+    sharder = DynamicEmbeddingCollectionSharder()
+    planner = DynamicEmbeddingShardingPlanner(
+        configs, Topology(world_size=world, compute_device="cpu"), constraints=constraints
+    )
+    plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+        plan=plan,
+        sharders=[sharder],
+        device=torch.device("cpu"),
+    )
+    outputs = []
+    for step in range(STEPS):
+        lengths, values = batch(step, rank)
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=[f for _, f, _, _ in TABLES], values=torch.cat(values), lengths=torch.cat(lengths)
+        )
+        out = dmp(kjt)
+        rows = [out[f].values() for _, f, _, _ in TABLES]
+        outputs.append([r.detach().clone() for r in rows])
+        grads = [
+            gradient(step, rank, i, r.shape[0], t[2])
+            for i, (r, t) in enumerate(zip(rows, TABLES, strict=True))
+        ]
+        torch.autograd.backward(rows, grads)
+    torch.save(
+        {"outputs": outputs, "options": [constraints[n].dynamicemb_options for n, *_ in TABLES]},
+        out_path,
+    )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
