@@ -1,9 +1,10 @@
-"""One rank of test_sharded_collection.py: an EmbeddingCollection of dynamic tables planned by
-DynamicEmbeddingShardingPlanner, sharded row-wise by DynamicEmbeddingCollectionSharder under
+"""One rank of test_sharded_collection.py: an EmbeddingCollection (KIND ``ec``) or an
+EmbeddingBagCollection (``ebc-sum``, ``ebc-mean``) of dynamic tables planned by
+DynamicEmbeddingShardingPlanner, sharded row-wise by the dynamic-table sharder under
 DistributedModelParallel over gloo, trained a few steps on this rank's batches; writes each
-step's output rows to OUT.
+step's outputs to OUT (per feature rows for ``ec``, the ``(B, sum of dims)`` bags otherwise).
 
-Usage: ``python _sharded_ec_rank.py RANK WORLD STORE OUT DIST_TYPE OPTIMIZER``
+Usage: ``python _sharded_ec_rank.py RANK WORLD STORE OUT DIST_TYPE OPTIMIZER KIND``
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def gradient(step: int, rank: int, feature: int, n: int, dim: int) -> torch.Tens
 
 def main() -> None:
     rank, world, store_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    dist_type, optimizer = sys.argv[5], sys.argv[6]
+    dist_type, optimizer, kind = sys.argv[5], sys.argv[6], sys.argv[7]
     import torchrec.optim as trec_optim
     from demb_torchrec import (
         DynamicEmbInitializerArgs,
@@ -55,8 +56,18 @@ def main() -> None:
         DynamicEmbTableOptions,
     )
     from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
-    from demb_torchrec.sharders import DynamicEmbeddingCollectionSharder
-    from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
+    from demb_torchrec.sharders import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+    )
+    from torchrec import (
+        EmbeddingBagCollection,
+        EmbeddingBagConfig,
+        EmbeddingCollection,
+        EmbeddingConfig,
+        KeyedJaggedTensor,
+        PoolingType,
+    )
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner.types import Topology
     from torchrec.distributed.types import ShardingEnv
@@ -64,11 +75,24 @@ def main() -> None:
 
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    configs = [
-        EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
-        for n, f, d, r in TABLES
-    ]
-    model = EmbeddingCollection(tables=configs, device=torch.device("meta"))
+    meta = torch.device("meta")
+    if kind == "ec":
+        configs = [
+            EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
+            for n, f, d, r in TABLES
+        ]
+        model = EmbeddingCollection(tables=configs, device=meta)
+        sharder = DynamicEmbeddingCollectionSharder()
+    else:
+        pooling = PoolingType.SUM if kind == "ebc-sum" else PoolingType.MEAN
+        configs = [
+            EmbeddingBagConfig(
+                name=n, embedding_dim=d, num_embeddings=r, feature_names=[f], pooling=pooling
+            )
+            for n, f, d, r in TABLES
+        ]
+        model = EmbeddingBagCollection(tables=configs, device=meta)
+        sharder = DynamicEmbeddingBagCollectionSharder()
     opt_class = {"sgd": trec_optim.SGD, "adam": trec_optim.Adam}[optimizer]
     apply_optimizer_in_backward(opt_class, model.parameters(), {"lr": 0.1})
     init = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
@@ -79,7 +103,6 @@ def main() -> None:
         )
         for n, _, _, _ in TABLES
     }
-    sharder = DynamicEmbeddingCollectionSharder()
     planner = DynamicEmbeddingShardingPlanner(
         configs, Topology(world_size=world, compute_device="cpu"), constraints=constraints
     )
@@ -98,12 +121,10 @@ def main() -> None:
             keys=[f for _, f, _, _ in TABLES], values=torch.cat(values), lengths=torch.cat(lengths)
         )
         out = dmp(kjt)
-        rows = [out[f].values() for _, f, _, _ in TABLES]
+        # ec: rows per feature; ebc: the (B, sum of dims) bags, features in order
+        rows = [out[f].values() for _, f, _, _ in TABLES] if kind == "ec" else [out.values()]
         outputs.append([r.detach().clone() for r in rows])
-        grads = [
-            gradient(step, rank, i, r.shape[0], t[2])
-            for i, (r, t) in enumerate(zip(rows, TABLES, strict=True))
-        ]
+        grads = [gradient(step, rank, i, r.shape[0], r.shape[1]) for i, r in enumerate(rows)]
         torch.autograd.backward(rows, grads)
     torch.save(
         {"outputs": outputs, "options": [constraints[n].dynamicemb_options for n, *_ in TABLES]},

@@ -28,10 +28,12 @@ def _rank_module():
     return module
 
 
-def run_ranks(tmp_path: Path, world: int, dist_type: str, optimizer: str) -> list[dict]:
+def run_ranks(
+    tmp_path: Path, world: int, dist_type: str, optimizer: str, kind: str = "ec"
+) -> list[dict]:
     store = tmp_path / "store"
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    extra = (dist_type, optimizer)
+    extra = (dist_type, optimizer, kind)
     procs = [
         subprocess.Popen(
             [sys.executable, str(RANK_SCRIPT), *map(str, (r, world, store, outs[r])), *extra],
@@ -46,39 +48,51 @@ def run_ranks(tmp_path: Path, world: int, dist_type: str, optimizer: str) -> lis
     return [torch.load(o, weights_only=False) for o in outs]
 
 
-def reference_outputs(world: int, options, optimizer: str) -> list[list[list[torch.Tensor]]]:
-    """Per step, per rank, per feature: the rows one unsharded module gives the global batch."""
+def reference_outputs(
+    world: int, options, optimizer: str, kind: str = "ec"
+) -> list[list[list[torch.Tensor]]]:
+    """Per step, per rank, what that rank's sharded collection should output: the rows (per
+    feature, ``ec``) or the bags (``ebc-*``) one unsharded module gives the global batch (every
+    feature's samples of rank 0, then of rank 1, ...)."""
     ranks = _rank_module()
+    modes = {
+        "ec": DynamicEmbPoolingMode.NONE,
+        "ebc-sum": DynamicEmbPoolingMode.SUM,
+        "ebc-mean": DynamicEmbPoolingMode.MEAN,
+    }
     module = DynamicEmbeddingTables(
         options,
         table_names=[t[0] for t in ranks.TABLES],
-        pooling_mode=DynamicEmbPoolingMode.NONE,
+        pooling_mode=modes[kind],
         device="cpu",
         optimizer=optimizer,
         learning_rate=0.1,
     )
+    features = range(len(ranks.TABLES))
     per_step = []
     for step in range(ranks.STEPS):
         batches = [ranks.batch(step, r) for r in range(world)]
-        lengths, values, counts = [], [], []
-        for f in range(len(ranks.TABLES)):
-            for r in range(world):
-                lengths.append(batches[r][0][f])
-                values.append(batches[r][1][f])
-                counts.append(int(batches[r][1][f].numel()))
+        lengths = [batches[r][0][f] for f in features for r in range(world)]
+        values = [batches[r][1][f] for f in features for r in range(world)]
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cat(lengths).cumsum(0)])
         out = module(torch.cat(values), offsets)
-        pieces = list(out.split(counts))
-        grads = [
-            ranks.gradient(step, r, f, counts[f * world + r], dim)
-            for f, (_, _, dim, _) in enumerate(ranks.TABLES)
-            for r in range(world)
-        ]
+        if kind == "ec":
+            counts = [v.numel() for v in values]
+            pieces = list(out.split(counts))
+            grads = [
+                ranks.gradient(step, r, f, counts[f * world + r], ranks.TABLES[f][2])
+                for f in features
+                for r in range(world)
+            ]
+            got = [[pieces[f * world + r].detach() for f in features] for r in range(world)]
+        else:  # (B * world, sum of dims): rank r's bags are rows [r * B, (r + 1) * B)
+            batch = ranks.BATCH
+            grads = [ranks.gradient(step, r, 0, batch, out.shape[1]) for r in range(world)]
+            got = [[out[r * batch : (r + 1) * batch].detach()] for r in range(world)]
         # TorchRec's all-to-alls divide gradients by the world size (comm_ops.GRADIENT_DIVISION,
         # on by default), as DDP averages dense gradients: the global gradient of the step.
         torch.autograd.backward([out], [torch.cat(grads) / world])
-        features = range(len(ranks.TABLES))
-        per_step.append([[pieces[f * world + r].detach() for f in features] for r in range(world)])
+        per_step.append(got)
     return per_step
 
 
@@ -108,3 +122,26 @@ def test_sharded_rows_equal_one_unsharded_module(tmp_path, world, dist_type, opt
                 assert torch.equal(g, w), (
                     f"step {step} rank {r} feature {f}: max diff {(g - w).abs().max()}"
                 )
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(
+    ("world", "kind", "optimizer"),
+    [(1, "ebc-sum", "sgd"), (2, "ebc-sum", "adam"), (2, "ebc-mean", "sgd")],
+)
+def test_sharded_bags_equal_one_unsharded_module(tmp_path, world, kind, optimizer):
+    results = run_ranks(tmp_path, world, "roundrobin", optimizer, kind)
+    options = results[0]["options"]
+    unsharded = [
+        type(o)(**{**o.__dict__, "max_capacity": 2048, "init_capacity": None}) for o in options
+    ]
+    want = reference_outputs(world, unsharded, optimizer, kind)
+    for step, per_rank in enumerate(want):
+        for r in range(world):
+            (got,) = results[r]["outputs"][step]
+            # On one rank a bag is summed in bag order, as the unsharded module does. On more,
+            # each rank sums the bag's keys it owns and the partial sums are added (TorchRec's
+            # reduce-scatter), then MEAN divides (TorchRec's callback): equal up to rounding.
+            exact = world == 1 and kind == "ebc-sum"
+            tol = {"rtol": 0.0, "atol": 0.0} if exact else {"rtol": 1e-5, "atol": 1e-6}
+            torch.testing.assert_close(got, per_rank[r][0], **tol, msg=f"step {step} rank {r}")

@@ -16,9 +16,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torchrec.distributed.embedding_kernel import BaseEmbedding
-from torchrec.distributed.embedding_lookup import GroupedEmbeddingsLookup
+from torchrec.distributed.embedding_lookup import (
+    GroupedEmbeddingsLookup,
+    GroupedPooledEmbeddingsLookup,
+)
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel, GroupedEmbeddingConfig
-from torchrec.distributed.types import ShardingEnv
+from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.modules.embedding_configs import data_type_to_dtype
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -26,7 +29,12 @@ from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 from demb_torchrec.planner import TABLES_KEY, PlannedTables
 
-__all__ = ["DynamicEmbeddingKernel", "DynamicEmbeddingsLookup", "kernel_arguments"]
+__all__ = [
+    "DynamicEmbeddingKernel",
+    "DynamicEmbeddingsLookup",
+    "DynamicPooledEmbeddingsLookup",
+    "kernel_arguments",
+]
 
 # TorchRec keys that carry no setting for a dynamic table when they hold these values.
 _INERT: dict[str, tuple[object, ...]] = {
@@ -79,12 +87,17 @@ def kernel_arguments(
 
 
 class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
-    """The dynamic tables of one ``GroupedEmbeddingConfig`` on this rank, looked up without
-    pooling (TorchRec's sequence path): ``forward(features)`` returns ``(N, D)`` rows, one per
-    value of ``features``, and the backward updates the rows in place."""
+    """The dynamic tables of one ``GroupedEmbeddingConfig`` on this rank. ``forward(features)``
+    returns, without ``pooled``, ``(N, D)`` rows, one per value of ``features`` (TorchRec's
+    sequence path); with ``pooled``, ``(B, sum of dims)`` bag sums, weighted by the features'
+    weights when they have them (TorchRec's row-wise pooled path sums partial bags across ranks
+    and applies MEAN afterwards). The backward updates the rows in place."""
 
-    def __init__(self, config: GroupedEmbeddingConfig, device: torch.device | None) -> None:
+    def __init__(
+        self, config: GroupedEmbeddingConfig, device: torch.device | None, pooled: bool = False
+    ) -> None:
         super().__init__()
+        self._pooled = pooled
         self._config = config
         tables = config.embedding_tables
         args = [kernel_arguments(t.name, t.fused_params) for t in tables]
@@ -102,7 +115,7 @@ class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
             [a[0] for a in args],
             table_names=[t.name for t in tables],
             feature_table_map=[i for i, t in enumerate(tables) for _ in range(t.num_features())],
-            pooling_mode=DynamicEmbPoolingMode.NONE,
+            pooling_mode=DynamicEmbPoolingMode.SUM if pooled else DynamicEmbPoolingMode.NONE,
             output_dtype=data_type_to_dtype(config.data_type),
             device=device,
             optimizer=optimizer,
@@ -115,8 +128,10 @@ class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
         return self._config
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """``(N, D)`` the rows of ``features``' values (feature-major, one stride)."""
-        rows: torch.Tensor = self.tables(features.values(), features.offsets())
+        """``(N, D)`` rows or ``(B, sum of dims)`` bag sums of ``features`` (feature-major, one
+        stride)."""
+        weights = features.weights_or_none() if self._pooled else None
+        rows: torch.Tensor = self.tables(features.values(), features.offsets(), weights)
         return rows
 
     def named_parameters_by_table(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -125,9 +140,17 @@ class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
         return iter(())
 
 
+def _check_dynamic(config: GroupedEmbeddingConfig) -> None:
+    if config.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
+        names = [t.name for t in config.embedding_tables]
+        raise NotImplementedError(
+            f"tables {names}: static tables sharded row-wise beside dynamic ones in one "
+            f"collection are not supported ({config.compute_kernel.value} kernel)"
+        )
+
+
 class DynamicEmbeddingsLookup(GroupedEmbeddingsLookup):  # type: ignore[misc]
-    """TorchRec's sequence lookup whose ``CUSTOMIZED_KERNEL`` groups are
-    :class:`DynamicEmbeddingKernel`."""
+    """TorchRec's sequence lookup whose groups are :class:`DynamicEmbeddingKernel`."""
 
     def _create_embedding_kernel(
         self,
@@ -136,10 +159,20 @@ class DynamicEmbeddingsLookup(GroupedEmbeddingsLookup):  # type: ignore[misc]
         device: torch.device | None,
         env: ShardingEnv | None = None,
     ) -> BaseEmbedding:
-        if config.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
-            names = [t.name for t in config.embedding_tables]
-            raise NotImplementedError(
-                f"tables {names}: static tables sharded row-wise beside dynamic ones in one "
-                f"collection are not supported ({config.compute_kernel.value} kernel)"
-            )
+        _check_dynamic(config)
         return DynamicEmbeddingKernel(config, device)
+
+
+class DynamicPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):  # type: ignore[misc]
+    """TorchRec's pooled lookup whose groups are pooled :class:`DynamicEmbeddingKernel`."""
+
+    def _create_embedding_kernel(
+        self,
+        config: GroupedEmbeddingConfig,
+        device: torch.device | None,
+        pg: dist.ProcessGroup | None,
+        sharding_type: ShardingType | None,
+        env: ShardingEnv | None = None,
+    ) -> BaseEmbedding:
+        _check_dynamic(config)
+        return DynamicEmbeddingKernel(config, device, pooled=True)

@@ -254,6 +254,29 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):  # type: ignore[misc]
             ]
         super().__init__(topology, batch_size or BATCH_SIZE, constraints, estimator)
 
+    def enumerate(
+        self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
+    ) -> list[ShardingOption]:
+        """TorchRec's options, less row-wise ones of static tables in a collection that holds
+        dynamic tables (one collection has one row-wise sharding, which then routes raw keys
+        to dynamic tables)."""
+        options: list[ShardingOption] = super().enumerate(module, sharders)
+        mixed = {o.module[0] for o in options if dynamic_options(self._constraints, o.name)}
+        kept = [
+            o
+            for o in options
+            if o.sharding_type != _ROW_WISE
+            or o.module[0] not in mixed
+            or dynamic_options(self._constraints, o.name) is not None
+        ]
+        lost = sorted({o.name for o in options} - {o.name for o in kept})
+        if lost:
+            raise ValueError(
+                f"tables {lost}: static tables in a collection with dynamic tables cannot be "
+                f"sharded {_ROW_WISE}, and their constraints allow nothing else"
+            )
+        return kept
+
     def _filter_sharding_types(
         self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
     ) -> list[str]:

@@ -1,12 +1,13 @@
 """Sharders for collections with dynamic tables (spec: ``DynamicEmbeddingCollectionSharder``).
 
-``DynamicEmbeddingCollectionSharder`` is TorchRec's ``EmbeddingCollectionSharder`` that also
-offers row-wise sharding on ``CUSTOMIZED_KERNEL`` (on any device, TorchRec offering no row-wise
-sharding on the CPU), and shards an ``EmbeddingCollection`` into
-:class:`ShardedDynamicEmbeddingCollection`: TorchRec's sharded collection whose row-wise
-sharding routes keys by the tables' ``dist_type`` (:class:`DynamicRwSparseFeaturesDist`) and
-looks them up in dynamic tables (:class:`demb_torchrec.lookup.DynamicEmbeddingsLookup`); the
-sequence output dist is TorchRec's. Tables planned otherwise are sharded by TorchRec as usual.
+``DynamicEmbeddingCollectionSharder`` and ``DynamicEmbeddingBagCollectionSharder`` are TorchRec's
+sharders that also offer row-wise sharding on ``CUSTOMIZED_KERNEL`` (on any device, TorchRec
+offering no row-wise sharding on the CPU). They shard a collection into TorchRec's sharded
+collection whose row-wise sharding of dynamic tables routes keys by the tables' ``dist_type``
+(:class:`demb_torchrec.input_dist.DynamicRwSparseFeaturesDist`) and looks them up in dynamic
+tables (:mod:`demb_torchrec.lookup`); the output dists are TorchRec's (rows all-to-all for an
+``EmbeddingCollection``; partial bag sums reduce-scattered, then MEAN applied, for an
+``EmbeddingBagCollection``). Tables planned otherwise are sharded by TorchRec as usual.
 
 Example::
 
@@ -19,6 +20,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -34,23 +37,67 @@ from torchrec.distributed.embedding_types import (
     BaseGroupedFeatureProcessor,
     EmbeddingComputeKernel,
 )
+from torchrec.distributed.embeddingbag import (
+    EmbeddingBagCollectionSharder,
+    ShardedEmbeddingBagCollection,
+)
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
-from torchrec.distributed.types import ParameterSharding, QuantizedCommCodecs, ShardingEnv
-from torchrec.modules.embedding_configs import EmbeddingConfig
-from torchrec.modules.embedding_modules import EmbeddingCollection
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.distributed.types import (
+    ParameterSharding,
+    QuantizedCommCodecs,
+    ShardingEnv,
+    ShardingType,
+)
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from demb_torchrec.input_dist import DynamicRwSparseFeaturesDist
-from demb_torchrec.lookup import DynamicEmbeddingsLookup, kernel_arguments
+from demb_torchrec.lookup import (
+    DynamicEmbeddingsLookup,
+    DynamicPooledEmbeddingsLookup,
+    kernel_arguments,
+)
 
 __all__ = [
+    "DynamicEmbeddingBagCollectionSharder",
     "DynamicEmbeddingCollectionSharder",
+    "DynamicRwPooledEmbeddingSharding",
     "DynamicRwSequenceEmbeddingSharding",
+    "ShardedDynamicEmbeddingBagCollection",
     "ShardedDynamicEmbeddingCollection",
 ]
 
 _ROW_WISE = "row_wise"
 _CUSTOMIZED = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
+
+
+def _dynamic_input_dist(
+    sharding: RwSequenceEmbeddingSharding | RwPooledEmbeddingSharding,
+    is_sequence: bool,
+    device: torch.device | None,
+) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
+    """A row-wise sharding's input dist, routing keys by its tables' ``dist_type`` (one for
+    all of them)."""
+    dist_types = {}
+    for group in sharding._grouped_embedding_configs:
+        for table in group.embedding_tables:
+            options, _, _ = kernel_arguments(table.name, table.fused_params)
+            dist_types[table.name] = options.dist_type
+    kinds = sorted(set(dist_types.values()))
+    if len(kinds) > 1:
+        raise ValueError(
+            f"tables sharded row-wise in one collection share one dist_type; got {dist_types}"
+        )
+    return DynamicRwSparseFeaturesDist(
+        pg=sharding._pg,
+        num_features=sharding._get_num_features(),
+        dist_type=kinds[0] if kinds else "roundrobin",
+        feature_hash_sizes=sharding._get_feature_hash_sizes(),
+        is_sequence=is_sequence,
+        device=device if device is not None else sharding._device,
+    )
 
 
 class DynamicRwSequenceEmbeddingSharding(RwSequenceEmbeddingSharding):  # type: ignore[misc]
@@ -59,25 +106,8 @@ class DynamicRwSequenceEmbeddingSharding(RwSequenceEmbeddingSharding):  # type: 
     def create_input_dist(
         self, device: torch.device | None = None
     ) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
-        """Routes keys by the tables' ``dist_type`` (one for all tables of the sharding)."""
-        dist_types = {}
-        for group in self._grouped_embedding_configs:
-            for table in group.embedding_tables:
-                options, _, _ = kernel_arguments(table.name, table.fused_params)
-                dist_types[table.name] = options.dist_type
-        kinds = sorted(set(dist_types.values()))
-        if len(kinds) > 1:
-            raise ValueError(
-                f"tables sharded row-wise in one collection share one dist_type; got {dist_types}"
-            )
-        return DynamicRwSparseFeaturesDist(
-            pg=self._pg,
-            num_features=self._get_num_features(),
-            dist_type=kinds[0] if kinds else "roundrobin",
-            feature_hash_sizes=self._get_feature_hash_sizes(),
-            is_sequence=True,
-            device=device if device is not None else self._device,
-        )
+        """Routes keys by the tables' ``dist_type``."""
+        return _dynamic_input_dist(self, True, device)
 
     def create_lookup(
         self,
@@ -94,6 +124,59 @@ class DynamicRwSequenceEmbeddingSharding(RwSequenceEmbeddingSharding):  # type: 
         )
 
 
+class DynamicRwPooledEmbeddingSharding(RwPooledEmbeddingSharding):  # type: ignore[misc]
+    """TorchRec's row-wise pooled sharding with the dynamic-table input dist and lookup."""
+
+    def create_input_dist(
+        self, device: torch.device | None = None
+    ) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
+        """Routes keys by the tables' ``dist_type``."""
+        if self._has_feature_processor:
+            raise NotImplementedError("dynamic tables: feature processors are not supported yet")
+        return _dynamic_input_dist(self, False, device)
+
+    def create_lookup(
+        self,
+        device: torch.device | None = None,
+        fused_params: dict[str, Any] | None = None,
+        feature_processor: BaseGroupedFeatureProcessor | None = None,
+    ) -> BaseEmbeddingLookup:
+        """One pooled :class:`demb_torchrec.lookup.DynamicEmbeddingKernel` per group."""
+        return DynamicPooledEmbeddingsLookup(
+            grouped_configs=self._grouped_embedding_configs,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            sharding_type=ShardingType.ROW_WISE,
+            env=self._env,
+        )
+
+
+def _check_row_wise(sharding_type: str, infos: list[EmbeddingShardingInfo]) -> bool:
+    """Whether ``infos`` hold dynamic tables (which must be sharded row-wise)."""
+    if all(info.param_sharding.compute_kernel != _CUSTOMIZED for info in infos):
+        return False
+    if sharding_type != _ROW_WISE:
+        raise ValueError(f"dynamic tables are sharded {_ROW_WISE}, not {sharding_type}")
+    return True
+
+
+@contextmanager
+def _static_configs(
+    module: ShardedEmbeddingCollection | ShardedEmbeddingBagCollection, attribute: str
+) -> Iterator[None]:
+    """``module.<attribute>`` (its table configs) without the dynamic tables, for the duration:
+    TorchRec's weight initialization then skips them (they have no dense weight; a key's row
+    is initialized when it is inserted)."""
+    plan: dict[str, ParameterSharding] = module.module_sharding_plan
+    configs: list[BaseEmbeddingConfig] = getattr(module, attribute)
+    dynamic = {name for name, s in plan.items() if s.compute_kernel == _CUSTOMIZED}
+    setattr(module, attribute, [c for c in configs if c.name not in dynamic])
+    try:
+        yield
+    finally:
+        setattr(module, attribute, configs)
+
+
 class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):  # type: ignore[misc]
     """TorchRec's sharded ``EmbeddingCollection`` whose row-wise dynamic tables use
     :class:`DynamicRwSequenceEmbeddingSharding`."""
@@ -107,13 +190,10 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):  # type: ig
         device: torch.device | None = None,
         qcomm_codecs_registry: dict[str, QuantizedCommCodecs] | None = None,
     ) -> EmbeddingSharding:
-        kernels = {info.param_sharding.compute_kernel for info in sharding_infos}
-        if _CUSTOMIZED not in kernels:
+        if not _check_row_wise(sharding_type, sharding_infos):
             return super().create_embedding_sharding(
                 sharding_type, sharding_infos, env, device, qcomm_codecs_registry
             )
-        if sharding_type != _ROW_WISE:
-            raise ValueError(f"dynamic tables are sharded {_ROW_WISE}, not {sharding_type}")
         return DynamicRwSequenceEmbeddingSharding(
             sharding_infos=sharding_infos,
             env=env,
@@ -122,19 +202,37 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):  # type: ig
         )
 
     def reset_parameters(self) -> None:
-        """TorchRec's initialization of the static tables; dynamic tables have no dense weight
-        (a key's row is initialized when it is inserted)."""
-        dynamic = {
-            name
-            for name, sharding in self.module_sharding_plan.items()
-            if sharding.compute_kernel == _CUSTOMIZED
-        }
-        configs: list[EmbeddingConfig] = self._embedding_configs  # type: ignore[has-type]
-        self._embedding_configs = [c for c in configs if c.name not in dynamic]
-        try:
+        """TorchRec's initialization of the static tables only."""
+        with _static_configs(self, "_embedding_configs"):
             super().reset_parameters()
-        finally:
-            self._embedding_configs = configs
+
+
+class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):  # type: ignore[misc]
+    """TorchRec's sharded ``EmbeddingBagCollection`` whose row-wise dynamic tables use
+    :class:`DynamicRwPooledEmbeddingSharding`."""
+
+    @classmethod
+    def create_embedding_bag_sharding(
+        cls,
+        sharding_infos: list[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        permute_embeddings: bool = False,
+        qcomm_codecs_registry: dict[str, QuantizedCommCodecs] | None = None,
+    ) -> EmbeddingSharding:
+        sharding_type = sharding_infos[0].param_sharding.sharding_type
+        if not _check_row_wise(sharding_type, sharding_infos):
+            return super().create_embedding_bag_sharding(
+                sharding_infos, env, device, permute_embeddings, qcomm_codecs_registry
+            )
+        return DynamicRwPooledEmbeddingSharding(
+            sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+        )
+
+    def reset_parameters(self) -> None:
+        """TorchRec's initialization of the static tables only."""
+        with _static_configs(self, "_embedding_bag_configs"):
+            super().reset_parameters()
 
 
 class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):  # type: ignore[misc]
@@ -174,3 +272,42 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):  # type: ig
     @property
     def sharded_module_type(self) -> type[nn.Module]:
         return ShardedDynamicEmbeddingCollection
+
+
+class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):  # type: ignore[misc]
+    """TorchRec's ``EmbeddingBagCollectionSharder`` for collections with dynamic tables (same
+    arguments)."""
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        """TorchRec's, plus ``row_wise`` on every device."""
+        types: list[str] = list(super().sharding_types(compute_device_type))
+        return types if _ROW_WISE in types else [*types, _ROW_WISE]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        """TorchRec's, plus ``CUSTOMIZED_KERNEL`` for ``row_wise``."""
+        kernels: list[str] = list(super().compute_kernels(sharding_type, compute_device_type))
+        return [*kernels, _CUSTOMIZED] if sharding_type == _ROW_WISE else kernels
+
+    def shard(
+        self,
+        module: EmbeddingBagCollection,
+        params: dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+    ) -> ShardedDynamicEmbeddingBagCollection:
+        """The sharded collection."""
+        return ShardedDynamicEmbeddingBagCollection(
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            module_fqn=module_fqn,
+            sharded_module_order_overwrite=self._sharded_module_order_overwrite,
+        )
+
+    @property
+    def sharded_module_type(self) -> type[nn.Module]:
+        return ShardedDynamicEmbeddingBagCollection
