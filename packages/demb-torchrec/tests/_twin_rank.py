@@ -1,0 +1,208 @@
+"""One rank of test_torchrec_twins.py: for each collection kind (EC, EBC SUM, EBC MEAN) and
+optimizer (SGD, Adagrad, row-wise Adagrad), the same model twice under DistributedModelParallel
+over gloo: with dynamic tables (DynamicEmbeddingShardingPlanner, the dynamic-table sharders) and
+with TorchRec's static tables on FBGEMM's fused CPU TBE (table-wise), both starting from the same
+rows (the dynamic tables' DEBUG initializer, row ``j`` of key ``k`` = ``k % 65536 + j / 256``,
+written into the static weights), fed the same batches and gradients. Writes, per configuration,
+each step's largest output difference (and largest output), and at the end the static tables
+this rank holds and the dynamic rows it holds.
+
+Usage: ``python _twin_rank.py RANK WORLD STORE OUT``
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+
+import torch
+import torch.distributed as dist
+
+logging.disable(logging.WARNING)
+warnings.filterwarnings("ignore")
+
+STEPS = 10
+BATCH = 4
+TABLES = (("a", "fa", 8, 40), ("b", "fb", 8, 24))  # name, feature, dim, num_embeddings
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad")
+KINDS = ("ec", "ebc-sum", "ebc-mean")
+
+
+def batch(step: int, rank: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(31 * step + rank)
+    lengths = [torch.randint(0, 4, (BATCH,), generator=gen) for _ in TABLES]
+    values = [
+        torch.randint(0, rows, (int(ln.sum()),), generator=gen)
+        for ln, (_, _, _, rows) in zip(lengths, TABLES, strict=True)
+    ]
+    return lengths, values
+
+
+def debug_rows(rows: int, dim: int) -> torch.Tensor:
+    """The DEBUG initializer's rows of keys ``0..rows-1``."""
+    keys = torch.arange(rows, dtype=torch.float32).unsqueeze(1) % 65536
+    return keys + torch.arange(dim, dtype=torch.float32) / 256
+
+
+def main() -> None:
+    rank, world, store_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    import torchrec.optim as trec_optim
+    from demb_torchrec import (
+        DynamicEmbInitializerArgs,
+        DynamicEmbInitializerMode,
+        DynamicEmbParameterConstraints,
+        DynamicEmbTableOptions,
+    )
+    from demb_torchrec.lookup import DynamicEmbeddingKernel
+    from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
+    from demb_torchrec.sharders import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+    )
+    from torchrec import (
+        EmbeddingBagCollection,
+        EmbeddingBagConfig,
+        EmbeddingCollection,
+        EmbeddingConfig,
+        KeyedJaggedTensor,
+        PoolingType,
+    )
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world
+    )
+    pg = dist.GroupMember.WORLD
+    env = ShardingEnv.from_process_group(pg)
+    topology = Topology(world_size=world, compute_device="cpu")
+    classes = {
+        "sgd": trec_optim.SGD,
+        "adagrad": trec_optim.Adagrad,
+        "rowwise_adagrad": trec_optim.RowWiseAdagrad,
+    }
+
+    def collection(kind: str, device: torch.device) -> torch.nn.Module:
+        if kind == "ec":
+            configs = [
+                EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
+                for n, f, d, r in TABLES
+            ]
+            return EmbeddingCollection(tables=configs, device=device)
+        pooling = PoolingType.SUM if kind == "ebc-sum" else PoolingType.MEAN
+        bag_configs = [
+            EmbeddingBagConfig(
+                name=n, embedding_dim=d, num_embeddings=r, feature_names=[f], pooling=pooling
+            )
+            for n, f, d, r in TABLES
+        ]
+        return EmbeddingBagCollection(tables=bag_configs, device=device)
+
+    def outputs(kind: str, out: object) -> torch.Tensor:
+        if kind == "ec":
+            return torch.cat([out[f].values() for _, f, _, _ in TABLES])  # type: ignore[index]
+        return out.values()  # type: ignore[attr-defined]
+
+    results = {}
+    debug = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
+    for kind in KINDS:
+        for opt in OPTIMIZERS:
+            kwargs = {"lr": 0.05} if opt == "sgd" else {"lr": 0.05, "eps": 1e-8}
+            # the static twin: real weights set to the DEBUG rows, table-wise on FBGEMM's CPU TBE
+            static = collection(kind, torch.device("cpu"))
+            with torch.no_grad():
+                for (name, _, dim, rows), param in zip(TABLES, static.parameters(), strict=True):
+                    assert param.shape == (rows, dim), name
+                    param.copy_(debug_rows(rows, dim))
+            apply_optimizer_in_backward(classes[opt], static.parameters(), dict(kwargs))
+            stock = (
+                EmbeddingCollectionSharder() if kind == "ec" else EmbeddingBagCollectionSharder()
+            )
+            static_constraints = {
+                n: ParameterConstraints(sharding_types=["table_wise"]) for n, *_ in TABLES
+            }
+            static_plan = EmbeddingShardingPlanner(
+                topology, constraints=static_constraints
+            ).collective_plan(static, [stock], pg)
+            static_dmp = DistributedModelParallel(
+                static, env=env, plan=static_plan, sharders=[stock], device=torch.device("cpu")
+            )
+            # TorchRec copies a CPU EmbeddingBagCollection's weights into its shards only off
+            # the CPU: write the DEBUG rows into every local shard (views of the TBE weights)
+            prefix = "embeddings" if kind == "ec" else "embedding_bags"
+            state = static_dmp.state_dict()
+            with torch.no_grad():
+                for name, _, dim, rows in TABLES:
+                    for shard in state[f"{prefix}.{name}.weight"].local_shards():
+                        r0, c0 = shard.metadata.shard_offsets
+                        r1, c1 = shard.metadata.shard_sizes
+                        shard.tensor.copy_(debug_rows(rows, dim)[r0 : r0 + r1, c0 : c0 + c1])
+            # the dynamic model
+            dynamic = collection(kind, torch.device("meta"))
+            apply_optimizer_in_backward(classes[opt], dynamic.parameters(), dict(kwargs))
+            sharder = (
+                DynamicEmbeddingCollectionSharder()
+                if kind == "ec"
+                else DynamicEmbeddingBagCollectionSharder()
+            )
+            options = DynamicEmbTableOptions(initializer_args=debug)
+            constraints = {
+                n: DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=options)
+                for n, *_ in TABLES
+            }
+            configs = (
+                dynamic.embedding_configs() if kind == "ec" else dynamic.embedding_bag_configs()
+            )
+            plan = DynamicEmbeddingShardingPlanner(
+                configs, topology, constraints=constraints
+            ).collective_plan(dynamic, [sharder], pg)
+            dynamic_dmp = DistributedModelParallel(
+                dynamic, env=env, plan=plan, sharders=[sharder], device=torch.device("cpu")
+            )
+            diffs = []
+            for step in range(STEPS):
+                lengths, values = batch(step, rank)
+                kjt = KeyedJaggedTensor.from_lengths_sync(
+                    keys=[f for _, f, _, _ in TABLES],
+                    values=torch.cat(values),
+                    lengths=torch.cat(lengths),
+                )
+                got = outputs(kind, dynamic_dmp(kjt))
+                want = outputs(kind, static_dmp(kjt))
+                if got.numel():
+                    diffs.append((float((got - want).abs().max()), float(want.abs().max())))
+                gen = torch.Generator().manual_seed(7 * step + rank)
+                grad = torch.randn(got.shape, generator=gen)
+                got.backward(grad)
+                want.backward(grad)
+            # the rows at the end: the static tables this rank holds, the dynamic rows it holds
+            state = static_dmp.state_dict()
+            static_tables = {}
+            for name, _, _, _ in TABLES:
+                shards = state[f"{prefix}.{name}.weight"].local_shards()
+                if shards:  # table-wise: a rank holds whole tables
+                    static_tables[name] = shards[0].tensor.detach().clone()
+            kernels = [k for lookup in dynamic_dmp.module._lookups for k in lookup.modules()]
+            dynamic_rows = {}
+            for k in kernels:
+                if isinstance(k, DynamicEmbeddingKernel):
+                    for t, name in enumerate(k.tables.table_names):
+                        ex = k.tables.tables.export(t)
+                        dynamic_rows[name] = (ex.keys, ex.values[:, : k.tables.dims[t]].clone())
+            results[(kind, opt)] = {
+                "outputs": diffs,
+                "static": static_tables,
+                "dynamic": dynamic_rows,
+            }
+    torch.save(results, out_path)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
