@@ -128,15 +128,23 @@ TABLES_KEY = "dynamicemb_tables"
 @dataclasses.dataclass
 class DynamicEmbParameterSharding(ParameterSharding):  # type: ignore[misc]
     """A dynamic table's ``ParameterSharding``: TorchRec's fields plus the table's per-rank
-    options; TorchRec merges :meth:`get_additional_fused_params` into the table's fused params
-    (``CUSTOMIZED_KERNEL`` shardings only)."""
+    options; TorchRec merges :meth:`get_additional_fused_params` into this table's fused params
+    (``CUSTOMIZED_KERNEL`` shardings only), after the in-backward optimizer's kwargs.
+
+    ``additional_fused_params`` are per-table extras a trainer sets on the plan, e.g.
+    ``{"initial_accumulator_value": 0.1}`` for one table's Adagrad / row-wise Adagrad / FTRL
+    state (spec seed 001: the hook where dynamic and static tables can be told apart). Each must
+    be something the table's optimizer takes, or sharding raises naming it.
+    """
 
     dynamicemb_options: DynamicEmbTableOptions | None = None
     planned_tables: PlannedTables | None = None
+    additional_fused_params: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def get_additional_fused_params(self) -> dict[str, Any]:
-        """``{"dynamicemb_tables": the plan's PlannedTables}``."""
-        return {TABLES_KEY: self.planned_tables}
+        """``additional_fused_params`` plus ``{"dynamicemb_tables": the plan's
+        PlannedTables}``."""
+        return {**self.additional_fused_params, TABLES_KEY: self.planned_tables}
 
 
 class DynamicEmbPerfEstimator(ShardEstimator):  # type: ignore[misc]
@@ -389,8 +397,8 @@ class DynamicEmbeddingShardingPlanner:
                     _refuse_ftrl(table, sharding, weights.get(table))
                     continue
                 fields = {f.name: getattr(sharding, f.name) for f in dataclasses.fields(sharding)}
-                fields.pop("dynamicemb_options", None)
-                fields.pop("planned_tables", None)
+                for own in ("dynamicemb_options", "planned_tables", "additional_fused_params"):
+                    fields.pop(own, None)
                 module_plan[table] = DynamicEmbParameterSharding(
                     **fields, dynamicemb_options=options, planned_tables=planned
                 )
