@@ -1,11 +1,12 @@
 """One rank of test_mixed_model.py: a model in the spirit of the spec's examples, an
 EmbeddingBagCollection and an EmbeddingCollection, each with a dynamic and a static table, and a
 dense layer, planned by DynamicEmbeddingShardingPlanner, wrapped in DistributedModelParallel with
-the dynamic-table sharders (gloo, CPU), sparse tables trained by apply_optimizer_in_backward, the
-dense layer by SGD. Trains STEPS steps on this rank's fixed batch; writes the losses, the plan's
-sharding per table and the keys each dynamic shard holds to OUT.
+the dynamic-table sharders (gloo on the CPU, or NCCL on CUDA with DEVICE ``cuda``), sparse
+tables trained by apply_optimizer_in_backward, the dense layer by SGD. Trains STEPS steps on this
+rank's fixed batch; writes the losses, the plan's sharding per table and the keys each dynamic
+shard holds to OUT.
 
-Usage: ``python _mixed_model_rank.py RANK WORLD STORE OUT``
+Usage: ``python _mixed_model_rank.py RANK WORLD STORE OUT [DEVICE]``
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ DIM = 8
 
 def main() -> None:
     rank, world, store_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    on_gpu = len(sys.argv) > 5 and sys.argv[5] == "cuda"
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
     import torchrec.optim as trec_optim
     from demb_torchrec import DynamicEmbParameterConstraints, DynamicEmbTableOptions
     from demb_torchrec.lookup import DynamicEmbeddingKernel
@@ -49,7 +54,10 @@ def main() -> None:
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     dist.init_process_group(
-        "gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world
+        "nccl" if on_gpu else "gloo",
+        store=dist.FileStore(store_path, world),
+        rank=rank,
+        world_size=world,
     )
     torch.manual_seed(0)  # the same dense layer and static tables on every rank
 
@@ -86,11 +94,13 @@ def main() -> None:
             sequences = self.ec(seqs)
             for feature in ("q", "c"):
                 jt = sequences[feature]
-                sample = torch.repeat_interleave(torch.arange(BATCH), jt.lengths())
-                per_seq.append(torch.zeros(BATCH, DIM).index_add(0, sample, jt.values()))
+                sample = torch.repeat_interleave(torch.arange(BATCH, device=device), jt.lengths())
+                zeros = torch.zeros(BATCH, DIM, device=device)
+                per_seq.append(zeros.index_add(0, sample, jt.values()))
             return self.dense(torch.cat([pooled, *per_seq], dim=1)).squeeze(1)
 
     model = Model()
+    model.dense.to(device)
     apply_optimizer_in_backward(trec_optim.SGD, model.ebc.parameters(), {"lr": 0.5})
     apply_optimizer_in_backward(trec_optim.SGD, model.ec.parameters(), {"lr": 0.5})
     configs = [*model.ebc.embedding_bag_configs(), *model.ec.embedding_configs()]
@@ -108,7 +118,7 @@ def main() -> None:
     }
     sharders = [DynamicEmbeddingBagCollectionSharder(), DynamicEmbeddingCollectionSharder()]
     planner = DynamicEmbeddingShardingPlanner(
-        configs, Topology(world_size=world, compute_device="cpu"), constraints=constraints
+        configs, Topology(world_size=world, compute_device=device.type), constraints=constraints
     )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(
@@ -116,7 +126,7 @@ def main() -> None:
         env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
         plan=plan,
         sharders=sharders,
-        device=torch.device("cpu"),
+        device=device,
     )
     dense_opt = torch.optim.SGD(dmp.module.dense.parameters(), lr=0.5)
     gen = torch.Generator().manual_seed(rank)
@@ -134,7 +144,8 @@ def main() -> None:
     seqs = KeyedJaggedTensor.from_lengths_sync(
         keys=["q", "c"], values=seq_values, lengths=torch.cat(lens[2:])
     )
-    target = torch.randn(BATCH, generator=gen)
+    target = torch.randn(BATCH, generator=gen).to(device)
+    bags, seqs = bags.to(device), seqs.to(device)
     losses = []
     for _ in range(STEPS):
         loss = ((dmp(bags, seqs) - target) ** 2).mean()

@@ -1,9 +1,10 @@
-"""End to end (issue 7's first acceptance item, CPU part): a model with an EmbeddingBagCollection
-and an EmbeddingCollection, each holding a dynamic and a static table, plus a dense layer, planned
-by DynamicEmbeddingShardingPlanner and trained under DistributedModelParallel with
-apply_optimizer_in_backward on 1, 2 and 4 gloo ranks (each rank a process): it trains (the loss
-of every rank's fixed batch falls), dynamic tables are planned row-wise and hold keys far above
-their num_embeddings, static tables are planned by TorchRec."""
+"""End to end (issue 7's first acceptance item): a model with an EmbeddingBagCollection and an
+EmbeddingCollection, each holding a dynamic and a static table, plus a dense layer, planned by
+DynamicEmbeddingShardingPlanner and trained under DistributedModelParallel with
+apply_optimizer_in_backward on 1, 2 and 4 gloo ranks (each rank a process), and on one GPU over
+NCCL (marker ``cuda``): it trains (the loss of every rank's fixed batch falls), dynamic tables
+are planned row-wise and hold keys far above their num_embeddings, static tables are planned by
+TorchRec."""
 
 from __future__ import annotations
 
@@ -20,11 +21,20 @@ RANK_SCRIPT = Path(__file__).with_name("_mixed_model_rank.py")
 @pytest.mark.multiproc
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_mixed_model_trains_on_gloo_ranks(tmp_path, world):
+    check_training(tmp_path, world, "cpu")
+
+
+@pytest.mark.cuda
+def test_mixed_model_trains_on_one_gpu_over_nccl(tmp_path):
+    check_training(tmp_path, 1, "cuda")
+
+
+def check_training(tmp_path: Path, world: int, device: str) -> None:
     store = tmp_path / "store"
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
     procs = [
         subprocess.Popen(
-            [sys.executable, str(RANK_SCRIPT), *map(str, (r, world, store, outs[r]))],
+            [sys.executable, str(RANK_SCRIPT), *map(str, (r, world, store, outs[r], device))],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
