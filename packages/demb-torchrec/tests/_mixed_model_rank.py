@@ -104,16 +104,19 @@ def main() -> None:
     apply_optimizer_in_backward(trec_optim.SGD, model.ebc.parameters(), {"lr": 0.5})
     apply_optimizer_in_backward(trec_optim.SGD, model.ec.parameters(), {"lr": 0.5})
     configs = [*model.ebc.embedding_bag_configs(), *model.ec.embedding_configs()]
-    dynamic = {"user", "query"}
+    # On the CPU: "cat" static and table-wise (TorchRec 1.6.1's own data-parallel
+    # EmbeddingCollection fails there: split_with_sizes in construct_jagged_tensors), "item"
+    # static as TorchRec plans it. The GPU machine's trimmed fbgemm_gpu has neither FBGEMM's
+    # fused nor its dense TBE kernels, which every static table needs: there all are dynamic.
+    dynamic = {"user", "query", "cat", "item"} if on_gpu else {"user", "query"}
+    static_types = {"cat": ["table_wise"], "item": None}
     constraints = {
         c.name: DynamicEmbParameterConstraints(
             use_dynamicemb=True,
             dynamicemb_options=DynamicEmbTableOptions(dist_type="hash_roundrobin"),
         )
         if c.name in dynamic
-        # TorchRec 1.6.1's own data-parallel EmbeddingCollection fails on the CPU
-        # (split_with_sizes in construct_jagged_tensors): the static EC table goes table-wise.
-        else ParameterConstraints(sharding_types=["table_wise"] if c.name == "cat" else None)
+        else ParameterConstraints(sharding_types=static_types[c.name])
         for c in configs
     }
     sharders = [DynamicEmbeddingBagCollectionSharder(), DynamicEmbeddingCollectionSharder()]

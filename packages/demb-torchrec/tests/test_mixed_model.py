@@ -2,9 +2,10 @@
 EmbeddingCollection, each holding a dynamic and a static table, plus a dense layer, planned by
 DynamicEmbeddingShardingPlanner and trained under DistributedModelParallel with
 apply_optimizer_in_backward on 1, 2 and 4 gloo ranks (each rank a process), and on one GPU over
-NCCL (marker ``cuda``): it trains (the loss of every rank's fixed batch falls), dynamic tables
-are planned row-wise and hold keys far above their num_embeddings, static tables are planned by
-TorchRec."""
+NCCL (marker ``cuda``; the GPU machine's trimmed fbgemm_gpu has no TBE kernel a static table
+could run on, so there all four tables are dynamic): it trains (the loss of every rank's fixed
+batch falls), dynamic tables are planned row-wise and hold keys far above their num_embeddings,
+static tables are planned by TorchRec."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def check_training(tmp_path: Path, world: int, device: str) -> None:
         assert losses[-1] < 0.5 * losses[0], f"rank {r} did not train: {losses}"
         assert result["shardings"]["user"] == "row_wise"
         assert result["shardings"]["query"] == "row_wise"
-        assert result["shardings"]["item"] != "row_wise"
-        assert result["shardings"]["cat"] != "row_wise"
+        if device == "cpu":  # on the GPU machine every table is dynamic (no FBGEMM TBE there)
+            assert result["shardings"]["item"] != "row_wise"
+            assert result["shardings"]["cat"] == "table_wise"
     held = [sum(r["held"][t] for r in results) for t in ("user", "query")]
     assert all(h > 0 for h in held), held  # every batch's dynamic keys are somewhere
