@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,3 +29,31 @@ def registry() -> Iterator[None]:
         register_ftrl_emb_opt_type()
     else:
         unregister_ftrl_emb_opt_type()
+
+
+@pytest.fixture
+def run_ranks(tmp_path: Path) -> Callable[..., list[Any]]:
+    """A launcher of multi-rank tests: ``run(script, world, *args)`` starts ``world``
+    processes ``python SCRIPT RANK WORLD STORE OUT *args`` sharing a FileStore under
+    ``tmp_path``, checks that each exits 0 (its log's tail in the message) and returns what each
+    rank saved to its ``OUT`` (``torch.load``)."""
+
+    def run(script: Path, world: int, *args: str) -> list[Any]:
+        import torch
+
+        store = tmp_path / "store"
+        outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), *map(str, (r, world, store, outs[r])), *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            for r in range(world)
+        ]
+        logs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in procs]
+        for r, p in enumerate(procs):
+            assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+        return [torch.load(o, weights_only=False) for o in outs]
+
+    return run

@@ -9,42 +9,26 @@ static tables are planned by TorchRec."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 RANK_SCRIPT = Path(__file__).with_name("_mixed_model_rank.py")
 
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_mixed_model_trains_on_gloo_ranks(tmp_path, world):
-    check_training(tmp_path, world, "cpu")
+def test_mixed_model_trains_on_gloo_ranks(run_ranks, world):
+    check_training(run_ranks, world, "cpu")
 
 
 @pytest.mark.cuda
-def test_mixed_model_trains_on_one_gpu_over_nccl(tmp_path):
-    check_training(tmp_path, 1, "cuda")
+def test_mixed_model_trains_on_one_gpu_over_nccl(run_ranks):
+    check_training(run_ranks, 1, "cuda")
 
 
-def check_training(tmp_path: Path, world: int, device: str) -> None:
-    store = tmp_path / "store"
-    outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(RANK_SCRIPT), *map(str, (r, world, store, outs[r], device))],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    logs = [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs]
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
-    results = [torch.load(o, weights_only=False) for o in outs]
+def check_training(run_ranks, world: int, device: str) -> None:
+    results = run_ranks(RANK_SCRIPT, world, device)
     for r, result in enumerate(results):
         losses = result["losses"]
         assert losses[-1] < 0.5 * losses[0], f"rank {r} did not train: {losses}"

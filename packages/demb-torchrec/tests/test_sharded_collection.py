@@ -8,8 +8,6 @@ all-to-alls and the fused update lose and reorder nothing."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,26 +24,6 @@ def _rank_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def run_ranks(
-    tmp_path: Path, world: int, dist_type: str, optimizer: str, kind: str = "ec"
-) -> list[dict]:
-    store = tmp_path / "store"
-    outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    extra = (dist_type, optimizer, kind)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(RANK_SCRIPT), *map(str, (r, world, store, outs[r])), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    logs = [p.communicate(timeout=600)[0].decode(errors="replace") for p in procs]
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
-    return [torch.load(o, weights_only=False) for o in outs]
 
 
 def reference_outputs(
@@ -106,8 +84,8 @@ def reference_outputs(
         (4, "continuous", "sgd"),
     ],
 )
-def test_sharded_rows_equal_one_unsharded_module(tmp_path, world, dist_type, optimizer):
-    results = run_ranks(tmp_path, world, dist_type, optimizer)
+def test_sharded_rows_equal_one_unsharded_module(run_ranks, world, dist_type, optimizer):
+    results = run_ranks(RANK_SCRIPT, world, dist_type, optimizer, "ec")
     options = results[0]["options"]
     capacity = -(-1000 // world)
     assert options[0].max_capacity == -(-capacity // 128) * 128  # planned per rank
@@ -129,8 +107,8 @@ def test_sharded_rows_equal_one_unsharded_module(tmp_path, world, dist_type, opt
     ("world", "kind", "optimizer"),
     [(1, "ebc-sum", "sgd"), (2, "ebc-sum", "adam"), (2, "ebc-mean", "sgd")],
 )
-def test_sharded_bags_equal_one_unsharded_module(tmp_path, world, kind, optimizer):
-    results = run_ranks(tmp_path, world, "roundrobin", optimizer, kind)
+def test_sharded_bags_equal_one_unsharded_module(run_ranks, world, kind, optimizer):
+    results = run_ranks(RANK_SCRIPT, world, "roundrobin", optimizer, kind)
     options = results[0]["options"]
     unsharded = [
         type(o)(**{**o.__dict__, "max_capacity": 2048, "init_capacity": None}) for o in options

@@ -7,8 +7,6 @@ reference tests and the unsharded-module equality of test_sharded_collection.py 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,21 +17,8 @@ RANK_SCRIPT = Path(__file__).with_name("_twin_rank.py")
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("world", [1, 2])
-def test_dynamic_and_static_twins_agree(tmp_path, world):
-    store = tmp_path / "store"
-    outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(RANK_SCRIPT), *map(str, (r, world, store, outs[r]))],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    logs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in procs]
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
-    per_rank = [torch.load(o, weights_only=False) for o in outs]
+def test_dynamic_and_static_twins_agree(run_ranks, world):
+    per_rank = run_ranks(RANK_SCRIPT, world)
     assert len(per_rank[0]) == 9  # 3 collection kinds x 3 optimizers
     for config in per_rank[0]:
         for r in range(world):

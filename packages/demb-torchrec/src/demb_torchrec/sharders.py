@@ -235,19 +235,29 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):  # ty
             super().reset_parameters()
 
 
-class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):  # type: ignore[misc]
-    """TorchRec's ``EmbeddingCollectionSharder`` for collections with dynamic tables (same
-    arguments)."""
+class _OffersDynamicRowWise:
+    """What the dynamic-table sharders add to TorchRec's: row-wise sharding on every device
+    (TorchRec offers none on the CPU) and ``CUSTOMIZED_KERNEL`` for it."""
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         """TorchRec's, plus ``row_wise`` on every device."""
-        types: list[str] = list(super().sharding_types(compute_device_type))
+        types: list[str] = list(super().sharding_types(compute_device_type))  # type: ignore[misc]
         return types if _ROW_WISE in types else [*types, _ROW_WISE]
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         """TorchRec's, plus ``CUSTOMIZED_KERNEL`` for ``row_wise``."""
-        kernels: list[str] = list(super().compute_kernels(sharding_type, compute_device_type))
+        kernels: list[str] = list(
+            super().compute_kernels(sharding_type, compute_device_type)  # type: ignore[misc]
+        )
         return [*kernels, _CUSTOMIZED] if sharding_type == _ROW_WISE else kernels
+
+
+class DynamicEmbeddingCollectionSharder(
+    _OffersDynamicRowWise,
+    EmbeddingCollectionSharder,  # type: ignore[misc]
+):
+    """TorchRec's ``EmbeddingCollectionSharder`` for collections with dynamic tables (same
+    arguments)."""
 
     def shard(
         self,
@@ -274,19 +284,12 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):  # type: ig
         return ShardedDynamicEmbeddingCollection
 
 
-class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):  # type: ignore[misc]
+class DynamicEmbeddingBagCollectionSharder(
+    _OffersDynamicRowWise,
+    EmbeddingBagCollectionSharder,  # type: ignore[misc]
+):
     """TorchRec's ``EmbeddingBagCollectionSharder`` for collections with dynamic tables (same
     arguments)."""
-
-    def sharding_types(self, compute_device_type: str) -> list[str]:
-        """TorchRec's, plus ``row_wise`` on every device."""
-        types: list[str] = list(super().sharding_types(compute_device_type))
-        return types if _ROW_WISE in types else [*types, _ROW_WISE]
-
-    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
-        """TorchRec's, plus ``CUSTOMIZED_KERNEL`` for ``row_wise``."""
-        kernels: list[str] = list(super().compute_kernels(sharding_type, compute_device_type))
-        return [*kernels, _CUSTOMIZED] if sharding_type == _ROW_WISE else kernels
 
     def shard(
         self,
