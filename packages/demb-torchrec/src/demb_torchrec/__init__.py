@@ -2,8 +2,8 @@
 
 The spec's public names are exported here with the spec's signatures; demb's own names
 (``DynamicEmbeddingTables``, ...) are the same objects. The names that build on TorchRec's own
-classes (``FTRL``, ``DynamicEmbParameterConstraints``) import TorchRec on first use, so that
-``import demb_torchrec`` alone (the table module, the CLI) does not.
+classes (``FTRL``, ``DynamicEmbParameterConstraints``, the planner and sharders) import TorchRec
+on first use, so that ``import demb_torchrec`` alone (the table module, the CLI) does not.
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ __all__ = [
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",
     "DynamicEmbTableOptions",
+    "DynamicEmbeddingBagCollectionSharder",
+    "DynamicEmbeddingCollectionSharder",
+    "DynamicEmbeddingEnumerator",
+    "DynamicEmbeddingShardingPlanner",
     "DynamicEmbeddingTables",
     "EvictedItemMode",
     "optimizer_spec",
@@ -45,11 +49,20 @@ __all__ = [
 _ON_TORCHREC = {
     "FTRL": "demb_torchrec.optimizers",
     "DynamicEmbParameterConstraints": "demb_torchrec.constraints",
+    "DynamicEmbeddingEnumerator": "demb_torchrec.planner",
+    "DynamicEmbeddingShardingPlanner": "demb_torchrec.planner",
+    "DynamicEmbeddingBagCollectionSharder": "demb_torchrec.sharders",
+    "DynamicEmbeddingCollectionSharder": "demb_torchrec.sharders",
 }
 
 if TYPE_CHECKING:
     from demb_torchrec.constraints import DynamicEmbParameterConstraints
     from demb_torchrec.optimizers import FTRL
+    from demb_torchrec.planner import DynamicEmbeddingEnumerator, DynamicEmbeddingShardingPlanner
+    from demb_torchrec.sharders import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+    )
 
 
 def __getattr__(name: str) -> object:
