@@ -1,5 +1,6 @@
 """The ``demb`` command: ``demb`` (or ``demb env``) reports the environment; ``demb bench
-module`` runs the table module's reference workload."""
+module`` runs the table module's reference workload; ``demb bench dlrm`` a DistributedModelParallel
+train step of a DLRM-like model on dynamic tables."""
 
 from __future__ import annotations
 
@@ -82,6 +83,35 @@ def _bench_module(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_dlrm(args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+
+    from demb_torchrec.bench.dlrm_bench import DlrmWorkload, run
+
+    gpu = torch.cuda.is_available()
+    w = DlrmWorkload(
+        world_size=args.world_size,
+        batch_size=args.batch_size or (8192 if gpu else 1024),
+        scale=args.scale if args.scale is not None else (1.0 if gpu else 0.001),
+        steps=args.steps,
+        warmup=args.warmup,
+    )
+    report = run(w)
+    report["command"] = "demb " + " ".join(args.argv)
+    print(
+        f"dlrm on {report['device']} x {w.world_size} ({report['backend']}): 26 dynamic tables "
+        f"({sum(report['table_rows']):,} rows, D={w.dim}), batch {w.batch_size} per rank: "
+        f"{report['step_ms']:.3f} ms per step, {report['samples_per_s']:,.0f} samples/s"
+    )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="demb", description="demb: dynamic embedding tables.")
     sub = parser.add_subparsers(dest="command")
@@ -107,6 +137,17 @@ def _parser() -> argparse.ArgumentParser:
     module.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     module.add_argument("--no-baseline", action="store_true", help="skip the TorchRec baseline")
     module.add_argument("--out", help="write the report as JSON here")
+    dlrm = bench.add_parser(
+        "dlrm", help="a DMP train step of a DLRM-like model on 26 dynamic tables (Criteo sizes)"
+    )
+    dlrm.add_argument("--world-size", type=int, default=1, help="local ranks (one per GPU)")
+    dlrm.add_argument("--batch-size", type=int, help="samples per rank (8192 GPU, 1024 CPU)")
+    dlrm.add_argument(
+        "--scale", type=float, help="table rows times this (default 1 on a GPU, 0.001 on the CPU)"
+    )
+    dlrm.add_argument("--steps", type=int, default=20, help="timed steps")
+    dlrm.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    dlrm.add_argument("--out", help="write the report as JSON here")
     return parser
 
 
@@ -116,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.argv = argv
     if args.command == "bench":
-        return _bench_module(args)
+        return _bench_dlrm(args) if args.bench == "dlrm" else _bench_module(args)
     for name, value in environment_report():
         print(f"{name:<20} {value}")
     return 0

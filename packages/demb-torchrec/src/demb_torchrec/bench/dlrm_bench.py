@@ -1,0 +1,179 @@
+"""``demb bench dlrm``: a DistributedModelParallel train step of a DLRM-like model whose 26 sparse
+features are dynamic tables (issue 7's benchmark).
+
+TorchRec's ``DLRM`` (13 dense features through a bottom MLP, the 26 pooled embeddings, their
+pairwise interactions, a top MLP, BCE loss) over an ``EmbeddingBagCollection`` of 26 dynamic
+tables, D=128, sized like Criteo Kaggle's categorical features (33.8M rows in all; scaled on the
+CPU), one id per sample and feature drawn from a power law (alpha 1.05) over each table's rows.
+Planned by ``DynamicEmbeddingShardingPlanner`` (row-wise, ``roundrobin``), sparse tables trained
+by ``apply_optimizer_in_backward`` (Adam), the dense part by Adam. One process per rank (gloo on
+the CPU, NCCL on GPUs); a step is forward, backward and the dense optimizer's step, timed between
+synchronizations on every rank (a barrier). Rank 0 prints and writes the medians.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.multiprocessing.spawn import start_processes
+
+from demb_torchrec.bench.workload import power_law_ids
+
+__all__ = ["CRITEO_ROWS", "DlrmWorkload", "run"]
+
+CRITEO_ROWS = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+    14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+"""Rows of Criteo Kaggle's 26 categorical features."""
+
+
+@dataclass(frozen=True)
+class DlrmWorkload:
+    """The benchmark's shape."""
+
+    world_size: int = 1
+    batch_size: int = 8192
+    """Samples per rank and step."""
+    dim: int = 128
+    scale: float = 1.0
+    """Table rows times this (at least 16 each)."""
+    alpha: float = 1.05
+    steps: int = 20
+    warmup: int = 5
+
+    def rows(self) -> list[int]:
+        return [max(16, round(r * self.scale)) for r in CRITEO_ROWS]
+
+
+def _batch(w: DlrmWorkload, rank: int, step: int, device: torch.device) -> tuple[Any, ...]:
+    from torchrec import KeyedJaggedTensor
+
+    gen = torch.Generator().manual_seed(1_000_003 * rank + step)
+    ids = [power_law_ids(gen, w.batch_size, rows, w.alpha) for rows in w.rows()]
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=[f"f{i}" for i in range(len(ids))],
+        values=torch.cat(ids),
+        lengths=torch.ones(len(ids) * w.batch_size, dtype=torch.int32),
+    )
+    dense = torch.randn(w.batch_size, 13, generator=gen)
+    labels = torch.randint(0, 2, (w.batch_size,), generator=gen).float()
+    return dense.to(device), kjt.to(device), labels.to(device)
+
+
+def _rank(rank: int, w: DlrmWorkload, store_path: str, out: str | None) -> None:
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    import torchrec.optim as trec_optim
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.models.dlrm import DLRM
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from demb_torchrec.constraints import DynamicEmbParameterConstraints
+    from demb_torchrec.options import DynamicEmbTableOptions
+    from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
+    from demb_torchrec.sharders import DynamicEmbeddingBagCollectionSharder
+
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if on_gpu else "gloo",
+        init_method=f"file://{store_path}",
+        rank=rank,
+        world_size=w.world_size,
+    )
+    configs = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=w.dim, num_embeddings=rows, feature_names=[f"f{i}"]
+        )
+        for i, rows in enumerate(w.rows())
+    ]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    model = DLRM(ebc, 13, [512, 256, w.dim], [1024, 1024, 512, 256, 1], dense_device=device)
+    apply_optimizer_in_backward(trec_optim.Adam, model.sparse_arch.parameters(), {"lr": 1e-3})
+    constraints = {
+        c.name: DynamicEmbParameterConstraints(
+            use_dynamicemb=True, dynamicemb_options=DynamicEmbTableOptions()
+        )
+        for c in configs
+    }
+    sharder = DynamicEmbeddingBagCollectionSharder()
+    pg = dist.GroupMember.WORLD
+    planner = DynamicEmbeddingShardingPlanner(
+        configs,
+        # TorchRec's default topology assumes 32 GB of HBM: give it the device's own
+        Topology(
+            world_size=w.world_size,
+            compute_device=device.type,
+            **(
+                {"hbm_cap": torch.cuda.get_device_properties(device).total_memory} if on_gpu else {}
+            ),
+        ),
+        constraints=constraints,
+    )
+    plan = planner.collective_plan(model, [sharder], pg)
+    dmp = DistributedModelParallel(
+        model, env=ShardingEnv.from_process_group(pg), plan=plan, sharders=[sharder], device=device
+    )
+    dense_params = [p for n, p in dmp.named_parameters() if "sparse_arch" not in n]
+    dense_opt = torch.optim.Adam(dense_params, lr=1e-3)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    batches = [_batch(w, rank, s, device) for s in range(4)]
+    times = []
+    for step in range(w.warmup + w.steps):
+        dense, kjt, labels = batches[step % len(batches)]
+        dist.barrier()
+        if on_gpu:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        loss = loss_fn(dmp(dense, kjt).squeeze(1), labels)
+        dense_opt.zero_grad()
+        loss.backward()
+        dense_opt.step()
+        if on_gpu:
+            torch.cuda.synchronize(device)
+        dist.barrier()
+        if step >= w.warmup:
+            times.append(time.perf_counter() - start)
+    if rank == 0:
+        step_ms = statistics.median(times) * 1e3
+        report = {
+            "workload": asdict(w),
+            "table_rows": w.rows(),
+            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+            "backend": "nccl" if on_gpu else "gloo",
+            "step_ms": step_ms,
+            "samples_per_s": w.batch_size * w.world_size / (step_ms / 1e3),
+            "last_loss": float(loss),
+        }
+        with open(out or os.devnull, "w") as f:
+            json.dump(report, f, indent=2)
+    dist.destroy_process_group()
+
+
+def run(w: DlrmWorkload) -> dict[str, Any]:
+    """Run the benchmark on ``w.world_size`` local ranks; returns rank 0's report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+        store = os.path.join(tmp, "store")
+        start_processes(  # type: ignore[no-untyped-call]
+            _rank, args=(w, store, out), nprocs=w.world_size, start_method="spawn"
+        )
+        with open(out) as f:
+            report: dict[str, Any] = json.load(f)
+    return report
