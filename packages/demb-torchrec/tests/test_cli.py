@@ -31,3 +31,14 @@ def test_bench_dlrm_writes_its_report(tmp_path):
     assert len(report["table_rows"]) == 26
     assert report["step_ms"] > 0
     assert report["command"].startswith("demb bench dlrm")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("world_size", 0), ("batch_size", -1), ("steps", 0), ("warmup", -1), ("scale", 0.0)],
+)
+def test_dlrm_workload_names_a_bad_field(field, value):
+    from demb_torchrec.bench.dlrm_bench import DlrmWorkload
+
+    with pytest.raises(ValueError, match=f"{field}={value!r}"):
+        DlrmWorkload(**{field: value})

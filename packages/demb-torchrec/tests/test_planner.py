@@ -19,6 +19,10 @@ from demb_torchrec.planner import (
     DynamicEmbeddingShardingPlanner,
     DynamicEmbParameterSharding,
 )
+from demb_torchrec.sharders import (
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+)
 from torch import nn
 from torchrec import (
     EmbeddingBagCollection,
@@ -26,37 +30,28 @@ from torchrec import (
     EmbeddingCollection,
     EmbeddingConfig,
 )
-from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 CUSTOMIZED = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
 
 
-class _OffersCustomized:
-    """Test sharders: TorchRec's, also offering row-wise sharding on CUSTOMIZED_KERNEL on any
-    device (as a dynamic-table sharder does; TorchRec offers no row-wise on the CPU), and the
-    DENSE kernel for every sharding type (as other trainers' topologies do: seed 000's review;
-    TorchRec drops it wherever FUSED is allowed too, unless constraints pin it); used to plan
-    only, never to shard."""
-
-    def sharding_types(self, compute_device_type: str) -> list[str]:
-        types = super().sharding_types(compute_device_type)  # type: ignore[misc]
-        return types if "row_wise" in types else [*types, "row_wise"]
+class _AlsoDense:
+    """Test sharders: the dynamic-table sharders that also offer the DENSE kernel for every
+    sharding type (as other trainers' topologies do: seed 000's review; TorchRec drops it
+    wherever FUSED is allowed too, unless constraints pin it)."""
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         kernels = super().compute_kernels(sharding_type, compute_device_type)  # type: ignore[misc]
-        kernels = kernels if "dense" in kernels else [*kernels, "dense"]
-        return [*kernels, CUSTOMIZED] if sharding_type == "row_wise" else kernels
+        return kernels if "dense" in kernels else [*kernels, "dense"]
 
 
-class EBCSharder(_OffersCustomized, EmbeddingBagCollectionSharder):
+class EBCSharder(_AlsoDense, DynamicEmbeddingBagCollectionSharder):
     pass
 
 
-class ECSharder(_OffersCustomized, EmbeddingCollectionSharder):
+class ECSharder(_AlsoDense, DynamicEmbeddingCollectionSharder):
     pass
 
 

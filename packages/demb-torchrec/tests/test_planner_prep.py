@@ -7,6 +7,7 @@ import math
 
 import pytest
 from demb_planner import MAX_BUCKET_CAPACITY, PlannerConfigError
+from demb_storage import TableConfigError
 from demb_torchrec import (
     DynamicEmbInitializerArgs,
     DynamicEmbInitializerMode,
@@ -18,6 +19,7 @@ from demb_torchrec.constraints import (
     complete_initializer_args,
     prepare_table_options,
 )
+from demb_torchrec.options import table_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchrec import EmbeddingBagConfig, EmbeddingConfig
@@ -118,3 +120,7 @@ def test_bad_options_name_themselves():
         prepare_table_options(DynamicEmbTableOptions(), config(), 0)
     with pytest.raises(PlannerConfigError, match="init_capacity"):
         prepare_table_options(DynamicEmbTableOptions(init_capacity=0), config(), 2)
+    with pytest.raises(PlannerConfigError, match="dist_type='modulo': unknown"):
+        prepare_table_options(DynamicEmbTableOptions(dist_type="modulo"), config(), 2)
+    with pytest.raises(TableConfigError, match="dist_type"):
+        table_config(DynamicEmbTableOptions(dim=4, max_capacity=128, dist_type="modulo"), 0, "t")

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from demb_planner import (
+    DistType,
     SupportsEmbeddingShape,
     align_init_capacity,
     local_hbm_for_values,
@@ -112,9 +113,10 @@ def prepare_table_options(
     3. ``local_hbm_for_values`` set to ``ceil(global_hbm_for_values / world_size)``.
 
     Raises:
-        demb_planner.PlannerConfigError: a bad ``bucket_capacity``, ``init_capacity``, row
-            count or world size, naming it.
+        demb_planner.PlannerConfigError: a bad ``bucket_capacity``, ``init_capacity``,
+            ``dist_type``, row count or world size, naming it.
     """
+    DistType.parse(options.dist_type)  # refused here, at planning, rather than at a forward
     layout = sharded_table_bucket_layout(embedding_config, world_size, options.bucket_capacity)
     return dataclasses.replace(
         options,

@@ -34,6 +34,7 @@ __all__ = [
     "DynamicEmbeddingsLookup",
     "DynamicPooledEmbeddingsLookup",
     "kernel_arguments",
+    "planned_options",
 ]
 
 # TorchRec keys that carry no setting for a dynamic table when they hold these values.
@@ -45,25 +46,35 @@ _INERT: dict[str, tuple[object, ...]] = {
 }
 
 
+def planned_options(table: str, fused_params: Mapping[str, Any] | None) -> DynamicEmbTableOptions:
+    """The per-rank options the planner gave dynamic table ``table`` (from its fused params).
+
+    Raises:
+        ValueError: there are none (the table was not planned by
+            :class:`demb_torchrec.planner.DynamicEmbeddingShardingPlanner`).
+    """
+    planned = (fused_params or {}).get(TABLES_KEY)
+    if not isinstance(planned, PlannedTables) or table not in planned:
+        raise ValueError(
+            f"table {table!r}: no planned dynamic-table options in its fused params; plan "
+            "dynamic tables with DynamicEmbeddingShardingPlanner"
+        )
+    return planned[table]
+
+
 def kernel_arguments(
     table: str, fused_params: Mapping[str, Any] | None
 ) -> tuple[DynamicEmbTableOptions, object, dict[str, Any]]:
     """``(options, optimizer, hyper_parameters)`` of one dynamic table from its fused params.
 
     Raises:
-        ValueError: no ``dynamicemb_options`` (the table was not planned by
-            :class:`demb_torchrec.planner.DynamicEmbeddingShardingPlanner`), or no optimizer.
+        ValueError: no planned options (:func:`planned_options`), or no optimizer.
         NotImplementedError: a TorchRec setting dynamic tables do not have (caching,
             stochastic rounding, ...), naming it.
     """
+    options = planned_options(table, fused_params)
     params = dict(fused_params or {})
-    planned = params.pop(TABLES_KEY, None)
-    if not isinstance(planned, PlannedTables) or table not in planned:
-        raise ValueError(
-            f"table {table!r}: no planned dynamic-table options in its fused params; plan "
-            "dynamic tables with DynamicEmbeddingShardingPlanner"
-        )
-    options = planned[table]
+    del params[TABLES_KEY]
     optimizer = params.pop("optimizer", None)
     if optimizer is None:
         raise ValueError(

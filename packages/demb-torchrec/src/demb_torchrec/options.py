@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from demb_planner import DistType
 from demb_storage import (
     InitializerArgs,
     InitializerMode,
@@ -157,11 +158,9 @@ def check_supported(options: DynamicEmbTableOptions, table: str) -> None:
             )
     if options.index_type not in (None, torch.int64, torch.int32):
         raise TableConfigError("index_type", options.index_type, "must be torch.int64 or int32")
-    if options.dist_type not in _DIST_TYPES:
-        raise TableConfigError("dist_type", options.dist_type, f"must be one of {_DIST_TYPES}")
-
-
-_DIST_TYPES = ("roundrobin", "hash_roundrobin", "continuous")
+    dist_types = [d.value for d in DistType]
+    if options.dist_type not in dist_types:
+        raise TableConfigError("dist_type", options.dist_type, f"must be one of {dist_types}")
 
 
 def table_config(options: DynamicEmbTableOptions, state_dim: int, table: str) -> TableConfig:

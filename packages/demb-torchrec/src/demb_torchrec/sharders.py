@@ -57,7 +57,7 @@ from demb_torchrec.input_dist import DynamicRwSparseFeaturesDist
 from demb_torchrec.lookup import (
     DynamicEmbeddingsLookup,
     DynamicPooledEmbeddingsLookup,
-    kernel_arguments,
+    planned_options,
 )
 
 __all__ = [
@@ -80,11 +80,11 @@ def _dynamic_input_dist(
 ) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
     """A row-wise sharding's input dist, routing keys by its tables' ``dist_type`` (one for
     all of them)."""
-    dist_types = {}
-    for group in sharding._grouped_embedding_configs:
-        for table in group.embedding_tables:
-            options, _, _ = kernel_arguments(table.name, table.fused_params)
-            dist_types[table.name] = options.dist_type
+    dist_types = {
+        table.name: planned_options(table.name, table.fused_params).dist_type
+        for group in sharding._grouped_embedding_configs
+        for table in group.embedding_tables
+    }
     kinds = sorted(set(dist_types.values()))
     if len(kinds) > 1:
         raise ValueError(

@@ -52,6 +52,16 @@ class DlrmWorkload:
     steps: int = 20
     warmup: int = 5
 
+    def __post_init__(self) -> None:
+        for name in ("world_size", "batch_size", "dim", "steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"warmup={self.warmup!r}: must be a non-negative integer")
+        if not self.scale > 0 or not self.alpha > 1:
+            raise ValueError(f"scale={self.scale!r} must be > 0 and alpha={self.alpha!r} > 1")
+
     def rows(self) -> list[int]:
         return [max(16, round(r * self.scale)) for r in CRITEO_ROWS]
 
@@ -167,7 +177,15 @@ def _rank(rank: int, w: DlrmWorkload, store_path: str, out: str | None) -> None:
 
 
 def run(w: DlrmWorkload) -> dict[str, Any]:
-    """Run the benchmark on ``w.world_size`` local ranks; returns rank 0's report."""
+    """Run the benchmark on ``w.world_size`` local ranks (one GPU each when CUDA is visible);
+    returns rank 0's report.
+
+    Raises:
+        ValueError: more ranks than visible GPUs.
+    """
+    gpus = torch.cuda.device_count()
+    if gpus and w.world_size > gpus:
+        raise ValueError(f"world_size={w.world_size}: only {gpus} GPUs are visible")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
         store = os.path.join(tmp, "store")
