@@ -2,9 +2,12 @@
 EmbeddingBagCollection (``ebc-sum``, ``ebc-mean``) of dynamic tables planned by
 DynamicEmbeddingShardingPlanner, sharded row-wise by the dynamic-table sharder under
 DistributedModelParallel over gloo, trained a few steps on this rank's batches; writes each
-step's outputs to OUT (per feature rows for ``ec``, the ``(B, sum of dims)`` bags otherwise).
+step's outputs to OUT (per feature rows for ``ec``, the ``(B, sum of dims)`` bags otherwise),
+the ids each step's lookup received, and every table's keys and scores at the end (``ec``
+tables score LFU: deduplicated ids must still count every occurrence).
 
-Usage: ``python _sharded_ec_rank.py RANK WORLD STORE OUT DIST_TYPE OPTIMIZER KIND``
+Usage: ``python _sharded_ec_rank.py RANK WORLD STORE OUT DIST_TYPE OPTIMIZER KIND [DEVICE]``
+(DEVICE ``cuda``: rank ``r`` on GPU ``r`` over NCCL; outputs and tables saved on the CPU).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ warnings.filterwarnings("ignore")
 
 STEPS = 3
 BATCH = 6  # samples per rank
+CLIP = 0.05  # max_gradient of OPTIMIZER sgd-clip
+ADAGRAD_EPS = 1e-8  # TorchRec's Adagrad defaults to 1e-10, demb's to 1e-8
 TABLES = (("a", "fa", 8, 1000), ("b", "fb", 8, 300))  # name, feature, dim, num_embeddings
 
 
@@ -48,13 +53,19 @@ def gradient(step: int, rank: int, feature: int, n: int, dim: int) -> torch.Tens
 def main() -> None:
     rank, world, store_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist_type, optimizer, kind = sys.argv[5], sys.argv[6], sys.argv[7]
+    on_gpu = len(sys.argv) > 8 and sys.argv[8] == "cuda"
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
     import torchrec.optim as trec_optim
     from demb_torchrec import (
         DynamicEmbInitializerArgs,
         DynamicEmbInitializerMode,
         DynamicEmbParameterConstraints,
+        DynamicEmbScoreStrategy,
         DynamicEmbTableOptions,
     )
+    from demb_torchrec.lookup import DynamicEmbeddingKernel
     from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
     from demb_torchrec.sharders import (
         DynamicEmbeddingBagCollectionSharder,
@@ -74,7 +85,7 @@ def main() -> None:
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     store = dist.FileStore(store_path, world)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=rank, world_size=world)
     meta = torch.device("meta")
     if kind == "ec":
         configs = [
@@ -82,7 +93,9 @@ def main() -> None:
             for n, f, d, r in TABLES
         ]
         model = EmbeddingCollection(tables=configs, device=meta)
-        sharder = DynamicEmbeddingCollectionSharder()
+        # sgd-clip: clipping knobs given through the sharder's fused params
+        clip = {"gradient_clipping": True, "max_gradient": CLIP} if optimizer == "sgd-clip" else {}
+        sharder = DynamicEmbeddingCollectionSharder(fused_params=clip or None)
     else:
         pooling = PoolingType.SUM if kind == "ebc-sum" else PoolingType.MEAN
         configs = [
@@ -93,18 +106,31 @@ def main() -> None:
         ]
         model = EmbeddingBagCollection(tables=configs, device=meta)
         sharder = DynamicEmbeddingBagCollectionSharder()
-    opt_class = {"sgd": trec_optim.SGD, "adam": trec_optim.Adam}[optimizer]
-    apply_optimizer_in_backward(opt_class, model.parameters(), {"lr": 0.1})
+    kwargs = {"lr": 0.1, **({"eps": ADAGRAD_EPS} if "adagrad" in optimizer else {})}
+    opt_class = {
+        "sgd": trec_optim.SGD,
+        "sgd-clip": trec_optim.SGD,
+        "adam": trec_optim.Adam,
+        "adagrad": trec_optim.Adagrad,
+        "rowwise_adagrad": trec_optim.RowWiseAdagrad,
+    }[optimizer]
+    apply_optimizer_in_backward(opt_class, model.parameters(), kwargs)
     init = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
     constraints = {
         n: DynamicEmbParameterConstraints(
             use_dynamicemb=True,
-            dynamicemb_options=DynamicEmbTableOptions(initializer_args=init, dist_type=dist_type),
+            dynamicemb_options=DynamicEmbTableOptions(
+                initializer_args=init,
+                dist_type=dist_type,
+                score_strategy=(
+                    DynamicEmbScoreStrategy.LFU if kind == "ec" else DynamicEmbScoreStrategy.STEP
+                ),
+            ),
         )
         for n, _, _, _ in TABLES
     }
     planner = DynamicEmbeddingShardingPlanner(
-        configs, Topology(world_size=world, compute_device="cpu"), constraints=constraints
+        configs, Topology(world_size=world, compute_device=device.type), constraints=constraints
     )
     plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(
@@ -112,22 +138,44 @@ def main() -> None:
         env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
         plan=plan,
         sharders=[sharder],
-        device=torch.device("cpu"),
+        device=device,
     )
+    kernels = [  # TorchRec keeps its lookups out of the module tree
+        k
+        for lookup in dmp.module._lookups
+        for k in lookup.modules()
+        if isinstance(k, DynamicEmbeddingKernel)
+    ]
+    assert kernels
+    received: list[int] = []
+    for k in kernels:
+        k.register_forward_pre_hook(lambda _, args: received.append(args[0].values().numel()))
     outputs = []
     for step in range(STEPS):
         lengths, values = batch(step, rank)
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=[f for _, f, _, _ in TABLES], values=torch.cat(values), lengths=torch.cat(lengths)
-        )
+        ).to(device)
         out = dmp(kjt)
         # ec: rows per feature; ebc: the (B, sum of dims) bags, features in order
         rows = [out[f].values() for _, f, _, _ in TABLES] if kind == "ec" else [out.values()]
-        outputs.append([r.detach().clone() for r in rows])
-        grads = [gradient(step, rank, i, r.shape[0], r.shape[1]) for i, r in enumerate(rows)]
+        outputs.append([r.detach().cpu() for r in rows])
+        grads = [
+            gradient(step, rank, i, r.shape[0], r.shape[1]).to(device) for i, r in enumerate(rows)
+        ]
         torch.autograd.backward(rows, grads)
+    tables = {}
+    for k in kernels:
+        for t, name in enumerate(k.tables.table_names):
+            export = k.tables.tables.export(t)
+            tables[name] = (export.keys.cpu(), export.scores.cpu())
     torch.save(
-        {"outputs": outputs, "options": [constraints[n].dynamicemb_options for n, *_ in TABLES]},
+        {
+            "outputs": outputs,
+            "options": [constraints[n].dynamicemb_options for n, *_ in TABLES],
+            "received": received,
+            "tables": tables,
+        },
         out_path,
     )
     dist.destroy_process_group()

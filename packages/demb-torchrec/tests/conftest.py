@@ -38,11 +38,14 @@ def run_ranks(tmp_path: Path) -> Callable[..., list[Any]]:
     ``tmp_path``, checks that each exits 0 (its log's tail in the message) and returns what each
     rank saved to its ``OUT`` (``torch.load``)."""
 
+    runs = [0]
+
     def run(script: Path, world: int, *args: str) -> list[Any]:
         import torch
 
-        store = tmp_path / "store"
-        outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
+        runs[0] += 1  # each run its own store and outputs (a test may launch several)
+        store = tmp_path / f"store{runs[0]}"
+        outs = [tmp_path / f"run{runs[0]}-rank{r}.pt" for r in range(world)]
         procs = [
             subprocess.Popen(
                 [sys.executable, str(script), *map(str, (r, world, store, outs[r])), *args],

@@ -42,3 +42,36 @@ def test_dlrm_workload_names_a_bad_field(field, value):
 
     with pytest.raises(ValueError, match=f"{field}={value!r}"):
         DlrmWorkload(**{field: value})
+
+
+@pytest.mark.multiproc
+def test_bench_balance_counts_the_keys_each_rank_holds(tmp_path):
+    """``demb bench balance`` on 2 CPU ranks: keys that are all multiples of the world size go
+    to rank 0 alone under roundrobin and spread under hash_roundrobin; every drawn key is held
+    by exactly one rank (the counts add up to the distinct keys drawn)."""
+    import torch
+    from demb_torchrec.bench.balance_bench import BalanceWorkload, _keys
+    from demb_torchrec.cli import main
+
+    out = tmp_path / "balance.json"
+    args = ["bench", "balance", "--world-size", "2", "--batch-size", "512", "--steps", "2"]
+    assert main([*args, "--out", str(out)]) == 0
+    tables = json.loads(out.read_text())["tables"]
+    w = BalanceWorkload(world_size=2, batch_size=512, steps=2)
+    for stream in ("strided", "power_law"):
+        drawn = torch.cat([_keys(w, stream, r, s) for r in range(2) for s in range(2)])
+        distinct = int(drawn.unique().numel())
+        for dist_type in ("roundrobin", "hash_roundrobin"):
+            assert sum(tables[f"{stream}/{dist_type}"]["keys_per_rank"]) == distinct
+    assert tables["strided/roundrobin"]["keys_per_rank"][1] == 0
+    assert tables["strided/roundrobin"]["max_over_mean"] == 2.0
+    assert tables["strided/hash_roundrobin"]["max_over_mean"] < 1.2
+
+
+def test_balance_workload_names_a_bad_field():
+    from demb_torchrec.bench.balance_bench import BalanceWorkload
+
+    with pytest.raises(ValueError, match="world_size=0"):
+        BalanceWorkload(world_size=0)
+    with pytest.raises(ValueError, match=r"alpha=1\.0"):
+        BalanceWorkload(alpha=1.0)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from demb_torchrec._args import optimizer_spec
 from demb_torchrec.batched_tables import BatchedDynamicEmbeddingTablesV2, DynamicEmbeddingTables
+from demb_torchrec.dump import DynamicEmbDump, DynamicEmbLoad
 from demb_torchrec.options import (
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,
@@ -29,9 +30,11 @@ __all__ = [
     "FTRL",
     "BatchedDynamicEmbeddingTablesV2",
     "DynamicEmbCheckMode",
+    "DynamicEmbDump",
     "DynamicEmbEvictStrategy",
     "DynamicEmbInitializerArgs",
     "DynamicEmbInitializerMode",
+    "DynamicEmbLoad",
     "DynamicEmbOptimType",
     "DynamicEmbParameterConstraints",
     "DynamicEmbPoolingMode",

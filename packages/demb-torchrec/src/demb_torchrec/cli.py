@@ -1,6 +1,7 @@
 """The ``demb`` command: ``demb`` (or ``demb env``) reports the environment; ``demb bench
 module`` runs the table module's reference workload; ``demb bench dlrm`` a DistributedModelParallel
-train step of a DLRM-like model on dynamic tables."""
+train step of a DLRM-like model on dynamic tables; ``demb bench balance`` the keys per rank of the
+two modulo routings."""
 
 from __future__ import annotations
 
@@ -112,6 +113,24 @@ def _bench_dlrm(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_balance(args: argparse.Namespace) -> int:
+    import json
+
+    from demb_torchrec.bench.balance_bench import BalanceWorkload, run
+
+    w = BalanceWorkload(world_size=args.world_size, batch_size=args.batch_size, steps=args.steps)
+    report = run(w)
+    report["command"] = "demb " + " ".join(args.argv)
+    print(f"keys per rank on {report['device']} x {w.world_size} ({report['backend']}):")
+    for name, t in report["tables"].items():
+        print(f"  {name:<28} max/mean {t['max_over_mean']:.3f}  per rank {t['keys_per_rank']}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="demb", description="demb: dynamic embedding tables.")
     sub = parser.add_subparsers(dest="command")
@@ -148,6 +167,13 @@ def _parser() -> argparse.ArgumentParser:
     dlrm.add_argument("--steps", type=int, default=20, help="timed steps")
     dlrm.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     dlrm.add_argument("--out", help="write the report as JSON here")
+    balance = bench.add_parser(
+        "balance", help="keys per rank under roundrobin vs hash_roundrobin (strided, power law)"
+    )
+    balance.add_argument("--world-size", type=int, default=2, help="local ranks (one per GPU)")
+    balance.add_argument("--batch-size", type=int, default=8192, help="keys per rank and step")
+    balance.add_argument("--steps", type=int, default=8, help="forwards")
+    balance.add_argument("--out", help="write the report as JSON here")
     return parser
 
 
@@ -157,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.argv = argv
     if args.command == "bench":
-        return _bench_dlrm(args) if args.bench == "dlrm" else _bench_module(args)
+        runs = {"dlrm": _bench_dlrm, "balance": _bench_balance, "module": _bench_module}
+        return runs[args.bench](args)
     for name, value in environment_report():
         print(f"{name:<20} {value}")
     return 0

@@ -100,9 +100,10 @@ def kernel_arguments(
 class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
     """The dynamic tables of one ``GroupedEmbeddingConfig`` on this rank. ``forward(features)``
     returns, without ``pooled``, ``(N, D)`` rows, one per value of ``features`` (TorchRec's
-    sequence path); with ``pooled``, ``(B, sum of dims)`` bag sums, weighted by the features'
-    weights when they have them (TorchRec's row-wise pooled path sums partial bags across ranks
-    and applies MEAN afterwards). The backward updates the rows in place."""
+    sequence path; the features' weights, if any, are LFU frequency counters); with
+    ``pooled``, ``(B, sum of dims)`` bag sums, weighted by the features' weights when they have
+    them (TorchRec's row-wise pooled path sums partial bags across ranks and applies MEAN
+    afterwards). The backward updates the rows in place."""
 
     def __init__(
         self, config: GroupedEmbeddingConfig, device: torch.device | None, pooled: bool = False
@@ -141,8 +142,14 @@ class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """``(N, D)`` rows or ``(B, sum of dims)`` bag sums of ``features`` (feature-major, one
         stride)."""
-        weights = features.weights_or_none() if self._pooled else None
-        rows: torch.Tensor = self.tables(features.values(), features.offsets(), weights)
+        weights = features.weights_or_none()
+        if self._pooled:
+            rows: torch.Tensor = self.tables(features.values(), features.offsets(), weights)
+            return rows
+        # The sequence path's weights are LFU frequency counters (the input dist's dedup
+        # counts, or the user's).
+        counters = None if weights is None else weights.to(torch.int64)
+        rows = self.tables(features.values(), features.offsets(), frequency_counters=counters)
         return rows
 
     def named_parameters_by_table(self) -> Iterator[tuple[str, torch.Tensor]]:

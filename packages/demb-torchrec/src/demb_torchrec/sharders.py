@@ -79,12 +79,19 @@ def _dynamic_input_dist(
     device: torch.device | None,
 ) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
     """A row-wise sharding's input dist, routing keys by its tables' ``dist_type`` (one for
-    all of them)."""
+    all of them). A sequence dist deduplicates ids unless a table clips gradients (clipping
+    is per occurrence; a deduplicated key's occurrences reach the owner as one gradient)."""
     dist_types = {
         table.name: planned_options(table.name, table.fused_params).dist_type
         for group in sharding._grouped_embedding_configs
         for table in group.embedding_tables
     }
+    clips = [
+        table.name
+        for group in sharding._grouped_embedding_configs
+        for table in group.embedding_tables
+        if (table.fused_params or {}).get("gradient_clipping")
+    ]
     kinds = sorted(set(dist_types.values()))
     if len(kinds) > 1:
         raise ValueError(
@@ -97,6 +104,7 @@ def _dynamic_input_dist(
         feature_hash_sizes=sharding._get_feature_hash_sizes(),
         is_sequence=is_sequence,
         device=device if device is not None else sharding._device,
+        dedup=is_sequence and not clips,
     )
 
 
@@ -257,7 +265,8 @@ class DynamicEmbeddingCollectionSharder(
     EmbeddingCollectionSharder,  # type: ignore[misc]
 ):
     """TorchRec's ``EmbeddingCollectionSharder`` for collections with dynamic tables (same
-    arguments)."""
+    arguments). The dynamic tables' ids are deduplicated per feature before the all-to-all
+    (:class:`demb_torchrec.input_dist.DynamicRwSparseFeaturesDist`)."""
 
     def shard(
         self,
@@ -267,7 +276,19 @@ class DynamicEmbeddingCollectionSharder(
         device: torch.device | None = None,
         module_fqn: str | None = None,
     ) -> ShardedDynamicEmbeddingCollection:
-        """The sharded collection."""
+        """The sharded collection.
+
+        Raises:
+            ValueError: ``use_index_dedup`` with dynamic tables in ``module``: TorchRec's dedup
+                (FBGEMM's ``jagged_unique_indices``) needs ids below ``num_embeddings``; the
+                dynamic tables' dist deduplicates their ids itself.
+        """
+        dynamic = sorted(n for n, p in params.items() if p.compute_kernel == _CUSTOMIZED)
+        if self._use_index_dedup and dynamic:
+            raise ValueError(
+                f"use_index_dedup=True: TorchRec's index dedup cannot run over dynamic tables "
+                f"{dynamic} (their ids are unbounded); their input dist already deduplicates ids"
+            )
         return ShardedDynamicEmbeddingCollection(
             module,
             params,

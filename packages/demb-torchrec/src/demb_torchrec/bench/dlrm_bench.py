@@ -173,6 +173,7 @@ def _rank(rank: int, w: DlrmWorkload, store_path: str, out: str | None) -> None:
         }
         with open(out or os.devnull, "w") as f:
             json.dump(report, f, indent=2)
+    dist.barrier()  # no rank leaves while another still talks to it
     dist.destroy_process_group()
 
 

@@ -1,0 +1,187 @@
+"""``demb bench balance``: keys per rank of row-wise sharded dynamic tables under ``roundrobin``
+and ``hash_roundrobin`` (issue 8's load-balance figure).
+
+One process per rank (NCCL on GPUs, gloo on the CPU) runs a DistributedModelParallel model of
+two EmbeddingCollections, one sharded ``roundrobin`` and one ``hash_roundrobin``, each with two
+dynamic tables fed the same key streams: ``strided`` (every key a multiple of the world size,
+the pattern plain modulo routing sends to rank 0 alone) and ``power_law`` (ids drawn with
+probability ~ rank^-alpha over ``rows`` ids, scattered). After ``steps`` training forwards, each
+rank reports the keys its shard of each table holds; rank 0 prints, per stream and dist_type,
+the keys per rank and max/mean (1.0 is perfect balance, ``world_size`` is everything on one
+rank).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.multiprocessing.spawn import start_processes
+
+from demb_torchrec.bench.workload import power_law_ids
+
+__all__ = ["BalanceWorkload", "run"]
+
+DIST_TYPES = ("roundrobin", "hash_roundrobin")
+STREAMS = ("strided", "power_law")
+
+
+@dataclass(frozen=True)
+class BalanceWorkload:
+    """The benchmark's shape."""
+
+    world_size: int = 2
+    batch_size: int = 8192
+    """Keys per rank, stream and step."""
+    steps: int = 8
+    rows: int = 1 << 22
+    """Distinct ids of the power-law stream (and the strided stream's range / world size)."""
+    alpha: float = 1.05
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "batch_size", "steps", "rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        if not self.alpha > 1:
+            raise ValueError(f"alpha={self.alpha!r}: must be > 1")
+
+
+def _keys(w: BalanceWorkload, stream: str, rank: int, step: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(7919 * step + 104_729 * rank + STREAMS.index(stream))
+    if stream == "strided":
+        return torch.randint(0, w.rows, (w.batch_size,), generator=gen) * w.world_size
+    return power_law_ids(gen, w.batch_size, w.rows, w.alpha)
+
+
+def _rank(rank: int, w: BalanceWorkload, store_path: str, out: str) -> None:
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    import torchrec.optim as trec_optim
+    from torch import nn
+    from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from demb_torchrec.constraints import DynamicEmbParameterConstraints
+    from demb_torchrec.dump import dynamic_tables
+    from demb_torchrec.options import DynamicEmbTableOptions
+    from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
+    from demb_torchrec.sharders import DynamicEmbeddingCollectionSharder
+
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if on_gpu else "gloo",
+        init_method=f"file://{store_path}",
+        rank=rank,
+        world_size=w.world_size,
+    )
+    # The planner gives each rank num_embeddings / world_size rows: room for twice a stream's
+    # keys on any one rank, so no shard evicts and the counts are the routing's alone.
+    capacity = 2 * w.batch_size * w.steps * w.world_size**2
+    configs = {
+        d: [
+            EmbeddingConfig(
+                name=f"{s}_{d}", embedding_dim=16, num_embeddings=capacity, feature_names=[s]
+            )
+            for s in STREAMS
+        ]
+        for d in DIST_TYPES
+    }
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            meta = torch.device("meta")
+            self.collections = nn.ModuleDict(
+                {d: EmbeddingCollection(tables=configs[d], device=meta) for d in DIST_TYPES}
+            )
+
+        def forward(self, kjt: KeyedJaggedTensor) -> list[Any]:
+            return [c(kjt) for c in self.collections.values()]
+
+    model = Model()
+    apply_optimizer_in_backward(trec_optim.SGD, model.parameters(), {"lr": 0.01})
+    constraints = {
+        c.name: DynamicEmbParameterConstraints(
+            use_dynamicemb=True,
+            dynamicemb_options=DynamicEmbTableOptions(dist_type=d),
+        )
+        for d in DIST_TYPES
+        for c in configs[d]
+    }
+    sharder = DynamicEmbeddingCollectionSharder()
+    pg = dist.GroupMember.WORLD
+    planner = DynamicEmbeddingShardingPlanner(
+        [c for d in DIST_TYPES for c in configs[d]],
+        Topology(world_size=w.world_size, compute_device=device.type),
+        constraints=constraints,
+    )
+    plan = planner.collective_plan(model, [sharder], pg)
+    dmp = DistributedModelParallel(
+        model, env=ShardingEnv.from_process_group(pg), plan=plan, sharders=[sharder], device=device
+    )
+    with torch.no_grad():
+        for step in range(w.steps):
+            values = torch.cat([_keys(w, s, rank, step) for s in STREAMS])
+            kjt = KeyedJaggedTensor.from_lengths_sync(
+                keys=list(STREAMS),
+                values=values,
+                lengths=torch.ones(values.numel(), dtype=torch.int32),
+            ).to(device)
+            dmp(kjt)
+    held = {t.name: t.module.tables.size(t.index) for t in dynamic_tables(dmp)}
+    everyone: list[dict[str, int] | None] = [None] * w.world_size
+    dist.all_gather_object(everyone, held, group=pg)
+    if rank == 0:
+        report: dict[str, Any] = {
+            "workload": asdict(w),
+            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+            "backend": "nccl" if on_gpu else "gloo",
+            "tables": {},
+        }
+        for s in STREAMS:
+            for d in DIST_TYPES:
+                per_rank = [int(h[f"{s}_{d}"]) for h in everyone if h is not None]
+                mean = sum(per_rank) / len(per_rank)
+                report["tables"][f"{s}/{d}"] = {
+                    "keys_per_rank": per_rank,
+                    "max_over_mean": max(per_rank) / mean if mean else float("nan"),
+                }
+        with open(out, "w") as f:
+            json.dump(report, f, indent=2)
+    dist.barrier(group=pg)  # no rank leaves while another still talks to it
+    dist.destroy_process_group()
+
+
+def run(w: BalanceWorkload) -> dict[str, Any]:
+    """Run the benchmark on ``w.world_size`` local ranks (one GPU each when CUDA is visible);
+    returns rank 0's report.
+
+    Raises:
+        ValueError: more ranks than visible GPUs.
+    """
+    gpus = torch.cuda.device_count()
+    if gpus and w.world_size > gpus:
+        raise ValueError(f"world_size={w.world_size}: only {gpus} GPUs are visible")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+        store = os.path.join(tmp, "store")
+        start_processes(  # type: ignore[no-untyped-call]
+            _rank, args=(w, store, out), nprocs=w.world_size, start_method="spawn"
+        )
+        with open(out) as f:
+            report: dict[str, Any] = json.load(f)
+    return report
