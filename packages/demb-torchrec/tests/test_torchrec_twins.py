@@ -1,9 +1,10 @@
-"""TorchRec twins (issue 7): the same model with dynamic tables and with TorchRec's static tables
-on FBGEMM's fused CPU TBE, both under DistributedModelParallel on 1 and 2 gloo ranks, from the
-same rows, fed the same batches and gradients for 10 steps: every step's outputs and, at the end,
-every key's row agree, for SGD, Adagrad and row-wise Adagrad, for an EmbeddingCollection and an
-EmbeddingBagCollection (SUM and MEAN). FBGEMM's CPU TBE has no Adam (the table module's float64
-reference tests and the unsharded-module equality of test_sharded_collection.py cover it)."""
+"""TorchRec twins (issue 7): the same model with dynamic tables (under DistributedModelParallel on
+1 and 2 gloo ranks) and with TorchRec's static tables, from the same rows, fed the same batches
+and gradients for 10 steps: every step's outputs and, at the end, every key's row agree, for an
+EmbeddingCollection and an EmbeddingBagCollection (SUM and MEAN). The static twin runs SGD,
+Adagrad and row-wise Adagrad on FBGEMM's fused CPU TBE under DistributedModelParallel; FBGEMM's
+CPU TBE has no Adam, so Adam's twin is TorchRec's unsharded collection with sparse gradients and
+torch.optim.SparseAdam fed the global batch (see _twin_rank.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ RANK_SCRIPT = Path(__file__).with_name("_twin_rank.py")
 @pytest.mark.parametrize("world", [1, 2])
 def test_dynamic_and_static_twins_agree(run_ranks, world):
     per_rank = run_ranks(RANK_SCRIPT, world)
-    assert len(per_rank[0]) == 9  # 3 collection kinds x 3 optimizers
+    assert len(per_rank[0]) == 12  # 3 collection kinds x 4 optimizers
     for config in per_rank[0]:
         for r in range(world):
             for step, (diff, scale) in enumerate(per_rank[r][config]["outputs"]):
@@ -34,7 +35,10 @@ def test_dynamic_and_static_twins_agree(run_ranks, world):
             keys = sorted(dynamic[name])
             assert keys, f"{config}: no key of table {name} was trained"
             got = torch.stack([dynamic[name][k] for k in keys])
-            torch.testing.assert_close(got, table[keys], rtol=1e-6, atol=1e-5, msg=str(config))
+            # Adam's step is lr * m / sqrt(v): for a key with small gradients the sums' rounding
+            # (other orders of adding a key's occurrences) is amplified by 1 / sqrt(v)
+            atol = 1e-4 if config[1] == "adam" else 1e-5
+            torch.testing.assert_close(got, table[keys], rtol=1e-6, atol=atol, msg=str(config))
             untouched = torch.ones(table.shape[0], dtype=torch.bool)
             untouched[keys] = False  # keys never seen keep their initial rows in the static twin
             rows, dim = table.shape
