@@ -1,11 +1,13 @@
-// dedup_batch on the CPU: a table module batch's keys deduplicated per table, from ATen ops.
-// cuda/dedup_cuda.cu gives the same outputs with its own kernels (a stable order by (table,
-// key, position) is unique). One read-back of the bounds and checks.
+// dedup_batch on the CPU: a table module batch's keys deduplicated per table (a hash map and a
+// sort of the unique keys). cuda/dedup_cuda.cu gives the same outputs with its own kernels (a
+// stable order by (table, key, position) is unique).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "cpu/lookup_cpu.h"
 #include "dedup_checks.h"
@@ -59,67 +61,116 @@ std::tuple<at::Tensor, at::Tensor> index_tables(const at::Tensor& indices,
 // (table, key), stable; starts (U,) where each key's occurrences start in order; bounds, on the
 // CPU, (T + 1 + F + 1,): the table bounds of keys, then offsets[::B]; key_bits, on the CPU, ():
 // the low bits in which the keys differ (the CUDA sort's guess `key_bits`; unused here).
+//
+// O(N) passes and a sort of the U unique keys only: the batch's checks first (nothing is read
+// through a bad offset), then each (table, key) pair gets its unique id in first-seen order from
+// an open-addressing hash map, the unique pairs are sorted, and a counting sort of the positions
+// by their key's sorted rank gives `order` (stable: positions are visited in order).
 DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
-                     const at::Tensor& feature_tables, int64_t num_tables, int64_t batch_size,
-                     const std::optional<at::Tensor>& counters, int64_t key_bits) {
-  check_dedup_args(indices_in, offsets, feature_tables, num_tables, batch_size, counters,
+                     const at::Tensor& feature_tables_in, int64_t num_tables, int64_t batch_size,
+                     const std::optional<at::Tensor>& counters_in, int64_t key_bits) {
+  check_dedup_args(indices_in, offsets, feature_tables_in, num_tables, batch_size, counters_in,
                    key_bits);
   const at::Tensor indices = indices_in.contiguous();
-  uint64_t varying = 0;
-  const int64_t* idx = indices.const_data_ptr<int64_t>();
-  for (int64_t i = 0; i < indices.numel(); ++i) varying |= static_cast<uint64_t>(idx[i] ^ idx[0]);
+  const at::Tensor feature_tables = feature_tables_in.contiguous();
   const int64_t n = indices.numel();
   const int64_t features = feature_tables.numel();
+  const at::Tensor checks =
+      batch_checks_cpu(indices, offsets, feature_tables, num_tables, batch_size, counters_in)
+          .contiguous();
+  const int64_t* check = checks.const_data_ptr<int64_t>();
+  raise_batch_checks(check, n, num_tables);  // offsets and tables are sound from here on
+  const int64_t* feature_start = check + kDedupFlags;  // offsets[::B]: F + 1 words
+  const int64_t* ftab = feature_tables.const_data_ptr<int64_t>();
+  const int64_t* key = indices.const_data_ptr<int64_t>();
+  at::Tensor counters_c;
+  const int64_t* counter = nullptr;
+  if (counters_in) {
+    counters_c = counters_in->contiguous();
+    counter = counters_c.const_data_ptr<int64_t>();
+  }
+  uint64_t varying = 0;
+  for (int64_t i = 0; i < n; ++i) varying |= static_cast<uint64_t>(key[i] ^ key[0]);
+
+  // (table, key) -> unique id (first seen), open addressing at load <= 1/2.
+  int64_t slots = 2;
+  while (slots < 2 * n) slots <<= 1;
+  std::vector<int64_t> slot_id(static_cast<size_t>(slots), -1);
+  std::vector<int64_t> u_key, u_table, u_occ, u_sum;
+  std::vector<int64_t> local(static_cast<size_t>(n));
+  const uint64_t mask = static_cast<uint64_t>(slots - 1);
+  for (int64_t f = 0; f < features; ++f) {
+    const int64_t t = ftab[f];
+    for (int64_t i = feature_start[f]; i < feature_start[f + 1]; ++i) {
+      uint64_t h = static_cast<uint64_t>(key[i]) ^ (static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL);
+      h ^= h >> 33;
+      h *= 0xFF51AFD7ED558CCDULL;
+      h ^= h >> 33;
+      uint64_t s = h & mask;
+      int64_t id;
+      while (true) {
+        id = slot_id[s];
+        if (id < 0) {
+          id = static_cast<int64_t>(u_key.size());
+          slot_id[s] = id;
+          u_key.push_back(key[i]);
+          u_table.push_back(t);
+          u_occ.push_back(0);
+          u_sum.push_back(0);
+          break;
+        }
+        if (u_key[id] == key[i] && u_table[id] == t) break;
+        s = (s + 1) & mask;
+      }
+      local[i] = id;
+      u_occ[id] += 1;
+      u_sum[id] += counter ? counter[i] : 1;
+    }
+  }
+  const auto unique = static_cast<int64_t>(u_key.size());
+  std::vector<int64_t> by_rank(static_cast<size_t>(unique));
+  for (int64_t u = 0; u < unique; ++u) by_rank[u] = u;
+  std::sort(by_rank.begin(), by_rank.end(), [&](int64_t a, int64_t b) {
+    return u_table[a] != u_table[b] ? u_table[a] < u_table[b] : u_key[a] < u_key[b];
+  });
   const auto opts = indices.options();
-  const at::Tensor tables = table_of_index(offsets, feature_tables, batch_size, n);
-  // Sorted by (table, key): a stable sort by key, then a stable sort of their tables.
-  const auto [keys_by_key, by_key] = at::sort(indices, true, 0, false);
-  const auto [sorted_tables, by_table] =
-      at::sort(tables.index_select(0, by_key).to(at::kInt), true, 0, false);
-  const at::Tensor order = by_key.index_select(0, by_table);
-  const at::Tensor sorted_keys = keys_by_key.index_select(0, by_table);
-  at::Tensor first = at::ones({n}, opts.dtype(at::kBool));
-  if (n > 1) {
-    first.slice(0, 1).copy_(
-        sorted_keys.slice(0, 1)
-            .ne(sorted_keys.slice(0, 0, n - 1))
-            .logical_or_(sorted_tables.slice(0, 1).ne(sorted_tables.slice(0, 0, n - 1))));
+  at::Tensor keys = at::empty({unique}, opts);
+  at::Tensor tables = at::empty({unique}, opts);
+  at::Tensor counts = at::empty({unique}, opts);
+  at::Tensor starts = at::empty({unique}, opts);
+  at::Tensor inverse = at::empty({n}, opts);
+  at::Tensor order = at::empty({n}, opts);
+  int64_t* k_out = keys.data_ptr<int64_t>();
+  int64_t* t_out = tables.data_ptr<int64_t>();
+  int64_t* c_out = counts.data_ptr<int64_t>();
+  int64_t* s_out = starts.data_ptr<int64_t>();
+  int64_t* inv = inverse.data_ptr<int64_t>();
+  int64_t* ord = order.data_ptr<int64_t>();
+  std::vector<int64_t> rank_of(static_cast<size_t>(unique));
+  std::vector<int64_t> through(static_cast<size_t>(num_tables), 0);  // unique keys of tables <= t
+  int64_t start = 0;
+  for (int64_t r = 0; r < unique; ++r) {
+    const int64_t u = by_rank[r];
+    rank_of[u] = r;
+    k_out[r] = u_key[u];
+    t_out[r] = u_table[u];
+    c_out[r] = u_sum[u];
+    s_out[r] = start;
+    start += u_occ[u];
+    through[u_table[u]] = r + 1;
   }
-  const at::Tensor rank = first.cumsum(0, at::kLong).sub_(1);
-  const at::Tensor inverse = at::empty_like(rank).scatter_(0, order, rank);
-  // Unique keys up to the end of each table (no atomics: the pairs are sorted by table).
-  const at::Tensor ends =
-      at::searchsorted(sorted_tables, at::arange(num_tables, opts.dtype(at::kInt)), false, true);
-  const at::Tensor through =
-      n == 0 ? at::zeros({num_tables}, opts)
-             : at::where(ends > 0, rank.index_select(0, (ends - 1).clamp_min(0)) + 1, 0);
-  const at::Tensor host =  // the one sync
-      at::cat({through, batch_checks_cpu(indices, offsets, feature_tables, num_tables, batch_size,
-                                     counters)})
-          .cpu();
-  const at::Tensor bounds =
-      dedup_bounds(host.const_data_ptr<int64_t>(), n, num_tables, features);
-  const int64_t unique = bounds.const_data_ptr<int64_t>()[num_tables];
-  const at::Tensor starts = at::nonzero_static(first, unique).squeeze(1);
-  // Occurrences (or summed counters) per unique key: segment sums over the sorted order.
-  const at::Tensor segment_end =
-      at::cat({starts.slice(0, 1), at::full({1}, n, opts)}).slice(0, 0, unique);
-  at::Tensor counts;
-  if (counters) {
-    const at::Tensor w = counters->index_select(0, order);
-    const at::Tensor summed = w.cumsum(0);
-    counts = summed.index_select(0, segment_end - 1) - summed.index_select(0, starts) +
-             w.index_select(0, starts);
-  } else {
-    counts = segment_end - starts;
+  std::vector<int64_t> cursor(s_out, s_out + unique);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rank_of[local[i]];
+    inv[i] = r;
+    ord[cursor[r]++] = i;
   }
-  return {sorted_keys.index_select(0, starts),
-          sorted_tables.index_select(0, starts).to(at::kLong),
-          inverse,
-          counts,
-          order,
-          starts,
-          bounds,
+  at::Tensor host = at::empty({num_tables + checks.numel()}, at::kLong);
+  int64_t* h = host.data_ptr<int64_t>();
+  for (int64_t t = 0; t < num_tables; ++t) h[t] = through[t];
+  std::copy(check, check + checks.numel(), h + num_tables);
+  const at::Tensor bounds = dedup_bounds(h, n, num_tables, features);
+  return {keys,  tables, inverse, counts, order, starts, bounds,
           at::scalar_tensor(bit_length(varying), at::kLong)};
 }
 

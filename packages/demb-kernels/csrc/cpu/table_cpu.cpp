@@ -48,11 +48,14 @@ uint64_t digest_group(const TableView& v, int64_t g) {
 // too, so callers confirm each candidate.
 uint64_t zero_bytes(uint64_t x) { return (x - kLowBits) & ~x & kHighBits; }
 
-// Global slot of `key` in its bucket, or -1; compares eight digests at a time.
+// Global slot of `key` in its bucket, or -1; compares eight digests at a time, from the group
+// of the key's start position on (where an insert puts it when it can), circularly.
 int64_t find_in_bucket(const TableView& v, int64_t base, int64_t width, int64_t key,
-                       uint8_t digest) {
+                       uint8_t digest, int64_t start) {
   const uint64_t pattern = kLowBits * digest;
-  for (int64_t j0 = 0; j0 < width; j0 += 8) {
+  const int64_t first = start - start % 8;
+  for (int64_t c = 0; c < width; c += 8) {
+    const int64_t j0 = first + c < width ? first + c : first + c - width;
     uint64_t candidates = zero_bytes((digest_group(v, base + j0) & ~kHighBits) ^ pattern);
     while (candidates) {
       const int64_t g = base + j0 + __builtin_ctzll(candidates) / 8;
@@ -98,12 +101,20 @@ void atomic_sat_add(int64_t* word, int64_t count) {
 void lookup_phase(const TableView& v, const int64_t* keys, const int64_t* table_ids,
                   const int64_t* score_args, const int64_t* counts, bool protect, int64_t n,
                   int64_t* slots) {
+  constexpr int64_t kAhead = 16;  // keys whose home slot is fetched ahead (cache misses)
   at::parallel_for(0, n, 2048, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
+      if (i + kAhead < end) {
+        const int64_t ta = table_ids[i + kAhead];
+        const Home ahead = home_of(keys[i + kAhead], v.capacity(ta), v.bucket_widths[ta]);
+        const int64_t base = v.slot_offsets[ta] + ahead.bucket_base;
+        __builtin_prefetch(v.digests + base + ahead.start - ahead.start % 8);
+        __builtin_prefetch(v.keys + base + ahead.start);  // where an insert put it, if it could
+      }
       const int64_t t = table_ids[i];
       const Home home = home_of(keys[i], v.capacity(t), v.bucket_widths[t]);
       const int64_t g = find_in_bucket(v, v.slot_offsets[t] + home.bucket_base,
-                                       v.bucket_widths[t], keys[i], home.digest);
+                                       v.bucket_widths[t], keys[i], home.digest, home.start);
       slots[i] = g < 0 ? -1 : g - v.slot_offsets[t];
       if (g < 0) continue;
       if (score_args) {
@@ -155,7 +166,7 @@ void bucket_step(const TableView& v, BucketOp op, const Inputs& in, const Output
   const Home home = home_of(key, v.capacity(t), width);
   const int64_t base = v.slot_offsets[t] + home.bucket_base;
   const auto policy = static_cast<ScorePolicy>(v.policies[t]);
-  const int64_t found = find_in_bucket(v, base, width, key, home.digest);
+  const int64_t found = find_in_bucket(v, base, width, key, home.digest, home.start);
 
   if (op == BucketOp::kErase) {
     out.slots[i] = found < 0 ? -1 : found - v.slot_offsets[t];

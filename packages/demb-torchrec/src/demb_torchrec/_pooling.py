@@ -12,7 +12,7 @@ from torch.nn import functional
 
 from demb_torchrec.options import DynamicEmbPoolingMode
 
-__all__ = ["bag_rows", "pool", "pool_uniform"]
+__all__ = ["bag_rows", "pool", "pool_slots", "pool_uniform"]
 
 _BAG_MODE = {DynamicEmbPoolingMode.SUM: "sum", DynamicEmbPoolingMode.MEAN: "mean"}
 
@@ -121,3 +121,52 @@ def bag_rows(
         sizes = offsets.diff().clamp_min(1).to(torch.float32)
         return rows, (1.0 / sizes)[bag]
     return rows, weights
+
+
+def pool_slots(
+    tables: Sequence[torch.Tensor],
+    feature_table_map: Sequence[int],
+    slots: torch.Tensor,
+    offsets: torch.Tensor,
+    batch_size: int,
+    feature_bounds: Sequence[int],
+    mode: DynamicEmbPoolingMode,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """SUM / MEAN bags read straight from the tables' value rows (no gather of unique rows):
+    an eval forward's pooling once each index has its slot.
+
+    Args:
+        tables: per table, ``(capacity, D_t)`` float32 value rows (a view of the embedding
+            columns is fine).
+        feature_table_map: the table of each feature.
+        slots: ``(N,)`` int64 slot of each index, ``-1`` for a missing key (its row counts as
+            zeros: it adds nothing to a SUM and counts in a MEAN's size).
+        offsets / batch_size / feature_bounds / weights: as :func:`pool`.
+
+    Returns:
+        ``(B, sum of D_f)``.
+    """
+    missing = slots < 0
+    if bool(missing.any()):
+        keep = (~missing).to(torch.float32)
+        weights = keep if weights is None else weights * keep
+        slots = slots.clamp_min(0)
+    outputs = []
+    for f, t in enumerate(feature_table_map):
+        begin, end = feature_bounds[f], feature_bounds[f + 1]
+        bags = offsets[f * batch_size : (f + 1) * batch_size + 1] - begin
+        w = None if weights is None else weights[begin:end]
+        as_sum = mode is DynamicEmbPoolingMode.SUM or w is not None  # MEAN with missing keys
+        out = functional.embedding_bag(
+            slots[begin:end],
+            tables[t],
+            bags,
+            mode="sum" if as_sum else _BAG_MODE[mode],
+            per_sample_weights=w,
+            include_last_offset=True,
+        )
+        if mode is DynamicEmbPoolingMode.MEAN and as_sum:
+            out = out / bags.diff().clamp_min(1).to(out.dtype)[:, None]
+        outputs.append(out)
+    return torch.cat(outputs, dim=1)

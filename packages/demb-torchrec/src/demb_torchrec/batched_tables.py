@@ -20,7 +20,6 @@ from demb_kernels.init_rows import init_new_rows, new_rows_args
 from demb_kernels.lookup import (
     MAX_GATHER_TABLES,
     gather_table_rows,
-    index_tables,
     status_count_tensor,
 )
 from demb_optim import reduce_gradients
@@ -38,6 +37,7 @@ from torch.nn import functional
 from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_spec, resolve_device
 from demb_torchrec._autograd import Reduced, TrainStep, summed_per_key, trained_rows
 from demb_torchrec._dedup import DedupedBatch, dedup
+from demb_torchrec._direct import eval_none, eval_pooled, pooled_from_tables
 from demb_torchrec._pooling import bag_rows, pool, pool_uniform
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
@@ -145,6 +145,22 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self._eval_fills = [
             t for t, a in enumerate(self.eval_args) if self.features_of_table[t] and not _is_zero(a)
         ]
+        # An eval SUM / MEAN pools straight from float32 tables when no missing key needs an
+        # eval initializer other than zeros (no dedup).
+        # CPU only: CUDA's embedding_bag is not known to read a strided view of the rows in
+        # place.
+        on_cpu = self.device.type == "cpu"
+        self._eval_pools_slots = (
+            on_cpu and not self._eval_fills and all(c.dtype == torch.float32 for c in configs)
+        )
+        # A training SUM / MEAN pools straight from float32 tables of one dim (no gather of the
+        # unique keys' rows) unless gradients are clipped per occurrence.
+        self._train_pools_slots = (
+            on_cpu
+            and len(set(self.dims)) == 1
+            and all(c.dtype == torch.float32 for c in configs)
+            and not self.optimizer.gradient_clipping
+        )
         # One-launch gathers (demb::gather_table_rows) need one dim, one dtype, <= 64 tables.
         self._fused_gather = (
             len(set(self.dims)) == 1
@@ -201,7 +217,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
         if indices.numel() == 0 or batch_size == 0:
             return self._empty(batch_size, grad)
         if not self.training and self._fused_gather and self.pooling_mode is _NONE:
-            return self._eval_none(indices, offsets, batch_size).to(self.output_dtype)
+            return eval_none(self, indices, offsets, batch_size).to(self.output_dtype)
+        if not self.training and self.pooling_mode is not _NONE and self._eval_pools_slots:
+            return eval_pooled(self, indices, offsets, batch_size, pooling_weights)
         batch = dedup(
             indices,
             offsets,
@@ -222,6 +240,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
         fills = fills and not all(_is_zero(a) for a in self.eval_args)
         if self._fused_gather and self.pooling_mode is _NONE and not fills:
             out = self._forward_none(batch, slots, grad)
+        elif self.training and self.pooling_mode is not _NONE and self._train_pools_slots:
+            out = pooled_from_tables(self, batch, slots, offsets, batch_size, pooling_weights, grad)
         else:
             rows, whole = self._rows(batch, slots, missing, missing_from_eval=not self.training)
             args = (offsets, batch_size)
@@ -239,26 +259,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
         return self.tables.values
 
     # ------------------------------------------------------------------------------ internals
-    def _eval_none(
-        self, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int
-    ) -> torch.Tensor:
-        """An eval forward without pooling: every index found on its own (no dedup, nothing
-        inserted, no score touched) and its row read straight from its table, its table taken
-        from its feature, in one pass (:meth:`ScoredHashTable.find_batch_rows`); missing keys
-        read ``eval_initializer_args``. The batch's checks run in the same op, before the
-        lookup: on a GPU the host waits for them only, so the forward returns while the
-        lookup runs."""
-        n, ftab = indices.numel(), self._feature_tables
-        out, slots = self.tables.find_batch_rows(indices, offsets, ftab, batch_size, self.dims[0])
-        if self._eval_fills:
-            tables, _ = index_tables(indices, offsets, ftab, self.num_tables, batch_size)
-        for t in self._eval_fills:
-            missing = (slots < 0) & (tables == t)
-            where = torch.where(missing, torch.arange(n, device=self.device), -1)
-            args = self.eval_args[t]
-            initialize_rows(out, where, indices, self.dims[t], args, self.seeds[t], check=False)
-        return out
-
     def _forward_none(self, batch: DedupedBatch, slots: torch.Tensor, grad: bool) -> torch.Tensor:
         """No pooling: each occurrence's row read straight from its table (one launch), and
         in backward each key's occurrence gradients summed in the dedup's sorted order."""

@@ -141,7 +141,9 @@ def _rank(rank: int, w: BalanceWorkload, store_path: str, out: str) -> None:
                 values=values,
                 lengths=torch.ones(values.numel(), dtype=torch.int32),
             ).to(device)
-            dmp(kjt)
+            for rows in dmp(kjt):  # wait for the output all-to-alls (lazy awaitables)
+                for s in STREAMS:
+                    rows[s].values()
     held = {t.name: t.module.tables.size(t.index) for t in dynamic_tables(dmp)}
     everyone: list[dict[str, int] | None] = [None] * w.world_size
     dist.all_gather_object(everyone, held, group=pg)
