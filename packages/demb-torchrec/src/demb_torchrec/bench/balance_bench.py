@@ -14,17 +14,13 @@ rank).
 from __future__ import annotations
 
 import json
-import logging
-import os
-import tempfile
-import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import start_processes
 
+from demb_torchrec.bench._ranks import init_rank, spawn_ranks
 from demb_torchrec.bench.workload import power_law_ids
 
 __all__ = ["BalanceWorkload", "run"]
@@ -62,8 +58,6 @@ def _keys(w: BalanceWorkload, stream: str, rank: int, step: int) -> torch.Tensor
 
 
 def _rank(rank: int, w: BalanceWorkload, store_path: str, out: str) -> None:
-    logging.disable(logging.WARNING)
-    warnings.filterwarnings("ignore")
     import torchrec.optim as trec_optim
     from torch import nn
     from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
@@ -78,16 +72,8 @@ def _rank(rank: int, w: BalanceWorkload, store_path: str, out: str) -> None:
     from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
     from demb_torchrec.sharders import DynamicEmbeddingCollectionSharder
 
-    on_gpu = torch.cuda.is_available()
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if on_gpu else "gloo",
-        init_method=f"file://{store_path}",
-        rank=rank,
-        world_size=w.world_size,
-    )
+    device = init_rank(rank, w.world_size, store_path)
+    on_gpu = device.type == "cuda"
     # The planner gives each rank num_embeddings / world_size rows: room for twice a stream's
     # keys on any one rank, so no shard evicts and the counts are the routing's alone.
     capacity = 2 * w.batch_size * w.steps * w.world_size**2
@@ -175,15 +161,4 @@ def run(w: BalanceWorkload) -> dict[str, Any]:
     Raises:
         ValueError: more ranks than visible GPUs.
     """
-    gpus = torch.cuda.device_count()
-    if gpus and w.world_size > gpus:
-        raise ValueError(f"world_size={w.world_size}: only {gpus} GPUs are visible")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "report.json")
-        store = os.path.join(tmp, "store")
-        start_processes(  # type: ignore[no-untyped-call]
-            _rank, args=(w, store, out), nprocs=w.world_size, start_method="spawn"
-        )
-        with open(out) as f:
-            report: dict[str, Any] = json.load(f)
-    return report
+    return spawn_ranks(_rank, w, w.world_size)

@@ -14,19 +14,16 @@ synchronizations on every rank (a barrier). Rank 0 prints and writes the medians
 from __future__ import annotations
 
 import json
-import logging
 import os
 import statistics
-import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.multiprocessing.spawn import start_processes
 
+from demb_torchrec.bench._ranks import init_rank, spawn_ranks
 from demb_torchrec.bench.workload import power_law_ids
 
 __all__ = ["CRITEO_ROWS", "DlrmWorkload", "run"]
@@ -82,8 +79,6 @@ def _batch(w: DlrmWorkload, rank: int, step: int, device: torch.device) -> tuple
 
 
 def _rank(rank: int, w: DlrmWorkload, store_path: str, out: str | None) -> None:
-    logging.disable(logging.WARNING)
-    warnings.filterwarnings("ignore")
     import torchrec.optim as trec_optim
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -97,16 +92,8 @@ def _rank(rank: int, w: DlrmWorkload, store_path: str, out: str | None) -> None:
     from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
     from demb_torchrec.sharders import DynamicEmbeddingBagCollectionSharder
 
-    on_gpu = torch.cuda.is_available()
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if on_gpu else "gloo",
-        init_method=f"file://{store_path}",
-        rank=rank,
-        world_size=w.world_size,
-    )
+    device = init_rank(rank, w.world_size, store_path)
+    on_gpu = device.type == "cuda"
     configs = [
         EmbeddingBagConfig(
             name=f"t{i}", embedding_dim=w.dim, num_embeddings=rows, feature_names=[f"f{i}"]
@@ -184,15 +171,4 @@ def run(w: DlrmWorkload) -> dict[str, Any]:
     Raises:
         ValueError: more ranks than visible GPUs.
     """
-    gpus = torch.cuda.device_count()
-    if gpus and w.world_size > gpus:
-        raise ValueError(f"world_size={w.world_size}: only {gpus} GPUs are visible")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "report.json")
-        store = os.path.join(tmp, "store")
-        start_processes(  # type: ignore[no-untyped-call]
-            _rank, args=(w, store, out), nprocs=w.world_size, start_method="spawn"
-        )
-        with open(out) as f:
-            report: dict[str, Any] = json.load(f)
-    return report
+    return spawn_ranks(_rank, w, w.world_size)

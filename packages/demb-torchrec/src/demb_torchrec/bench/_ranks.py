@@ -1,0 +1,61 @@
+"""What the multi-rank benchmarks share: one process per rank (spawned), each on its own GPU
+over NCCL when CUDA is visible, else on the CPU over gloo; rank 0 writes the report."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.multiprocessing.spawn import start_processes
+
+__all__ = ["init_rank", "spawn_ranks"]
+
+W = TypeVar("W")
+
+
+def init_rank(rank: int, world_size: int, store_path: str) -> torch.device:
+    """Join the process group (file store ``store_path``); returns this rank's device. Quiets
+    TorchRec's logging and warnings (the benchmarks print their own lines)."""
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if on_gpu else "gloo",
+        init_method=f"file://{store_path}",
+        rank=rank,
+        world_size=world_size,
+    )
+    return device
+
+
+def spawn_ranks(
+    target: Callable[[int, W, str, str], None], workload: W, world_size: int
+) -> dict[str, Any]:
+    """Run ``target(rank, workload, store_path, report_path)`` on ``world_size`` local ranks;
+    returns the JSON report rank 0 wrote.
+
+    Raises:
+        ValueError: more ranks than visible GPUs.
+    """
+    gpus = torch.cuda.device_count()
+    if gpus and world_size > gpus:
+        raise ValueError(f"world_size={world_size}: only {gpus} GPUs are visible")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+        store = os.path.join(tmp, "store")
+        start_processes(  # type: ignore[no-untyped-call]
+            target, args=(workload, store, out), nprocs=world_size, start_method="spawn"
+        )
+        with open(out) as f:
+            report: dict[str, Any] = json.load(f)
+    return report
