@@ -147,17 +147,13 @@ class DynamicEmbeddingTables(torch.nn.Module):
         ]
         # An eval SUM / MEAN pools straight from float32 tables when no missing key needs an
         # eval initializer other than zeros (no dedup).
-        # CPU only: CUDA's embedding_bag is not known to read a strided view of the rows in
-        # place.
-        on_cpu = self.device.type == "cpu"
-        self._eval_pools_slots = (
-            on_cpu and not self._eval_fills and all(c.dtype == torch.float32 for c in configs)
+        self._eval_pools_slots = not self._eval_fills and all(
+            c.dtype == torch.float32 for c in configs
         )
         # A training SUM / MEAN pools straight from float32 tables of one dim (no gather of the
         # unique keys' rows) unless gradients are clipped per occurrence.
         self._train_pools_slots = (
-            on_cpu
-            and len(set(self.dims)) == 1
+            len(set(self.dims)) == 1
             and all(c.dtype == torch.float32 for c in configs)
             and not self.optimizer.gradient_clipping
         )
