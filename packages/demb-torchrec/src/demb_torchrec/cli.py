@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["environment_report", "main"]
 
@@ -63,8 +65,6 @@ def environment_report() -> list[tuple[str, str]]:
 
 
 def _bench_module(args: argparse.Namespace) -> int:
-    import json
-
     import torch
 
     from demb_torchrec.bench.module_bench import run
@@ -76,6 +76,12 @@ def _bench_module(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("tables", "dim", "rows", "samples")}
     w = Workload(**{**w.as_dict(), **{k: v for k, v in overrides.items() if v is not None}})
     report = run(w, device, args.steps, args.warmup, baseline=not args.no_baseline)
+    return _write_report(report, args)
+
+
+def _write_report(report: dict[str, Any], args: argparse.Namespace) -> int:
+    """Stamp a benchmark's report with the command that made it and write it as JSON to
+    ``--out`` (if given); the command's exit code."""
     report["command"] = "demb " + " ".join(args.argv)
     if args.out:
         with open(args.out, "w") as f:
@@ -85,8 +91,6 @@ def _bench_module(args: argparse.Namespace) -> int:
 
 
 def _bench_dlrm(args: argparse.Namespace) -> int:
-    import json
-
     import torch
 
     from demb_torchrec.bench.dlrm_bench import DlrmWorkload, run
@@ -100,35 +104,23 @@ def _bench_dlrm(args: argparse.Namespace) -> int:
         warmup=args.warmup,
     )
     report = run(w)
-    report["command"] = "demb " + " ".join(args.argv)
     print(
         f"dlrm on {report['device']} x {w.world_size} ({report['backend']}): 26 dynamic tables "
         f"({sum(report['table_rows']):,} rows, D={w.dim}), batch {w.batch_size} per rank: "
         f"{report['step_ms']:.3f} ms per step, {report['samples_per_s']:,.0f} samples/s"
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.out}")
-    return 0
+    return _write_report(report, args)
 
 
 def _bench_balance(args: argparse.Namespace) -> int:
-    import json
-
     from demb_torchrec.bench.balance_bench import BalanceWorkload, run
 
     w = BalanceWorkload(world_size=args.world_size, batch_size=args.batch_size, steps=args.steps)
     report = run(w)
-    report["command"] = "demb " + " ".join(args.argv)
     print(f"keys per rank on {report['device']} x {w.world_size} ({report['backend']}):")
     for name, t in report["tables"].items():
         print(f"  {name:<28} max/mean {t['max_over_mean']:.3f}  per rank {t['keys_per_rank']}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {args.out}")
-    return 0
+    return _write_report(report, args)
 
 
 def _parser() -> argparse.ArgumentParser:

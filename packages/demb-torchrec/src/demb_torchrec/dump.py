@@ -140,7 +140,7 @@ def _check_group(group: dist.ProcessGroup | None, tables: list[_Table]) -> None:
             )
 
 
-def _all_ok(group: dist.ProcessGroup | None, error: BaseException | None) -> list[str]:
+def _gather_errors(group: dist.ProcessGroup | None, error: BaseException | None) -> list[str]:
     """Every rank's error (as text), gathered over ``group``."""
     mine = None if error is None else f"{type(error).__name__}: {error}"
     if group is None:
@@ -256,7 +256,7 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
                 ShardWriter(folder, _meta(t, optim)).write_all(_chunks(t, optim))
         except Exception as err:  # every rank must reach the gather below
             error = err
-    errors = _all_ok(group, error)
+    errors = _gather_errors(group, error)
     if rank == 0:
         if errors:
             shutil.rmtree(staged[0], ignore_errors=True)
@@ -290,12 +290,13 @@ def _check_layout(t: _Table, meta: ShardMeta, optim: bool) -> None:
         )
 
 
-def _load_table(ckpt: Checkpoint, t: _Table, optim: bool, chunk_rows: int) -> None:
+def _load_table(
+    ckpt: Checkpoint, t: _Table, metas: list[ShardMeta], optim: bool, chunk_rows: int
+) -> None:
+    """Insert the keys this rank owns from the table's shards ``metas`` (layout checked)."""
     tables = t.module.tables
     config = tables.configs[t.index]
     layout = config.score_layout
-    metas = ckpt.shards(t.collection, t.name)
-    _check_layout(t, metas[0], optim)
     folder = ckpt.path / t.collection
     block = t.block_size()
     words = max(layout.index_words) + 1
@@ -367,10 +368,11 @@ def DynamicEmbLoad(  # noqa: N802 (the spec's name)
     tables = _select(dynamic_tables(model), table_names)
     _check_group(group, tables)
     ckpt = Checkpoint(path)
-    for t in tables:
-        _check_layout(t, ckpt.shards(t.collection, t.name)[0], optim)
+    shards = [ckpt.shards(t.collection, t.name) for t in tables]
+    for t, metas in zip(tables, shards, strict=True):  # every table checked before any write
+        _check_layout(t, metas[0], optim)
     with torch.no_grad():
-        for t in tables:
-            _load_table(ckpt, t, optim, chunk_rows)
+        for t, metas in zip(tables, shards, strict=True):
+            _load_table(ckpt, t, metas, optim, chunk_rows)
     if group is not None:
         dist.barrier(group=group)

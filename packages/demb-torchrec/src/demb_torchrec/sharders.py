@@ -81,17 +81,9 @@ def _dynamic_input_dist(
     """A row-wise sharding's input dist, routing keys by its tables' ``dist_type`` (one for
     all of them). A sequence dist deduplicates ids unless a table clips gradients (clipping
     is per occurrence; a deduplicated key's occurrences reach the owner as one gradient)."""
-    dist_types = {
-        table.name: planned_options(table.name, table.fused_params).dist_type
-        for group in sharding._grouped_embedding_configs
-        for table in group.embedding_tables
-    }
-    clips = [
-        table.name
-        for group in sharding._grouped_embedding_configs
-        for table in group.embedding_tables
-        if (table.fused_params or {}).get("gradient_clipping")
-    ]
+    tables = [t for group in sharding._grouped_embedding_configs for t in group.embedding_tables]
+    dist_types = {t.name: planned_options(t.name, t.fused_params).dist_type for t in tables}
+    clips = any((t.fused_params or {}).get("gradient_clipping") for t in tables)
     kinds = sorted(set(dist_types.values()))
     if len(kinds) > 1:
         raise ValueError(

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import start_processes
 
-__all__ = ["init_rank", "spawn_ranks"]
+__all__ = ["finish_rank", "init_rank", "machine", "spawn_ranks"]
 
 W = TypeVar("W")
 
@@ -36,6 +36,25 @@ def init_rank(rank: int, world_size: int, store_path: str) -> torch.device:
         world_size=world_size,
     )
     return device
+
+
+def machine(device: torch.device) -> dict[str, str]:
+    """The report's ``device`` (the GPU's name, or ``cpu``) and ``backend`` fields."""
+    on_gpu = device.type == "cuda"
+    return {
+        "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        "backend": "nccl" if on_gpu else "gloo",
+    }
+
+
+def finish_rank(report: dict[str, Any] | None, out: str | None) -> None:
+    """Write ``report`` (rank 0's; None on the others) to ``out`` as JSON, wait for every rank
+    (none leaves while another still talks to it), and leave the process group."""
+    if report is not None:
+        with open(out or os.devnull, "w") as f:
+            json.dump(report, f, indent=2)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def spawn_ranks(

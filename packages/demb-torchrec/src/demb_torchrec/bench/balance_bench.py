@@ -13,14 +13,13 @@ rank).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from demb_torchrec.bench._ranks import init_rank, spawn_ranks
+from demb_torchrec.bench._ranks import finish_rank, init_rank, machine, spawn_ranks
 from demb_torchrec.bench.workload import power_law_ids
 
 __all__ = ["BalanceWorkload", "run"]
@@ -73,7 +72,6 @@ def _rank(rank: int, w: BalanceWorkload, store_path: str, out: str) -> None:
     from demb_torchrec.sharders import DynamicEmbeddingCollectionSharder
 
     device = init_rank(rank, w.world_size, store_path)
-    on_gpu = device.type == "cuda"
     # The planner gives each rank num_embeddings / world_size rows: room for twice a stream's
     # keys on any one rank, so no shard evicts and the counts are the routing's alone.
     capacity = 2 * w.batch_size * w.steps * w.world_size**2
@@ -133,13 +131,9 @@ def _rank(rank: int, w: BalanceWorkload, store_path: str, out: str) -> None:
     held = {t.name: t.module.tables.size(t.index) for t in dynamic_tables(dmp)}
     everyone: list[dict[str, int] | None] = [None] * w.world_size
     dist.all_gather_object(everyone, held, group=pg)
+    report: dict[str, Any] | None = None
     if rank == 0:
-        report: dict[str, Any] = {
-            "workload": asdict(w),
-            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-            "backend": "nccl" if on_gpu else "gloo",
-            "tables": {},
-        }
+        report = {"workload": asdict(w), **machine(device), "tables": {}}
         for s in STREAMS:
             for d in DIST_TYPES:
                 per_rank = [int(h[f"{s}_{d}"]) for h in everyone if h is not None]
@@ -148,10 +142,7 @@ def _rank(rank: int, w: BalanceWorkload, store_path: str, out: str) -> None:
                     "keys_per_rank": per_rank,
                     "max_over_mean": max(per_rank) / mean if mean else float("nan"),
                 }
-        with open(out, "w") as f:
-            json.dump(report, f, indent=2)
-    dist.barrier(group=pg)  # no rank leaves while another still talks to it
-    dist.destroy_process_group()
+    finish_rank(report, out)
 
 
 def run(w: BalanceWorkload) -> dict[str, Any]:

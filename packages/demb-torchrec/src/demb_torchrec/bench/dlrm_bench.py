@@ -13,8 +13,6 @@ synchronizations on every rank (a barrier). Rank 0 prints and writes the medians
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -23,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from demb_torchrec.bench._ranks import init_rank, spawn_ranks
+from demb_torchrec.bench._ranks import finish_rank, init_rank, machine, spawn_ranks
 from demb_torchrec.bench.workload import power_law_ids
 
 __all__ = ["CRITEO_ROWS", "DlrmWorkload", "run"]
@@ -147,21 +145,18 @@ def _rank(rank: int, w: DlrmWorkload, store_path: str, out: str | None) -> None:
         dist.barrier()
         if step >= w.warmup:
             times.append(time.perf_counter() - start)
+    report = None
     if rank == 0:
         step_ms = statistics.median(times) * 1e3
         report = {
             "workload": asdict(w),
             "table_rows": w.rows(),
-            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-            "backend": "nccl" if on_gpu else "gloo",
+            **machine(device),
             "step_ms": step_ms,
             "samples_per_s": w.batch_size * w.world_size / (step_ms / 1e3),
             "last_loss": float(loss),
         }
-        with open(out or os.devnull, "w") as f:
-            json.dump(report, f, indent=2)
-    dist.barrier()  # no rank leaves while another still talks to it
-    dist.destroy_process_group()
+    finish_rank(report, out)
 
 
 def run(w: DlrmWorkload) -> dict[str, Any]:
