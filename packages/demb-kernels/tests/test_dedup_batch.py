@@ -169,10 +169,12 @@ def test_cuda_equals_cpu(counters):
         assert again.key_bits == cpu.key_bits
     small = indices.remainder(1000)  # keys of 10 bits: a 16-bit guess sorts in two passes
     small_cpu = dedup_batch(small, offsets, ftab, 5, batch)
-    small_gpu = dedup_batch(small.cuda(), offsets.cuda(), ftab.cuda(), 5, batch, key_bits=16)
-    for name, a, b in zip(small_cpu._fields[:-1], small_cpu[:-1], small_gpu[:-1], strict=True):
-        assert torch.equal(a, b.cpu()), name
-    assert small_gpu.key_bits == small_cpu.key_bits == 10
+    # Combined (table, key) sort keys of 16 + 3 bits (sorted as uint32) and of 40 + 3 (uint64).
+    for guess in (16, 40):
+        small_gpu = dedup_batch(small.cuda(), offsets.cuda(), ftab.cuda(), 5, batch, key_bits=guess)
+        for name, a, b in zip(small_cpu._fields[:-1], small_cpu[:-1], small_gpu[:-1], strict=True):
+            assert torch.equal(a, b.cpu()), (guess, name)
+        assert small_gpu.key_bits == small_cpu.key_bits == 10
     status = torch.randint(0, 4, (n,), generator=gen)
     cuts = [0, n // 3, n // 3, n - 5, n]
     assert status_counts(status.cuda(), cuts) == status_counts(status, cuts)

@@ -83,7 +83,8 @@ __device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
 }
 
 // Per index: its table, its sort key (sign bit flipped: signed order; with table_shift > 0, its
-// low table_shift bits under the table: the (table, key) sort in one), its position; the
+// low table_shift bits under the table: the (table, key) sort in one; into keys32 instead of
+// keys when that fits 32 bits, halving the sort's key traffic), its position; the
 // batch's checks into info (after the T per-table words); and into *varying the bits in which
 // some key differs from the first (OR of key ^ key 0, reduced per block first).
 __global__ void __launch_bounds__(kDedupThreads)
@@ -92,7 +93,8 @@ __global__ void __launch_bounds__(kDedupThreads)
                          const int64_t* __restrict__ feature_tables, int64_t features,
                          int64_t batch_size, const int64_t* __restrict__ counters, int64_t n,
                          int64_t num_tables, int table_shift, uint64_t* __restrict__ keys,
-                         uint32_t* __restrict__ tables, int32_t* __restrict__ positions,
+                         uint32_t* __restrict__ keys32, uint32_t* __restrict__ tables,
+                         int32_t* __restrict__ positions,
                          int64_t* __restrict__ info, int64_t* __restrict__ varying) {
   __shared__ unsigned long long block_varying;
   if (threadIdx.x == 0) block_varying = 0;
@@ -104,10 +106,15 @@ __global__ void __launch_bounds__(kDedupThreads)
     const uint64_t key = static_cast<uint64_t>(indices[i]) ^ kSignBit;
     const auto table =
         static_cast<uint32_t>(table_of(i, offsets, feature_tables, features, batch_size));
-    keys[i] = table_shift == 0
-                  ? key
-                  : (static_cast<uint64_t>(table) << table_shift) |
-                        (key & ((uint64_t{1} << table_shift) - 1));
+    const uint64_t sort_key = table_shift == 0
+                                  ? key
+                                  : (static_cast<uint64_t>(table) << table_shift) |
+                                        (key & ((uint64_t{1} << table_shift) - 1));
+    if (keys32 != nullptr) {
+      keys32[i] = static_cast<uint32_t>(sort_key);
+    } else {
+      keys[i] = sort_key;
+    }
     tables[i] = table;
     positions[i] = static_cast<int32_t>(i);
     const auto diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
@@ -143,13 +150,16 @@ __global__ void dedup_permute_tables_kernel(const uint32_t* __restrict__ tables,
 }
 
 // The table of entry k of the (table, key) order: sorted tables, or the top bits of the sorted
-// combined keys (dedup_prepare_kernel's table_shift).
+// combined keys (dedup_prepare_kernel's table_shift), 64- or 32-bit.
 struct SortedTables {
   const uint32_t* tables;
   const uint64_t* combined;
+  const uint32_t* combined32;
   int shift;
   __device__ __forceinline__ uint32_t operator[](int64_t k) const {
-    return tables != nullptr ? tables[k] : static_cast<uint32_t>(combined[k] >> shift);
+    if (tables != nullptr) return tables[k];
+    return combined32 != nullptr ? combined32[k] >> shift
+                                 : static_cast<uint32_t>(combined[k] >> shift);
   }
 };
 
@@ -254,12 +264,17 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   // With room for the table above the key bits sorted, one sort orders by (table, key): the
   // table goes above them (shift = those bits), else shift = 0 (two sorts).
   const auto shift_for = [&](int end_bit) { return end_bit + table_bits <= 64 ? end_bit : 0; };
+  // Combined keys of at most 32 bits are sorted as uint32 (in the first half of the buffers).
+  const auto narrow = [&](int shift) { return shift > 0 && shift + table_bits <= 32; };
+  auto* k32_in = reinterpret_cast<uint32_t*>(k_in);
+  auto* k32_out = reinterpret_cast<uint32_t*>(k_out);
   // Makes the sort keys (and the batch's checks: run again, they count the same flags).
   const auto prepare = [&](int shift) {
     dedup_prepare_kernel<<<dedup_blocks(threads), kDedupThreads, 0, stream>>>(
         indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
         feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables,
-        shift, k_in, t_in, positions.data_ptr<int32_t>(), info.data_ptr<int64_t>(),
+        shift, k_in, narrow(shift) ? k32_in : nullptr, t_in, positions.data_ptr<int32_t>(),
+        info.data_ptr<int64_t>(),
         info.data_ptr<int64_t>() + words);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
@@ -282,15 +297,23 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
       prepared = shift;
       prepare(shift);
     }
-    SortedTables sorted{t_out, nullptr, 0};
-    if (shift > 0) {  // one sort of the combined keys
+    SortedTables sorted{t_out, nullptr, nullptr, 0};
+    if (narrow(shift)) {  // one sort of the combined 32-bit keys
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(temp, bytes, k32_in, k32_out,
+                                               positions.const_data_ptr<int32_t>(),
+                                               order32.data_ptr<int32_t>(), n32, 0,
+                                               shift + table_bits, stream);
+      });
+      sorted = SortedTables{nullptr, nullptr, k32_out, shift};
+    } else if (shift > 0) {  // one sort of the combined keys
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
                                                positions.const_data_ptr<int32_t>(),
                                                order32.data_ptr<int32_t>(), n32, 0,
                                                shift + table_bits, stream);
       });
-      sorted = SortedTables{nullptr, k_out, shift};
+      sorted = SortedTables{nullptr, k_out, nullptr, shift};
     } else {  // by key, then (stably) by table
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,

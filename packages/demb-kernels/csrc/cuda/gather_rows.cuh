@@ -1,6 +1,9 @@
 // A warp copying value rows to float32 output rows (lookup_rule.h's gather): device functions
 // only, shared by gather_table_rows and table_find_rows (kernels defined in a header would be
-// defined twice when two .cu files include it).
+// defined twice when two .cu files include it). The output rows are stored evict-first
+// (st.global.cs): a batch's output (537 MB for the reference workload) is written once and read
+// by the next layer, and streaming it through L2 at normal priority would evict the hot table
+// rows and buckets that repeated keys read again.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -57,7 +60,7 @@ __device__ __forceinline__ void warp_copy_rows4(const GatherTables& g, int64_t m
 #pragma unroll
   for (int r = 0; r < kGatherRows; ++r) {
     if (lane < quads && first + r < n) {
-      reinterpret_cast<float4*>(out + (first + r) * dim)[lane] = v[r];
+      __stcs(reinterpret_cast<float4*>(out + (first + r) * dim) + lane, v[r]);
     }
   }
 }
@@ -82,7 +85,7 @@ __device__ __forceinline__ void warp_copy_row(const GatherTables& g, int64_t s, 
 #pragma unroll
       for (int q = 0; q < kLookupPerLane; ++q) {
         const int64_t j = base + q * kLookupWarp;
-        if (j < quads) reinterpret_cast<float4*>(row)[j] = v[q];
+        if (j < quads) __stcs(reinterpret_cast<float4*>(row) + j, v[q]);
       }
     }
   } else {
@@ -96,7 +99,7 @@ __device__ __forceinline__ void warp_copy_row(const GatherTables& g, int64_t s, 
 #pragma unroll
       for (int q = 0; q < kLookupPerLane; ++q) {
         const int64_t j = base + q * kLookupWarp;
-        if (j < dim) row[j] = v[q];
+        if (j < dim) __stcs(row + j, v[q]);
       }
     }
   }

@@ -52,6 +52,18 @@ __global__ void __launch_bounds__(kLookupThreads)
   warp_copy_row<T, Vec4>(g, s, t, dim, lane, out + i * dim);
 }
 
+// A gradient row's load: evict-first (ld.global.cs) when each row is read once (unscaled: the
+// rows of `order`, a permutation, or partial sums), so the sums' own writes keep L2; through the
+// read-only cache when rows are pooled bags that several keys read (Scaled).
+template <bool Scaled>
+__device__ __forceinline__ float4 load_grad4(const float4* p) {
+  return Scaled ? __ldg(p) : __ldcs(p);
+}
+template <bool Scaled>
+__device__ __forceinline__ float load_grad(const float* p) {
+  return Scaled ? __ldg(p) : __ldcs(p);
+}
+
 // Adds (or, first, stores) rows of `d` floats: a lane's part of a pass over the row: columns
 // col0 + q * 32 (scalar, kLookupPerLane of them), or the quad col0 (Vec4). A pass covers kStep
 // columns (scalar) or quads (Vec4).
@@ -73,14 +85,17 @@ struct RowAcc {
       const int64_t col = col0 + q * kLookupWarp;
       if constexpr (Vec4) {
         if (col < d / 4) {
-          const float4 x = __ldg(reinterpret_cast<const float4*>(r) + col);
+          const float4 x = load_grad4<Scaled>(reinterpret_cast<const float4*>(r) + col);
           v[q].x += Scaled ? x.x * s : x.x;
           v[q].y += Scaled ? x.y * s : x.y;
           v[q].z += Scaled ? x.z * s : x.z;
           v[q].w += Scaled ? x.w * s : x.w;
         }
       } else {
-        if (col < d) v[q].x += Scaled ? __ldg(r + col) * s : __ldg(r + col);
+        if (col < d) {
+          const float x = load_grad<Scaled>(r + col);
+          v[q].x += Scaled ? x * s : x;
+        }
       }
     }
   }
@@ -248,7 +263,7 @@ __global__ void __launch_bounds__(kLookupThreads, 8)
       const int32_t row = __shfl_sync(kAll, my_row[c], r);
       const float s = Scaled ? __shfl_sync(kAll, my_scale[c], r) : 1.0f;
       if (r < len[c] && lane < quads) {
-        const float4 x = __ldg(rows + static_cast<int64_t>(row) * quads + lane);
+        const float4 x = load_grad4<Scaled>(rows + static_cast<int64_t>(row) * quads + lane);
         acc[c].x += Scaled ? x.x * s : x.x;
         acc[c].y += Scaled ? x.y * s : x.y;
         acc[c].z += Scaled ? x.z * s : x.z;

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
       const int64_t j = base + u * kUpdateWarp;
       if (j >= dim) break;
       w[u] = to_float(row[j]);
-      gj[u] = g[j];
+      gj[u] = __ldcs(g + j);  // read once: evict-first, the rows keep L2
       s0[u] = element_state(K) ? to_float(row[dim + j]) : 0.0f;
       s1[u] = two_state_words(K) ? to_float(row[2 * dim + j]) : 0.0f;
     }
