@@ -11,8 +11,11 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/dedup_cuda.h"
 #include "cuda/gather_rows.cuh"
@@ -105,7 +108,7 @@ __global__ void __launch_bounds__(kLookupThreads, 6)
       const int64_t width = v.bucket_widths[t];
       const Home home = home_of(key, v.capacity(t), width);
       const int64_t base = v.slot_offsets[t] + home.bucket_base;
-      const int64_t found = tile_find(tile, v, base, width, key, home.digest);
+      const int64_t found = tile_find_home(tile, v, base, width, key, home);
       slot = found < 0 ? -1 : found - v.slot_offsets[t];
     }
     if (tile.thread_rank() == 0) slots[i] = slot;
@@ -180,6 +183,20 @@ std::tuple<at::Tensor, at::Tensor> table_find_rows_cuda(
   return find_rows_launch(ix, g, values, keys, k, dim);
 }
 
+// The high-priority stream of `device` the batch checks run on, taken from the pool once. The
+// pool hands out its streams in turn, and the caching allocator keeps a stream's freed blocks
+// for that stream only: a new stream per call cost a cudaMalloc of a fresh segment on each of
+// the first 32 calls (one per step, seen on the H200).
+at::cuda::CUDAStream check_stream(c10::DeviceIndex device) {
+  static std::mutex mutex;
+  static std::vector<std::optional<at::cuda::CUDAStream>> streams(
+      static_cast<size_t>(at::cuda::device_count()));
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto& stream = streams.at(static_cast<size_t>(device));
+  if (!stream) stream = at::cuda::getStreamFromPool(/*isHighPriority=*/true, device);
+  return *stream;
+}
+
 // With check, the batch's checks run beside the lookup on a high-priority stream (their blocks
 // go first as the lookup's retire) and the host waits for their copy only: it returns while
 // the lookup runs (a bad batch changes nothing: its keys read as missing, then the error).
@@ -205,8 +222,7 @@ std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cuda(
                           batch_size};
   auto found = find_rows_launch(ix, g, values, indices, k, dim);
   if (check) {
-    const at::cuda::CUDAStream side =
-        at::cuda::getStreamFromPool(/*isHighPriority=*/true, indices.device().index());
+    const at::cuda::CUDAStream side = check_stream(indices.device().index());
     inputs_ready.block(side);
     const at::cuda::CUDAStreamGuard on_side(side);
     // Allocated and freed on `side`, waited for before returning: no cross-stream reuse.

@@ -59,5 +59,18 @@ __device__ int64_t tile_find(const Tile& tile, const TableView& v, int64_t base,
   return -1;
 }
 
+// tile_find trying the key's start slot first: an insert puts a key there when that slot is
+// empty, so most keys are there. The slot's key word and digest are loaded together, without
+// the bucket scan's digests-then-key dependence; the bucket is scanned only when the start slot
+// does not hold the key. The same slot as tile_find (a key is in its bucket at most once).
+template <typename Tile>
+__device__ int64_t tile_find_home(const Tile& tile, const TableView& v, int64_t base,
+                                  int64_t width, int64_t key, const Home& home) {
+  const int64_t g = base + home.start;
+  const bool here = (v.digests[g] & 0x7F) == home.digest && v.keys[g] == key;
+  if (tile.any(here)) return g;  // every lane read the same words
+  return tile_find(tile, v, base, width, key, home.digest);
+}
+
 }  // namespace cuda
 }  // namespace demb

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
   const int64_t width = v.bucket_widths[t];
   const Home home = home_of(key, v.capacity(t), width);
   const int64_t base = v.slot_offsets[t] + home.bucket_base;
-  const int64_t g = tile_find(tile, v, base, width, key, home.digest);
+  const int64_t g = tile_find_home(tile, v, base, width, key, home);
   if (!leader) return;
   out.slots[i] = g < 0 ? -1 : g - v.slot_offsets[t];
   if (prep.sort_keys) {
