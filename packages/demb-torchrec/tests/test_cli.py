@@ -75,3 +75,23 @@ def test_balance_workload_names_a_bad_field():
         BalanceWorkload(world_size=0)
     with pytest.raises(ValueError, match=r"alpha=1\.0"):
         BalanceWorkload(alpha=1.0)
+
+
+def test_bench_module_writes_its_report(tmp_path):
+    """``demb bench module`` on the CPU at a tiny scale: the report holds every phase (eval after
+    each training step and eval back to back), the workload's lookups and unique keys, and the
+    floor bytes of a step (no timing is checked)."""
+    from demb_torchrec.cli import main
+
+    out = tmp_path / "module.json"
+    args = ["bench", "module", "--device", "cpu", "--tables", "2", "--rows", "500"]
+    args += ["--samples", "300", "--steps", "2", "--warmup", "1", "--no-baseline"]
+    assert main([*args, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    demb = report["demb"]
+    for phase in ("forward", "backward", "train", "eval", "eval_loop"):
+        assert demb[f"{phase}_ms"] > 0, phase
+    assert demb["lookups"] == 2 * 300  # NONE pooling: one id per sample and table
+    assert 0 < demb["unique"] <= 2 * 300
+    assert demb["bytes_train"] > demb["bytes_eval"] > 0
+    assert "torchrec" not in report

@@ -1,9 +1,11 @@
 """``demb bench module``: the table module on the reference workload, timed per phase.
 
 Prints forward / backward / train (forward + backward with the fused update) / eval ms, each
-the median of the timed steps after warm-up, beside the bytes a step must move and the same
-run's copy bandwidth; on the CPU also TorchRec's static ``EmbeddingCollection`` on FBGEMM's
-fused CPU TBE (DistributedModelParallel, one gloo rank) on the same batches. Writes JSON.
+the median of the timed steps after warm-up (eval: one eval forward after each training step),
+and eval loop ms (eval forwards back to back, as an inference replica runs them, after the
+training steps), beside the bytes a step must move and the same run's copy bandwidth; on the
+CPU also TorchRec's static ``EmbeddingCollection`` on FBGEMM's fused CPU TBE
+(DistributedModelParallel, one gloo rank) on the same batches. Writes JSON.
 """
 
 from __future__ import annotations
@@ -115,6 +117,24 @@ def _demb_step(
     return fwd, bwd, ev
 
 
+def _eval_loop(
+    module: DynamicEmbeddingTables,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    steps: int,
+    warmup: int,
+) -> list[float]:
+    """Seconds of each timed eval forward of a run of them back to back (no training between),
+    cycling through ``batches``."""
+    module.eval()
+    times = []
+    with torch.no_grad():
+        for i in range(warmup + steps):
+            t = timed(partial(module, *batches[i % len(batches)]), module.device)
+            if i >= warmup:
+                times.append(t)
+    return times
+
+
 def time_demb(w: Workload, device: torch.device, steps: int, warmup: int) -> dict[str, Any]:
     module, batches, grad = ready(w, device)
     state_dim = module.tables.configs[0].state_dim
@@ -123,6 +143,7 @@ def time_demb(w: Workload, device: torch.device, steps: int, warmup: int) -> dic
         times = _demb_step(module, batches[i % len(batches)], grad)
         if i >= warmup:
             _record(phases, times)
+    phases["eval_loop"] = _eval_loop(module, batches, steps, warmup)
     lookups = int(batches[0][0].numel())
     unique = _unique(batches[0], w)
     return {
@@ -229,6 +250,10 @@ def _print_demb(
         f"copy bandwidth {copy / 1e9:.0f} GB/s"
     )
     print(f"demb {w.optimizer}: {_phases(demb)}")
+    print(
+        "  eval loop (eval forwards back to back, no training between): "
+        f"{demb['eval_loop_ms']:.3f} ms"
+    )
     print(
         f"  a train step must move {demb['bytes_train'] / 1e6:.0f} MB: floor "
         f"{demb['floor_train_ms']:.3f} ms, train is "
