@@ -14,7 +14,6 @@ Usage: ``python _dump_load_rank.py RANK WORLD STORE OUT MODE CKPT OPTIM [DEVICE]
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 
 import torch
@@ -29,12 +28,10 @@ BATCH = 5
 
 
 def main() -> None:
-    rank, world, store_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    mode, ckpt, optim = sys.argv[5], sys.argv[6], sys.argv[7] == "optim"
-    on_gpu = len(sys.argv) > 8 and sys.argv[8] == "cuda"
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(device)
+    from _rank_join import join  # beside this script (also loaded as a module by tests)
+
+    rank, world, out_path, device, (mode, ckpt, optim_arg) = join(3)
+    optim = optim_arg == "optim"
     import torchrec.optim as trec_optim
     from demb_torchrec import (
         DynamicEmbDump,
@@ -64,12 +61,6 @@ def main() -> None:
     from torchrec.distributed.types import ShardingEnv
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    dist.init_process_group(
-        "nccl" if on_gpu else "gloo",
-        store=dist.FileStore(store_path, world),
-        rank=rank,
-        world_size=world,
-    )
     meta = torch.device("meta")
     ec_configs = [
         EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])

@@ -12,7 +12,6 @@ Usage: ``python _mixed_model_rank.py RANK WORLD STORE OUT [DEVICE]``
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 
 import torch
@@ -28,11 +27,10 @@ DIM = 8
 
 
 def main() -> None:
-    rank, world, store_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    on_gpu = len(sys.argv) > 5 and sys.argv[5] == "cuda"
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(device)
+    from _rank_join import join  # beside this script (also loaded as a module by tests)
+
+    rank, world, out_path, device, _ = join(0)
+    on_gpu = device.type == "cuda"
     import torchrec.optim as trec_optim
     from demb_torchrec import DynamicEmbParameterConstraints, DynamicEmbTableOptions
     from demb_torchrec.lookup import DynamicEmbeddingKernel
@@ -53,12 +51,6 @@ def main() -> None:
     from torchrec.distributed.types import ShardingEnv
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    dist.init_process_group(
-        "nccl" if on_gpu else "gloo",
-        store=dist.FileStore(store_path, world),
-        rank=rank,
-        world_size=world,
-    )
     torch.manual_seed(0)  # the same dense layer and static tables on every rank
 
     class Model(nn.Module):

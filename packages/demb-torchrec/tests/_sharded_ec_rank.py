@@ -13,7 +13,6 @@ Usage: ``python _sharded_ec_rank.py RANK WORLD STORE OUT DIST_TYPE OPTIMIZER KIN
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 
 import torch
@@ -51,12 +50,9 @@ def gradient(step: int, rank: int, feature: int, n: int, dim: int) -> torch.Tens
 
 
 def main() -> None:
-    rank, world, store_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    dist_type, optimizer, kind = sys.argv[5], sys.argv[6], sys.argv[7]
-    on_gpu = len(sys.argv) > 8 and sys.argv[8] == "cuda"
-    device = torch.device("cuda", rank) if on_gpu else torch.device("cpu")
-    if on_gpu:
-        torch.cuda.set_device(device)
+    from _rank_join import join  # beside this script (also loaded as a module by tests)
+
+    rank, world, out_path, device, (dist_type, optimizer, kind) = join(3)
     import torchrec.optim as trec_optim
     from demb_torchrec import (
         DynamicEmbInitializerArgs,
@@ -84,8 +80,6 @@ def main() -> None:
     from torchrec.distributed.types import ShardingEnv
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    store = dist.FileStore(store_path, world)
-    dist.init_process_group("nccl" if on_gpu else "gloo", store=store, rank=rank, world_size=world)
     meta = torch.device("meta")
     if kind == "ec":
         configs = [

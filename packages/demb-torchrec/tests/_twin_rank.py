@@ -17,7 +17,6 @@ Usage: ``python _twin_rank.py RANK WORLD STORE OUT``
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
 
 import torch
@@ -116,7 +115,9 @@ class SparseAdamTwin:
 
 
 def main() -> None:
-    rank, world, store_path, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    from _rank_join import join  # beside this script (also loaded as a module by tests)
+
+    rank, world, out_path, _, _ = join(0)  # the CPU over gloo
     import torchrec.optim as trec_optim
     from demb_torchrec import (
         DynamicEmbInitializerArgs,
@@ -146,9 +147,6 @@ def main() -> None:
     from torchrec.distributed.types import ShardingEnv
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    dist.init_process_group(
-        "gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world
-    )
     pg = dist.GroupMember.WORLD
     env = ShardingEnv.from_process_group(pg)
     topology = Topology(world_size=world, compute_device="cpu")
