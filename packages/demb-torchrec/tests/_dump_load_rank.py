@@ -28,7 +28,7 @@ BATCH = 5
 
 
 def main() -> None:
-    from _rank_join import join  # beside this script (also loaded as a module by tests)
+    from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
     rank, world, out_path, device, (mode, ckpt, optim_arg) = join(3)
     optim = optim_arg == "optim"
@@ -136,7 +136,7 @@ def main() -> None:
             export.scores.cpu(),
         )
     torch.save(content, out_path)
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ DIM = 8
 
 
 def main() -> None:
-    from _rank_join import join  # beside this script (also loaded as a module by tests)
+    from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
     rank, world, out_path, device, _ = join(0)
     on_gpu = device.type == "cuda"
@@ -158,7 +158,7 @@ def main() -> None:
     }
     shardings = {t: s.sharding_type for p in plan.plan.values() for t, s in p.items()}
     torch.save({"losses": losses, "held": held, "shardings": shardings}, out_path)
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The rank side of conftest's ``run_ranks``: a rank script runs as
 ``python SCRIPT RANK WORLD STORE OUT ARGS... [DEVICE]``; :func:`join` reads that, puts the rank
-on its device and joins the process group."""
+on its device and joins the process group; :func:`leave` leaves it."""
 
 from __future__ import annotations
 
@@ -38,3 +38,10 @@ def join(own_args: int) -> Rank:
         world_size=world,
     )
     return Rank(rank, world, out, device, sys.argv[5:end])
+
+
+def leave() -> None:
+    """Wait for every rank (none leaves while another still talks to it), then leave the process
+    group."""
+    dist.barrier()
+    dist.destroy_process_group()

@@ -50,7 +50,7 @@ def gradient(step: int, rank: int, feature: int, n: int, dim: int) -> torch.Tens
 
 
 def main() -> None:
-    from _rank_join import join  # beside this script (also loaded as a module by tests)
+    from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
     rank, world, out_path, device, (dist_type, optimizer, kind) = join(3)
     import torchrec.optim as trec_optim
@@ -172,7 +172,7 @@ def main() -> None:
         },
         out_path,
     )
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

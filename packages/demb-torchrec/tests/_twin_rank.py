@@ -115,7 +115,7 @@ class SparseAdamTwin:
 
 
 def main() -> None:
-    from _rank_join import join  # beside this script (also loaded as a module by tests)
+    from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
     rank, world, out_path, _, _ = join(0)  # the CPU over gloo
     import torchrec.optim as trec_optim
@@ -280,7 +280,7 @@ def main() -> None:
                 "dynamic": dynamic_rows,
             }
     torch.save(results, out_path)
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":
