@@ -103,18 +103,45 @@ def _record(phases: dict[str, list[float]], times: tuple[float, float, float]) -
 
 
 def _demb_step(
-    module: DynamicEmbeddingTables, batch: tuple[torch.Tensor, torch.Tensor], grad: torch.Tensor
+    module: DynamicEmbeddingTables,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    grad: torch.Tensor,
+    caller_thread: bool = False,
 ) -> tuple[float, float, float]:
-    """Seconds of a training forward, its backward, and an eval forward of ``batch``."""
+    """Seconds of a training forward, its backward, and an eval forward of ``batch``. With
+    ``caller_thread``, the backward runs on the calling thread
+    (``torch.autograd.set_multithreading_enabled(False)``) instead of autograd's device
+    thread."""
     device = module.device
     module.train()
     box: list[torch.Tensor] = []
     fwd = timed(lambda: box.append(module(*batch)), device)
-    bwd = timed(lambda: torch.autograd.backward([box[0]], [grad]), device)
+    with torch.autograd.set_multithreading_enabled(not caller_thread):
+        bwd = timed(lambda: torch.autograd.backward([box[0]], [grad]), device)
     module.eval()
     with torch.no_grad():
         ev = timed(lambda: module(*batch), device)
     return fwd, bwd, ev
+
+
+def _train_phases(
+    module: DynamicEmbeddingTables,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    grad: torch.Tensor,
+    steps: int,
+    warmup: int,
+    label: str,
+    caller_thread: bool,
+) -> dict[str, list[float]]:
+    """Seconds of each phase of the timed steps (:func:`_demb_step`), cycling through
+    ``batches``."""
+    phases: dict[str, list[float]] = {"forward": [], "backward": [], "train": [], "eval": []}
+    desc = label + (" (caller thread)" if caller_thread else "")
+    for i in tqdm(range(warmup + steps), desc=desc, leave=False):
+        times = _demb_step(module, batches[i % len(batches)], grad, caller_thread)
+        if i >= warmup:
+            _record(phases, times)
+    return phases
 
 
 def _eval_loop(
@@ -136,13 +163,16 @@ def _eval_loop(
 
 
 def time_demb(w: Workload, device: torch.device, steps: int, warmup: int) -> dict[str, Any]:
+    """The demb figures of the workload: each phase's median ms; on CUDA also with the backward
+    on the calling thread (``caller_thread_*_ms``: autograd hands a CUDA backward to its device
+    thread by default, and the calling thread waits for it)."""
     module, batches, grad = ready(w, device)
     state_dim = module.tables.configs[0].state_dim
-    phases: dict[str, list[float]] = {"forward": [], "backward": [], "train": [], "eval": []}
-    for i in tqdm(range(warmup + steps), desc=f"demb {w.optimizer}", leave=False):
-        times = _demb_step(module, batches[i % len(batches)], grad)
-        if i >= warmup:
-            _record(phases, times)
+    label = f"demb {w.optimizer}"
+    phases = _train_phases(module, batches, grad, steps, warmup, label, caller_thread=False)
+    if device.type == "cuda":
+        caller = _train_phases(module, batches, grad, steps, warmup, label, caller_thread=True)
+        phases.update({f"caller_thread_{k}": v for k, v in caller.items()})
     phases["eval_loop"] = _eval_loop(module, batches, steps, warmup)
     lookups = int(batches[0][0].numel())
     unique = _unique(batches[0], w)
@@ -236,8 +266,11 @@ def time_torchrec(w: Workload, steps: int, warmup: int) -> dict[str, Any]:
     return {f"{k}_ms": _median_ms(v) for k, v in phases.items()}
 
 
+_PHASE_KEYS = ("forward_ms", "backward_ms", "train_ms", "eval_ms")
+
+
 def _phases(r: dict[str, Any]) -> str:
-    return "  ".join(f"{p} {r[p + '_ms']:.3f} ms" for p in ("forward", "backward", "train", "eval"))
+    return "  ".join(f"{p[:-3]} {r[p]:.3f} ms" for p in _PHASE_KEYS)
 
 
 def _print_demb(
@@ -254,6 +287,12 @@ def _print_demb(
         "  eval loop (eval forwards back to back, no training between): "
         f"{demb['eval_loop_ms']:.3f} ms"
     )
+    if "caller_thread_train_ms" in demb:
+        caller = {p: demb[f"caller_thread_{p}"] for p in _PHASE_KEYS}
+        print(
+            "  backward on the calling thread (torch.autograd.set_multithreading_enabled("
+            f"False)): {_phases(caller)}"
+        )
     print(
         f"  a train step must move {demb['bytes_train'] / 1e6:.0f} MB: floor "
         f"{demb['floor_train_ms']:.3f} ms, train is "
