@@ -4,12 +4,12 @@ on its device and joins the process group; :func:`leave` leaves it."""
 
 from __future__ import annotations
 
-import os
 import sys
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import torch
 import torch.distributed as dist
+from demb_torchrec.bench._ranks import end_rank
 
 
 class Rank(NamedTuple):
@@ -41,13 +41,7 @@ def join(own_args: int) -> Rank:
     return Rank(rank, world, out, device, sys.argv[5:end])
 
 
-def leave() -> None:
-    """Wait for every rank (none leaves while another still talks to it), leave the process
-    group, and end the process at once (exit status 0, output flushed), so the interpreter's
-    teardown does not destroy distributed objects: a clean-clone CI run saw a gloo rank abort
-    there ('terminate called without an active exception') after its results were saved."""
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def leave() -> NoReturn:
+    """Wait for every rank, leave the process group and end the process
+    (:func:`demb_torchrec.bench._ranks.end_rank`, which the benchmarks' ranks end with too)."""
+    end_rank()

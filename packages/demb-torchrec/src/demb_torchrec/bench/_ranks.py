@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.multiprocessing.spawn import start_processes
 
-__all__ = ["finish_rank", "init_rank", "machine", "spawn_ranks"]
+__all__ = ["end_rank", "finish_rank", "init_rank", "machine", "spawn_ranks"]
 
 W = TypeVar("W")
 
@@ -48,20 +48,25 @@ def machine(device: torch.device) -> dict[str, str]:
     }
 
 
-def finish_rank(report: dict[str, Any] | None, out: str | None) -> NoReturn:
-    """Write ``report`` (rank 0's; None on the others) to ``out`` as JSON, wait for every rank
-    (none leaves while another still talks to it), leave the process group, and end the rank's
-    process at once (exit status 0, output flushed): the interpreter's teardown is skipped, where
-    a CI run saw a gloo rank abort ('terminate called without an active exception') after the
-    report was written."""
-    if report is not None:
-        with open(out or os.devnull, "w") as f:
-            json.dump(report, f, indent=2)
+def end_rank() -> NoReturn:
+    """Wait for every rank (none leaves while another still talks to it), leave the process
+    group, and end this rank's process at once (exit status 0, output flushed). The
+    interpreter's teardown is skipped: clean-clone CI runs saw a gloo rank abort there
+    ('terminate called without an active exception') after its results were written."""
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def finish_rank(report: dict[str, Any] | None, out: str | None) -> NoReturn:
+    """Write ``report`` (rank 0's; None on the others) to ``out`` as JSON, then
+    :func:`end_rank`."""
+    if report is not None:
+        with open(out or os.devnull, "w") as f:
+            json.dump(report, f, indent=2)
+    end_rank()
 
 
 def spawn_ranks(
