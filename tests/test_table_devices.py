@@ -120,6 +120,71 @@ def test_cuda_index_equals_cpu_index(policy):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("policy", list(ScorePolicy), ids=lambda p: p.name)
+def test_cuda_batches_found_whole_equal_cpu(policy):
+    """Batches whose keys are all in the table (the CUDA op then skips its insert pass), with
+    duplicates, then with one missing key at the end or an empty key (FAILED, not a miss):
+    outputs and index equal the CPU's, and only the missing key is inserted."""
+    cpu = TableIndex.create(CAPACITIES, WIDTHS, [policy, policy])
+    gpu = TableIndex.create(CAPACITIES, WIDTHS, [policy, policy], "cuda")
+    g = torch.Generator().manual_seed(5)
+    present = torch.randint(0, 10**9, (40_000,), generator=g).unique()
+    tids = torch.randint(0, 2, present.shape, generator=g)
+    args = torch.tensor([10, 20])
+    ops.find_or_insert(cpu, present, tids, args)
+    ops.find_or_insert(gpu, present.cuda(), tids.cuda(), args.cuda())
+    sizes = cpu.sizes.clone()
+    pick = torch.randint(0, present.numel(), (100_000,), generator=g)
+    keys, ktids = present[pick], tids[pick]
+    last_new = torch.cat([keys, torch.tensor([2 * 10**9])]), torch.cat([ktids, torch.tensor([1])])
+    for step, (k, t) in enumerate([(keys, ktids), last_new, (keys, ktids)]):
+        args = torch.tensor([11 + step, 21 + step])
+        counts = torch.randint(0, 4, k.shape, generator=g)
+        a = ops.find_or_insert(cpu, k, t, args, counts)
+        gk, gt, gc = k, t, counts
+        if step == 2:  # the GPU batch also holds the empty key: FAILED, not a miss
+            gk, gt, gc = (torch.cat([x, torch.tensor([v])]) for x, v in ((k, -1), (t, 0), (gc, 1)))
+        b = ops.find_or_insert(gpu, gk.cuda(), gt.cuda(), args.cuda(), gc.cuda(), check=False)
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(y.cpu()[..., : a.slots.numel()], x, rtol=0, atol=0)
+        _assert_same_index(cpu, gpu)
+        assert int((a.status == InsertStatus.HIT).sum()) == keys.numel()
+        if step == 2:
+            assert int(b.status[-1]) == InsertStatus.FAILED
+            assert int(b.slots[-1]) == -1
+    expected = sizes.clone()
+    expected[1] += 1  # the one new key
+    torch.testing.assert_close(cpu.sizes, expected, rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+def test_cuda_find_or_insert_captured_in_a_graph_equals_cpu():
+    """Captured into a CUDA graph (no sync there: both passes always run), find_or_insert
+    replays like the CPU op: a batch of new keys, then the same batch again (all found)."""
+    cpu = TableIndex.create(CAPACITIES, WIDTHS, [ScorePolicy.LFU] * 2)
+    gpu = TableIndex.create(CAPACITIES, WIDTHS, [ScorePolicy.LFU] * 2, "cuda")
+    g = torch.Generator().manual_seed(9)
+    keys = torch.randint(0, 10**9, (50_000,), generator=g)
+    tids = torch.randint(0, 2, keys.shape, generator=g)
+    args = torch.tensor([3, 4])
+    k, t, a = keys.cuda(), tids.cuda(), args.cuda()
+    warm = TableIndex.create(CAPACITIES, WIDTHS, [ScorePolicy.LFU] * 2, "cuda")
+    ops.find_or_insert(warm, k, t, a)  # loads the kernels before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops.find_or_insert(gpu, k, t, a, check=False)
+    torch.testing.assert_close(gpu.sizes.cpu(), torch.zeros(2, dtype=torch.int64))
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = ops.find_or_insert(cpu, keys, tids, args)
+        for x, y in zip(expected, captured, strict=True):
+            torch.testing.assert_close(y.cpu(), x, rtol=0, atol=0)
+        _assert_same_index(cpu, gpu)
+    assert bool((expected.status == InsertStatus.HIT).all())
+
+
+@pytest.mark.cuda
 def test_cuda_rehash_equals_cpu_rehash():
     cpu = TableIndex.create(CAPACITIES, WIDTHS, [ScorePolicy.LFU, ScorePolicy.TIMESTAMP_LFU])
     gpu = TableIndex.create(

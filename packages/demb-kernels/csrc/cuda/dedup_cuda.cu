@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(kDedupThreads)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, counters, n,
                     num_tables, info + num_tables);
+  unsigned long long diff = 0;
   if (i < n) {
     const uint64_t key = static_cast<uint64_t>(indices[i]) ^ kSignBit;
     const auto table =
@@ -117,8 +118,13 @@ __global__ void __launch_bounds__(kDedupThreads)
     }
     tables[i] = table;
     positions[i] = static_cast<int32_t>(i);
-    const auto diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
-    if (diff) atomicOr(&block_varying, diff);
+    diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
+  }
+  // OR-reduced per warp first: one shared atomic per warp, not per thread.
+  const unsigned lo = __reduce_or_sync(0xFFFFFFFFu, static_cast<unsigned>(diff));
+  const unsigned hi = __reduce_or_sync(0xFFFFFFFFu, static_cast<unsigned>(diff >> 32));
+  if ((threadIdx.x % 32) == 0 && (lo | hi)) {
+    atomicOr(&block_varying, (static_cast<unsigned long long>(hi) << 32) | lo);
   }
   __syncthreads();
   if (threadIdx.x == 0 && block_varying) {
@@ -246,19 +252,25 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   // The words read back: dedup_bounds' (see kDedupFlags), then the keys' varying bits.
   const int64_t words = num_tables + kDedupFlags + features + 1;
   at::Tensor info = zeroed(words + 1, opts, stream);
-  at::Tensor keys = at::empty({n}, opts);  // uint64 sort keys
-  at::Tensor keys_sorted = at::empty({n}, opts);
-  at::Tensor tables = at::empty({n}, opts.dtype(at::kInt));
-  at::Tensor tables_by_key = at::empty({n}, opts.dtype(at::kInt));
-  at::Tensor tables_sorted = at::empty({n}, opts.dtype(at::kInt));
-  at::Tensor positions = at::empty({n}, opts.dtype(at::kInt));
-  at::Tensor by_key = at::empty({n}, opts.dtype(at::kInt));
-  at::Tensor order32 = at::empty({n}, opts.dtype(at::kInt));
-  auto* k_in = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
-  auto* k_out = reinterpret_cast<uint64_t*>(keys_sorted.data_ptr<int64_t>());
-  auto* t_in = reinterpret_cast<uint32_t*>(tables.data_ptr<int32_t>());
-  auto* t_key = reinterpret_cast<uint32_t*>(tables_by_key.data_ptr<int32_t>());
-  auto* t_out = reinterpret_cast<uint32_t*>(tables_sorted.data_ptr<int32_t>());
+  // Three allocations back the arrays (each costs host time on the forward's path): the int64
+  // scratch (sort keys in and out, first flags, their ranks), the int32 scratch (tables, tables
+  // by key, sorted tables, positions, positions by key, sorted positions) and the outputs
+  // (views of one buffer).
+  const at::Tensor scratch64 = at::empty({4, n}, opts);
+  const at::Tensor scratch32 = at::empty({6, n}, opts.dtype(at::kInt));
+  const at::Tensor outputs = at::empty({5, n}, opts);
+  int64_t* const s64 = scratch64.data_ptr<int64_t>();
+  int32_t* const s32 = scratch32.data_ptr<int32_t>();
+  int64_t* const first = s64 + 2 * n;
+  int64_t* const rank = s64 + 3 * n;
+  int32_t* const positions = s32 + 3 * n;
+  int32_t* const by_key = s32 + 4 * n;
+  int32_t* const order32 = s32 + 5 * n;
+  auto* k_in = reinterpret_cast<uint64_t*>(s64);  // sort keys
+  auto* k_out = reinterpret_cast<uint64_t*>(s64 + n);
+  auto* t_in = reinterpret_cast<uint32_t*>(s32);  // tables
+  auto* t_key = reinterpret_cast<uint32_t*>(s32 + n);
+  auto* t_out = reinterpret_cast<uint32_t*>(s32 + 2 * n);
   const int64_t threads = std::max(n, bags + 1);
   const int table_bits = bits_for(num_tables - 1);
   // With room for the table above the key bits sorted, one sort orders by (table, key): the
@@ -273,18 +285,18 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
     dedup_prepare_kernel<<<dedup_blocks(threads), kDedupThreads, 0, stream>>>(
         indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
         feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables,
-        shift, k_in, narrow(shift) ? k32_in : nullptr, t_in, positions.data_ptr<int32_t>(),
+        shift, k_in, narrow(shift) ? k32_in : nullptr, t_in, positions,
         info.data_ptr<int64_t>(),
         info.data_ptr<int64_t>() + words);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   int prepared = shift_for(static_cast<int>(key_bits));
   prepare(prepared);
-  at::Tensor inverse = at::empty({n}, opts);
-  at::Tensor order = at::empty({n}, opts);
-  at::Tensor keys_out = at::empty({n}, opts);
-  at::Tensor tables_out = at::empty({n}, opts);
-  at::Tensor starts = at::empty({n}, opts);
+  const at::Tensor inverse = outputs[0];
+  const at::Tensor order = outputs[1];
+  const at::Tensor keys_out = outputs[2];
+  const at::Tensor tables_out = outputs[3];
+  const at::Tensor starts = outputs[4];
   at::Tensor counters_sorted = cnt ? at::empty({n}, opts) : at::Tensor();
   // The sort by key looks at bits [0, end_bit) only: right when every key agrees with the
   // first above them. It is run with the caller's guess `key_bits` (a few radix passes instead
@@ -301,49 +313,47 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
     if (narrow(shift)) {  // one sort of the combined 32-bit keys
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, k32_in, k32_out,
-                                               positions.const_data_ptr<int32_t>(),
-                                               order32.data_ptr<int32_t>(), n32, 0,
+                                               positions,
+                                               order32, n32, 0,
                                                shift + table_bits, stream);
       });
       sorted = SortedTables{nullptr, nullptr, k32_out, shift};
     } else if (shift > 0) {  // one sort of the combined keys
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
-                                               positions.const_data_ptr<int32_t>(),
-                                               order32.data_ptr<int32_t>(), n32, 0,
+                                               positions,
+                                               order32, n32, 0,
                                                shift + table_bits, stream);
       });
       sorted = SortedTables{nullptr, k_out, nullptr, shift};
     } else {  // by key, then (stably) by table
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
-                                               positions.const_data_ptr<int32_t>(),
-                                               by_key.data_ptr<int32_t>(), n32, 0, end_bit,
+                                               positions,
+                                               by_key, n32, 0, end_bit,
                                                stream);
       });
       dedup_permute_tables_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-          t_in, by_key.const_data_ptr<int32_t>(), n, t_key);
+          t_in, by_key, n, t_key);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, t_key, t_out,
-                                               by_key.const_data_ptr<int32_t>(),
-                                               order32.data_ptr<int32_t>(), n32, 0, table_bits,
+                                               by_key,
+                                               order32, n32, 0, table_bits,
                                                stream);
       });
     }
-    at::Tensor first = at::empty({n}, opts);
     dedup_first_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        indices.const_data_ptr<int64_t>(), order32.const_data_ptr<int32_t>(), sorted, n,
-        first.data_ptr<int64_t>());
+        indices.const_data_ptr<int64_t>(), order32, sorted, n,
+        first);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    at::Tensor rank = at::empty({n}, opts);
     cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-      return cub::DeviceScan::ExclusiveSum(temp, bytes, first.const_data_ptr<int64_t>(),
-                                           rank.data_ptr<int64_t>(), n32, stream);
+      return cub::DeviceScan::ExclusiveSum(temp, bytes, first,
+                                           rank, n32, stream);
     });
     dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        indices.const_data_ptr<int64_t>(), order32.const_data_ptr<int32_t>(), sorted,
-        first.const_data_ptr<int64_t>(), rank.const_data_ptr<int64_t>(), cnt, n,
+        indices.const_data_ptr<int64_t>(), order32, sorted,
+        first, rank, cnt, n,
         inverse.data_ptr<int64_t>(), order.data_ptr<int64_t>(), keys_out.data_ptr<int64_t>(),
         tables_out.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
         cnt ? counters_sorted.data_ptr<int64_t>() : nullptr, info.data_ptr<int64_t>());

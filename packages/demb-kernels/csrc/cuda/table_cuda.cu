@@ -1,6 +1,8 @@
 // CUDA bindings of the table ops: allocation, validation and launch order. The algorithm is the
 // CPU one (cpu/table_cpu.cpp): phase A per key, a stable sort of the batch by bucket, phase B
-// per bucket in batch order; identical results.
+// per bucket in batch order; identical results. find_or_insert reads back whether phase A
+// missed a key (one sync; none while the stream is captured) and skips phase B when it found
+// them all.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -42,16 +44,18 @@ int end_bit_for(uint64_t skip) {
 
 // The phase-B schedule: entries stably sorted by sort key (bucket order, batch order within a
 // bucket), cut into runs of equal keys. Phase A fills sort_keys, order (the sort's values) and
-// zeroed run_lengths (PhaseBPrep); build() sorts and cuts. Two allocations back every array.
+// zeroed run_lengths (PhaseBPrep), and for find_or_insert the missed flag; build() sorts and
+// cuts. Two allocations back every array.
 struct Schedule {
   at::Tensor words;  // int64 (3, N): sort keys, sorted keys, run keys
-  at::Tensor ints;   // int32 (4N + 1): order, positions, run lengths, run offsets, run count
+  at::Tensor ints;   // int32 (4N + 2): order, positions, run lengths, run offsets, run count,
+                     // missed flag
   int64_t n;
   uint64_t skip;
 
   Schedule(const at::Tensor& like, int64_t n_, uint64_t skip_)
       : words(at::empty({3, n_}, like.options().dtype(at::kLong))),
-        ints(at::empty({4 * n_ + 1}, like.options().dtype(at::kInt))),
+        ints(at::empty({4 * n_ + 2}, like.options().dtype(at::kInt))),
         n(n_),
         skip(skip_) {}
 
@@ -60,7 +64,22 @@ struct Schedule {
   }
   int32_t* int32(int64_t k) const { return ints.data_ptr<int32_t>() + k * n; }
 
-  cuda::PhaseBPrep prep() const { return cuda::PhaseBPrep{word(0), int32(0), int32(2), skip}; }
+  // With `flag`, phase A sets the missed flag (zeroed here first).
+  cuda::PhaseBPrep prep(bool flag, cudaStream_t stream) const {
+    int32_t* missed = flag ? int32(4) + 1 : nullptr;
+    if (flag) C10_CUDA_CHECK(cudaMemsetAsync(missed, 0, sizeof(int32_t), stream));
+    return cuda::PhaseBPrep{word(0), int32(0), int32(2), skip, missed};
+  }
+
+  // Whether phase A missed some valid key: the flag read back (waits for phase A).
+  bool missed(cudaStream_t stream) const {
+    const at::Tensor host =
+        at::empty({1}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+    C10_CUDA_CHECK(cudaMemcpyAsync(host.data_ptr<int32_t>(), int32(4) + 1, sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream));
+    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return host.const_data_ptr<int32_t>()[0] != 0;
+  }
 
   cuda::Runs runs() const { return cuda::Runs{word(2), int32(3), int32(2), int32(4), int32(1)}; }
 
@@ -148,12 +167,21 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
   const uint64_t skip = static_cast<uint64_t>(ix.num_slots()) << 1;  // above every sort key
   const Schedule plan(keys, n, skip);
   if (op == BucketOp::kInsert) {
-    cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(v, in, out,
-                                                                             plan.prep());
+    // Every key found (the steady state of a warm table): phase A did all of it. One sync
+    // instead of the schedule's sort, run-length encoding and scan over the whole batch; not
+    // while the stream is captured into a CUDA graph (no sync there: phase B always runs).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    const bool may_skip = capture == cudaStreamCaptureStatusNone;
+    cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(
+        v, in, out, plan.prep(may_skip, stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (may_skip && !plan.missed(stream)) return {slots, status, victim_keys, victim_scores};
   } else {
-    cuda::bucket_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, in, out, plan.prep());
+    cuda::bucket_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+        v, in, out, plan.prep(false, stream));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   plan.build(stream);
   cuda::bucket_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, op, in, out, plan.runs(),
                                                               skip);

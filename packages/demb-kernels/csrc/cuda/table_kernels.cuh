@@ -43,12 +43,21 @@ __device__ __forceinline__ void atomic_sat_add(int64_t* word, int64_t count) {
 // What phase A writes for phase B besides each entry's sort key: the sort's values (batch
 // positions), zeroed run lengths, and the entry's "no victim" outputs (an empty victim key and
 // zero victim scores; phase B overwrites them for EVICTED entries). All null for a lookup.
+// `missed` (find_or_insert) is set to 1 when some valid key misses: with none, phase B has
+// nothing to do and is not launched.
 struct PhaseBPrep {
   uint64_t* sort_keys;   // (N,) (bucket start << 1) | hit, or `skip`
   int32_t* positions;    // (N,) i
   int32_t* run_lengths;  // (N,) 0
   uint64_t skip;
+  int32_t* missed;  // zeroed before phase A, or null
 };
+
+// Sets *missed once: a read first, so that a batch of many misses stores to the word only until
+// the stores show (a plain store of the same value, no atomic).
+__device__ __forceinline__ void note_miss(int32_t* missed) {
+  if (missed != nullptr && *reinterpret_cast<volatile int32_t*>(missed) == 0) *missed = 1;
+}
 
 __device__ __forceinline__ void prepare_entry(const PhaseBPrep& prep, const BatchOut& out,
                                               int64_t words, int64_t n, int64_t i,
@@ -91,6 +100,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
   if (prep.sort_keys) {
     const uint64_t sort_key = (static_cast<uint64_t>(base) << 1) | (g < 0 ? 0 : 1);
     prepare_entry(prep, out, v.words, in.n, i, sort_key);
+    if (g < 0) note_miss(prep.missed);
   }
   if (out.status) out.status[i] = static_cast<int64_t>(InsertStatus::kHit);
   if (g < 0 || !in.score_args) return;

@@ -215,13 +215,17 @@ def find_or_insert(
     batch evicts another key of the batch: a bucket with no unprotected slot left fails the
     insert (status FAILED, slot -1), as does a full NO_EVICTION bucket.
 
+    On CUDA the op reads back whether any key missed (one sync, after the lookup pass) and,
+    when every key was found, skips the insert pass's schedule (a sort of the whole batch).
+    While the stream is captured into a CUDA graph it does not sync and always runs both.
+
     Args:
         index: the index (mutated).
         keys: ``(N,)`` int64 keys.
         table_ids: ``(N,)`` int64 table of each key.
         score_args: ``(T,)`` int64 batch score per table.
         counts: ``(N,)`` int64 frequency of each key for LFU words (default 1 each).
-        check: check the data on CUDA (one sync).
+        check: check the data on CUDA (one more sync).
 
     Returns:
         :class:`InsertResult`.
