@@ -123,8 +123,8 @@ def test_cuda_index_equals_cpu_index(policy):
 @pytest.mark.parametrize("policy", list(ScorePolicy), ids=lambda p: p.name)
 def test_cuda_batches_found_whole_equal_cpu(policy):
     """Batches whose keys are all in the table (the CUDA op then skips its insert pass), with
-    duplicates, then with one missing key at the end or an empty key (FAILED, not a miss):
-    outputs and index equal the CPU's, and only the missing key is inserted."""
+    duplicates, then with one missing key at the end or an empty key (FAILED, not a hit):
+    outputs, index and all_hit flags equal the CPU's, and only the missing key is inserted."""
     cpu = TableIndex.create(CAPACITIES, WIDTHS, [policy, policy])
     gpu = TableIndex.create(CAPACITIES, WIDTHS, [policy, policy], "cuda")
     g = torch.Generator().manual_seed(5)
@@ -140,15 +140,18 @@ def test_cuda_batches_found_whole_equal_cpu(policy):
     for step, (k, t) in enumerate([(keys, ktids), last_new, (keys, ktids)]):
         args = torch.tensor([11 + step, 21 + step])
         counts = torch.randint(0, 4, k.shape, generator=g)
-        a = ops.find_or_insert(cpu, k, t, args, counts)
+        a, a_hit = ops.find_or_insert_hits(cpu, k, t, args, counts)
         gk, gt, gc = k, t, counts
-        if step == 2:  # the GPU batch also holds the empty key: FAILED, not a miss
+        if step == 2:  # the GPU batch also holds the empty key: FAILED, not a hit
             gk, gt, gc = (torch.cat([x, torch.tensor([v])]) for x, v in ((k, -1), (t, 0), (gc, 1)))
-        b = ops.find_or_insert(gpu, gk.cuda(), gt.cuda(), args.cuda(), gc.cuda(), check=False)
+        b, b_hit = ops.find_or_insert_hits(
+            gpu, gk.cuda(), gt.cuda(), args.cuda(), gc.cuda(), check=False
+        )
         for x, y in zip(a, b, strict=True):
             torch.testing.assert_close(y.cpu()[..., : a.slots.numel()], x, rtol=0, atol=0)
         _assert_same_index(cpu, gpu)
         assert int((a.status == InsertStatus.HIT).sum()) == keys.numel()
+        assert (a_hit, b_hit) == [(True, True), (False, False), (True, False)][step]
         if step == 2:
             assert int(b.status[-1]) == InsertStatus.FAILED
             assert int(b.slots[-1]) == -1
@@ -172,7 +175,8 @@ def test_cuda_find_or_insert_captured_in_a_graph_equals_cpu():
     ops.find_or_insert(warm, k, t, a)  # loads the kernels before the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = ops.find_or_insert(gpu, k, t, a, check=False)
+        captured, all_hit = ops.find_or_insert_hits(gpu, k, t, a, check=False)
+    assert not all_hit  # not known while captured
     torch.testing.assert_close(gpu.sizes.cpu(), torch.zeros(2, dtype=torch.int64))
     for _ in range(2):
         graph.replay()

@@ -19,7 +19,8 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "table_find_or_insert(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
-      "Tensor table_ids, Tensor score_args, Tensor? counts) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor table_ids, Tensor score_args, Tensor? counts) -> (Tensor, Tensor, Tensor, Tensor, "
+      "Tensor)");
   m.def(
       "table_insert_or_assign(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "

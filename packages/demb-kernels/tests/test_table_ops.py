@@ -140,3 +140,29 @@ def test_timestamp_copies_one_reading():
     assert int(many[0]) >= before
     with pytest.raises(ValueError, match="count"):
         ops.timestamp("cpu", 0)
+
+
+def test_find_or_insert_hits_says_whether_every_key_was_found():
+    """all_hit is True exactly when every status is HIT: an empty batch, a batch of present
+    keys with duplicates; False with one new key or one failed insert."""
+    index = TableIndex.create([64], [16], [ScorePolicy.STEP])
+    zeros = torch.zeros(3, dtype=torch.int64)
+    res, all_hit = ops.find_or_insert_hits(index, torch.tensor([5, 6, 5]), zeros, torch.tensor([1]))
+    assert not all_hit
+    assert res.status.tolist() == [InsertStatus.INSERTED, InsertStatus.INSERTED, InsertStatus.HIT]
+    res, all_hit = ops.find_or_insert_hits(index, torch.tensor([6, 5, 6]), zeros, torch.tensor([2]))
+    assert all_hit
+    assert res.status.tolist() == [InsertStatus.HIT] * 3
+    empty = torch.zeros(0, dtype=torch.int64)
+    assert ops.find_or_insert_hits(index, empty, empty, torch.tensor([3]))[1]
+    full = TableIndex.create([16], [16], [ScorePolicy.NO_EVICTION])
+    keys = torch.arange(17)
+    res, all_hit = ops.find_or_insert_hits(
+        full, keys, torch.zeros(17, dtype=torch.int64), torch.tensor([1])
+    )
+    assert int((res.status == InsertStatus.FAILED).sum()) == 1
+    assert not all_hit
+    res, all_hit = ops.find_or_insert_hits(
+        full, keys[:16], torch.zeros(16, dtype=torch.int64), torch.tensor([2])
+    )
+    assert all_hit

@@ -383,3 +383,21 @@ def test_table_ids_out_of_range_are_named(table_id):
         with pytest.raises(TableConfigError, match="table_id="):
             call()
     assert table.capacity(0) == 256
+
+
+def test_outcome_says_when_every_key_was_found():
+    """all_hit only when no key is new and none failed; a failed key in a later all-present
+    batch is counted once."""
+    table = one_table(S.STEP, max_capacity=32, safe_check_mode=SafeCheckMode.IGNORE)
+    keys = overflow(table)
+    first = table.find_or_insert(keys, ids(17))
+    assert not first.all_hit
+    present = keys[first.status != InsertStatus.FAILED]
+    again = table.find_or_insert(present.flip(0), ids(16))
+    assert again.all_hit
+    assert bool((again.status == InsertStatus.HIT).all())
+    torch.testing.assert_close(
+        again.slots.flip(0), first.slots[first.status != InsertStatus.FAILED]
+    )
+    assert not table.find_or_insert(keys, ids(17)).all_hit
+    assert table.failed_inserts.tolist() == [2]

@@ -3,6 +3,7 @@ scores, frozen tables, the weighted-SUM error paths and bad configurations."""
 
 from __future__ import annotations
 
+import demb_torchrec.batched_tables as bt
 import pytest
 import torch
 from demb_optim import Adam
@@ -269,3 +270,34 @@ def test_keys_that_find_no_slot_follow_the_safe_check_mode(check):
     zero_rows = (out == 0).all(1)
     assert int(zero_rows.sum()) == 72
     assert int((out[~zero_rows] == 0.5).all(1).sum()) == 128
+
+
+def test_a_batch_of_known_keys_initializes_and_counts_nothing(monkeypatch):
+    """When every key is already in the table the forward skips the new-row initialization
+    and the failure count (nothing to do); the rows it returns are the trained ones. With one
+    new key both run again."""
+    calls = {"init": 0, "count": 0}
+    real_init, real_count = bt.init_new_rows, bt.status_count_tensor
+
+    def init(*args, **kwargs):
+        calls["init"] += 1
+        return real_init(*args, **kwargs)
+
+    def count(*args, **kwargs):
+        calls["count"] += 1
+        return real_count(*args, **kwargs)
+
+    monkeypatch.setattr(bt, "init_new_rows", init)
+    monkeypatch.setattr(bt, "status_count_tensor", count)
+    module = tables(mode=DynamicEmbPoolingMode.NONE)
+    offsets = torch.arange(4)
+    out = module(torch.tensor([3, 1, 3]), offsets)
+    assert calls == {"init": 1, "count": 1}
+    out.backward(torch.ones_like(out))
+    again = module(torch.tensor([1, 3, 1]), offsets)
+    assert calls == {"init": 1, "count": 1}
+    trained = 0.5 - 0.1 * torch.tensor([[1.0] * 4, [2.0] * 4, [1.0] * 4])  # SGD, lr 0.1
+    torch.testing.assert_close(again, trained)
+    module(torch.tensor([1, 7, 3]), offsets)
+    assert calls == {"init": 2, "count": 2}
+    assert keys_in(module) == [1, 3, 7]

@@ -333,16 +333,24 @@ InsertOutputs insert_cpu(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
   return {slots, status, victim_keys, victim_scores};
 }
 
-InsertOutputs table_find_or_insert_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
-                                       const at::Tensor& scores, const at::Tensor& slot_offsets,
-                                       const at::Tensor& bucket_widths, const at::Tensor& policies,
-                                       at::Tensor sizes, const at::Tensor& keys,
-                                       const at::Tensor& table_ids, const at::Tensor& score_args,
-                                       const std::optional<at::Tensor>& counts) {
+// InsertOutputs and a CPU bool: whether every key was found (all HIT).
+using FoundOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+FoundOutputs table_find_or_insert_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
+                                      const at::Tensor& scores, const at::Tensor& slot_offsets,
+                                      const at::Tensor& bucket_widths, const at::Tensor& policies,
+                                      at::Tensor sizes, const at::Tensor& keys,
+                                      const at::Tensor& table_ids, const at::Tensor& score_args,
+                                      const std::optional<at::Tensor>& counts) {
   const IndexTensors ix =
       checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  return insert_cpu(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
-                    std::nullopt);
+  const auto [slots, status, victim_keys, victim_scores] = insert_cpu(
+      ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts, std::nullopt);
+  const int64_t* st = status.const_data_ptr<int64_t>();
+  const bool all_hit = std::all_of(st, st + status.numel(), [](int64_t s) {
+    return s == static_cast<int64_t>(InsertStatus::kHit);
+  });
+  return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool)};
 }
 
 InsertOutputs table_insert_or_assign_cpu(const at::Tensor& index_keys, const at::Tensor& digests,

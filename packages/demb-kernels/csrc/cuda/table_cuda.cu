@@ -130,13 +130,17 @@ at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& dig
 }
 
 using InsertOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+// find_or_insert's: InsertOutputs and a CPU bool, whether every key was found (all HIT).
+using FoundOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// find_or_insert (kInsert), insert_or_assign (kAssign) and erase (kErase).
+// find_or_insert (kInsert), insert_or_assign (kAssign) and erase (kErase). For kInsert,
+// *all_hit tells whether phase A found every key (false too while the stream is captured).
 InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
                              const at::Tensor& keys_in, const at::Tensor& table_ids_in,
                              const std::optional<at::Tensor>& score_args,
                              const std::optional<at::Tensor>& counts_in,
-                             const std::optional<at::Tensor>& assign_in) {
+                             const std::optional<at::Tensor>& assign_in,
+                             bool* all_hit = nullptr) {
   check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
   check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
   TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");
@@ -154,6 +158,7 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
   at::Tensor victim_keys = inserts ? at::empty({n}, keys.options()) : at::Tensor();
   at::Tensor victim_scores = inserts ? at::empty({ix.score_words(), n}, keys.options())
                                      : at::Tensor();
+  if (all_hit != nullptr) *all_hit = n == 0;
   if (n == 0) return {slots, status, victim_keys, victim_scores};
 
   const TableView v = make_view(ix, &sizes);
@@ -176,7 +181,10 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
     cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(
         v, in, out, plan.prep(may_skip, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (may_skip && !plan.missed(stream)) return {slots, status, victim_keys, victim_scores};
+    if (may_skip && !plan.missed(stream)) {
+      if (all_hit != nullptr) *all_hit = true;
+      return {slots, status, victim_keys, victim_scores};
+    }
   } else {
     cuda::bucket_keys_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
         v, in, out, plan.prep(false, stream));
@@ -189,17 +197,20 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
   return {slots, status, victim_keys, victim_scores};
 }
 
-InsertOutputs table_find_or_insert_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
-                                        const at::Tensor& scores, const at::Tensor& slot_offsets,
-                                        const at::Tensor& bucket_widths,
-                                        const at::Tensor& policies, at::Tensor sizes,
-                                        const at::Tensor& keys, const at::Tensor& table_ids,
-                                        const at::Tensor& score_args,
-                                        const std::optional<at::Tensor>& counts) {
+FoundOutputs table_find_or_insert_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
+                                       const at::Tensor& scores, const at::Tensor& slot_offsets,
+                                       const at::Tensor& bucket_widths,
+                                       const at::Tensor& policies, at::Tensor sizes,
+                                       const at::Tensor& keys, const at::Tensor& table_ids,
+                                       const at::Tensor& score_args,
+                                       const std::optional<at::Tensor>& counts) {
   const IndexTensors ix =
       checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  return bucket_op_cuda(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
-                        std::nullopt);
+  bool all_hit = false;
+  const auto [slots, status, victim_keys, victim_scores] =
+      bucket_op_cuda(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
+                     std::nullopt, &all_hit);
+  return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool)};
 }
 
 InsertOutputs table_insert_or_assign_cuda(const at::Tensor& index_keys, const at::Tensor& digests,

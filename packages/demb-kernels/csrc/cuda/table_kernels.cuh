@@ -43,8 +43,8 @@ __device__ __forceinline__ void atomic_sat_add(int64_t* word, int64_t count) {
 // What phase A writes for phase B besides each entry's sort key: the sort's values (batch
 // positions), zeroed run lengths, and the entry's "no victim" outputs (an empty victim key and
 // zero victim scores; phase B overwrites them for EVICTED entries). All null for a lookup.
-// `missed` (find_or_insert) is set to 1 when some valid key misses: with none, phase B has
-// nothing to do and is not launched.
+// `missed` (find_or_insert) is set to 1 when some entry is not a hit (a missing key, or an
+// invalid entry: FAILED): with none, phase B has nothing to do and is not launched.
 struct PhaseBPrep {
   uint64_t* sort_keys;   // (N,) (bucket start << 1) | hit, or `skip`
   int32_t* positions;    // (N,) i
@@ -88,6 +88,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
       out.slots[i] = -1;
       if (out.status) out.status[i] = static_cast<int64_t>(InsertStatus::kFailed);
       if (prep.sort_keys) prepare_entry(prep, out, v.words, in.n, i, prep.skip);
+      note_miss(prep.missed);
     }
     return;
   }

@@ -53,11 +53,12 @@ def _find_batch_rows_fake(
 @torch.library.register_fake("demb::table_find_or_insert")  # type: ignore[untyped-decorator]
 def _find_or_insert_fake(
     *args: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     scores, keys = args[2], args[7]
     assert scores is not None
     assert keys is not None
-    return _fake_insert(keys, scores.shape[0])
+    all_hit = torch.empty((), dtype=torch.bool)  # a host flag
+    return (*_fake_insert(keys, scores.shape[0]), all_hit)
 
 
 @torch.library.register_fake("demb::table_insert_or_assign")  # type: ignore[untyped-decorator]

@@ -43,6 +43,7 @@ __all__ = [
     "erase",
     "export",
     "find_or_insert",
+    "find_or_insert_hits",
     "insert_or_assign",
     "lookup",
     "lookup_batch_rows",
@@ -230,12 +231,33 @@ def find_or_insert(
     Returns:
         :class:`InsertResult`.
     """
+    return find_or_insert_hits(index, keys, table_ids, score_args, counts, check=check)[0]
+
+
+def find_or_insert_hits(
+    index: TableIndex,
+    keys: torch.Tensor,
+    table_ids: torch.Tensor,
+    score_args: torch.Tensor,
+    counts: torch.Tensor | None = None,
+    *,
+    check: bool = True,
+) -> tuple[InsertResult, bool]:
+    """:func:`find_or_insert`, and whether every key was found: every status HIT, so no row is
+    new and none failed (False on CUDA while the stream is captured into a CUDA graph, where
+    it is not known). A caller that initializes new rows can skip that work when True.
+
+    Args: as :func:`find_or_insert`.
+
+    Returns:
+        ``(InsertResult, all_hit)``.
+    """
     keys, table_ids = as_batch(index, keys, table_ids)
     _check_data(index, keys, table_ids, counts, check)
-    out = torch.ops.demb.table_find_or_insert(
+    *out, all_hit = torch.ops.demb.table_find_or_insert(
         *index._tensors(), index.sizes, keys, table_ids, score_args, counts
     )
-    return InsertResult(*out)
+    return InsertResult(*out), bool(all_hit)
 
 
 def insert_or_assign(

@@ -33,6 +33,9 @@ class InsertOutcome(NamedTuple):
     """``(N,)`` int64 :class:`demb_kernels.table.InsertStatus`."""
     evicted: EvictedRows | None
     """The evictions, when asked for (``return_evicted=True``)."""
+    all_hit: bool = False
+    """True when every key was found (every status HIT): no row is new and none failed. False
+    when some key was not, or when that is not known (a CUDA graph capture; insert_or_assign)."""
 
 
 class TableExport(NamedTuple):

@@ -229,9 +229,13 @@ class ScoredHashTable:
         keys, table_ids = ops.as_batch(self.index, keys, table_ids)
         self._grow_for(keys, table_ids)
         args = self._score_args()
-        result = ops.find_or_insert(self.index, keys, table_ids, args, counts, check=check)
+        result, all_hit = ops.find_or_insert_hits(
+            self.index, keys, table_ids, args, counts, check=check
+        )
         slots, status = result.slots, result.status
         evicted = self._evicted(result, table_ids) if return_evicted else None
+        if all_hit:  # no row is new, none failed: nothing below has work
+            return InsertOutcome(slots, status, evicted, all_hit=True)
         slots, status = self._retry_no_eviction(keys, table_ids, counts, args, slots, status)
         if zero_new_rows:
             self._zero_new_rows(table_ids, slots, status)

@@ -383,11 +383,12 @@ class DynamicEmbeddingTables(torch.nn.Module):
             )
         return out.to(self.output_dtype)
 
-    def _find_or_insert(self, batch: DedupedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _find_or_insert(self, batch: DedupedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Slots of the batch's unique keys, inserting missing ones, and their
-        :class:`InsertStatus`; the new rows (and their optimizer state) are initialized by one
-        launch queued behind the insert: no sync. Keys that got no slot (FAILED) have slot -1,
-        and are counted once the forward's work is queued."""
+        :class:`InsertStatus` (None when every key was found: all HIT); the new rows (and their
+        optimizer state) are initialized by one launch queued behind the insert: no sync. Keys
+        that got no slot (FAILED) have slot -1, and are counted once the forward's work is
+        queued."""
         outcome = self.tables.find_or_insert(
             batch.keys,
             batch.tables,
@@ -396,6 +397,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
             check=False,
             count_failures=False,
         )
+        if outcome.all_hit:  # no row is new and none failed: nothing to initialize or count
+            return outcome.slots, None
         init_new_rows(
             self.tables.values,
             outcome.slots,
