@@ -290,12 +290,15 @@ at::Tensor table_lookup_cpu(const at::Tensor& index_keys, const at::Tensor& dige
 
 using InsertOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// find_or_insert (op kInsert) and insert_or_assign (op kAssign).
+// find_or_insert (op kInsert) and insert_or_assign (op kAssign). For kInsert, *all_hit tells
+// whether the lookup phase found every key (the batch's data is checked first, so only a miss
+// can make an entry anything but HIT).
 InsertOutputs insert_cpu(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
                          const at::Tensor& keys_in, const at::Tensor& table_ids_in,
                          const std::optional<at::Tensor>& score_args,
                          const std::optional<at::Tensor>& counts_in,
-                         const std::optional<at::Tensor>& assign_in) {
+                         const std::optional<at::Tensor>& assign_in,
+                         bool* all_hit = nullptr) {
   check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
   check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
   TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");
@@ -324,6 +327,7 @@ InsertOutputs insert_cpu(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
     for (int64_t i = 0; i < n; ++i) {
       if (out.slots[i] < 0) todo.push_back(i);
     }
+    if (all_hit != nullptr) *all_hit = todo.empty();
   } else {
     todo.resize(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) todo[static_cast<size_t>(i)] = i;
@@ -344,12 +348,9 @@ FoundOutputs table_find_or_insert_cpu(const at::Tensor& index_keys, const at::Te
                                       const std::optional<at::Tensor>& counts) {
   const IndexTensors ix =
       checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  bool all_hit = false;
   const auto [slots, status, victim_keys, victim_scores] = insert_cpu(
-      ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts, std::nullopt);
-  const int64_t* st = status.const_data_ptr<int64_t>();
-  const bool all_hit = std::all_of(st, st + status.numel(), [](int64_t s) {
-    return s == static_cast<int64_t>(InsertStatus::kHit);
-  });
+      ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts, std::nullopt, &all_hit);
   return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool)};
 }
 
