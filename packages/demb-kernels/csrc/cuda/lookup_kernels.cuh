@@ -99,6 +99,30 @@ struct RowAcc {
       }
     }
   }
+  // Loads row r's columns (evict-first: partial rows are read once), as they are.
+  __device__ __forceinline__ void load(const float* __restrict__ r, int64_t col0, int64_t d) {
+#pragma unroll
+    for (int q = 0; q < kParts; ++q) {
+      const int64_t col = col0 + q * kLookupWarp;
+      if constexpr (Vec4) {
+        if (col < d / 4) v[q] = __ldcs(reinterpret_cast<const float4*>(r) + col);
+      } else {
+        if (col < d) v[q].x = __ldcs(r + col);
+      }
+    }
+  }
+  // Adds another accumulator's columns (the same columns of this lane).
+  __device__ __forceinline__ void plus(const RowAcc& o) {
+#pragma unroll
+    for (int q = 0; q < kParts; ++q) {
+      v[q].x += o.v[q].x;
+      if constexpr (Vec4) {
+        v[q].y += o.v[q].y;
+        v[q].z += o.v[q].z;
+        v[q].w += o.v[q].w;
+      }
+    }
+  }
   // Whether a stored column (of this lane) is NaN or infinite.
   __device__ __forceinline__ bool nonfinite(int64_t col0, int64_t d) const {
     bool bad = false;
@@ -284,6 +308,18 @@ __global__ void __launch_bounds__(kLookupThreads, 8)
   }
 }
 
+// Floats per L2 prefetch (one 128-byte line).
+constexpr int64_t kPrefetchFloats = 32;
+
+__device__ __forceinline__ void prefetch_l2(const float* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Partial rows segment_finish_kernel loads at once (8 float4 registers per lane, or 2 blocks
+// of kLookupPerLane scalars).
+template <bool Vec4>
+constexpr int kFinishBatch = Vec4 ? 8 : 2;
+
 // Pass 2: out[u] = the chunk sums of segment u, added in chunk order, for the segments pass 1
 // did not write (more than one chunk; none: zeros); a NaN or infinity sets *nonfinite. A warp
 // scans 32 segments, one per lane.
@@ -309,11 +345,28 @@ __global__ void __launch_bounds__(kLookupThreads)
     todo &= todo - 1;
     const int64_t from = __shfl_sync(kAll, c0, j);
     const int64_t to = __shfl_sync(kAll, c1, j);
+    // The segment's partial rows asked into L2 at once, each lane some rows: the adds below
+    // are in a fixed order, and a hot key's hundreds of rows would otherwise come from DRAM a
+    // batch at a time.
+    for (int64_t c = from + lane; c < to; c += kLookupWarp) {
+      for (int64_t col = 0; col < d; col += kPrefetchFloats) prefetch_l2(partial + c * d + col);
+    }
     for (int64_t base = 0; base < cols; base += RowAcc<Vec4>::kStep) {
       RowAcc<Vec4> acc;
       acc.zero();
-      for (int64_t c = from; c < to; ++c) {
-        acc.template add<false>(partial + c * d, base + lane, d, 1.0f);
+      // kFinishBatch partial rows loaded together, then added in chunk order: a hot key's
+      // hundreds of chunks are not one dependent L2 round trip each.
+      for (int64_t c = from; c < to; c += kFinishBatch<Vec4>) {
+        RowAcc<Vec4> part[kFinishBatch<Vec4>];
+#pragma unroll
+        for (int k = 0; k < kFinishBatch<Vec4>; ++k) {
+          part[k].zero();
+          if (c + k < to) part[k].load(partial + (c + k) * d, base + lane, d);
+        }
+#pragma unroll
+        for (int k = 0; k < kFinishBatch<Vec4>; ++k) {
+          if (c + k < to) acc.plus(part[k]);
+        }
       }
       acc.store(out + (first + j) * d, base + lane, d);
       if (__any_sync(kAll, acc.nonfinite(base + lane, d)) && lane == 0) *nonfinite = true;
