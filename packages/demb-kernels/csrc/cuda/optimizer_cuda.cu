@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string_view>
 #include <type_traits>
@@ -19,6 +20,8 @@
 
 namespace demb {
 namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Calls fn(T{}) with the CUDA type of the rows' dtype.
 template <typename Fn>
@@ -56,6 +59,9 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
       using T = decltype(zero);
       cuda::UpdateTables<T> tab{};
       tab.begin[0] = 0;
+      // float4 moves when every table of the launch is float32 with 16-byte aligned rows,
+      // state words and gradients.
+      bool vec4 = std::is_same_v<T, float>;
       for (; t < values.size() && values[t].scalar_type() == dtype &&
              tab.count < cuda::kMaxUpdateTables;
            ++t) {
@@ -72,12 +78,21 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
         tab.bias1[c] = adam ? adam_bias(o.beta1, steps[t]) : 1.0f;
         tab.bias2[c] = adam ? adam_bias(o.beta2, steps[t]) : 1.0f;
         tab.begin[c + 1] = tab.begin[c] + slots[t].numel();
+        vec4 = vec4 && dims[t] % 4 == 0 && widths[t] % 4 == 0 && aligned16(tab.values[c]) &&
+               aligned16(tab.grads[c]);
       }
       const int64_t n = tab.begin[tab.count];
       if (n == 0) return;
       const auto blocks = static_cast<unsigned>(
           (n * cuda::kUpdateWarp + cuda::kUpdateThreads - 1) / cuda::kUpdateThreads);
       with_optimizer(o.kind, [&](auto kind) {
+        if constexpr (std::is_same_v<T, float>) {
+          if (vec4) {
+            cuda::optimizer_update_kernel<decltype(kind)::value, T, true>
+                <<<blocks, cuda::kUpdateThreads, 0, stream>>>(o, tab, skip_flag);
+            return;
+          }
+        }
         cuda::optimizer_update_kernel<decltype(kind)::value, T>
             <<<blocks, cuda::kUpdateThreads, 0, stream>>>(o, tab, skip_flag);
       });
