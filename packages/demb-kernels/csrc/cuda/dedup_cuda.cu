@@ -15,6 +15,8 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <limits>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
 #include <optional>
 #include <tuple>
 
@@ -169,7 +171,24 @@ struct SortedTables {
   }
 };
 
-// first[k] = 1 where entry k of the (table, key) order starts a unique key.
+// Whether entry k of the (table, key) order starts a unique key: first[k] (dedup_first_kernel's
+// array) or, when the sort keys are combined (table above the low key bits), computed from
+// them: the keys then agree above those bits (else the dedup runs again on all 64), so equal
+// combined keys are equal (table, key) pairs.
+struct FirstFlags {
+  const int64_t* first;
+  const uint64_t* combined;
+  const uint32_t* combined32;
+  __device__ __forceinline__ int64_t operator()(int64_t k) const {
+    if (first != nullptr) return first[k];
+    if (k == 0) return 1;
+    return combined32 != nullptr ? combined32[k] != combined32[k - 1]
+                                 : combined[k] != combined[k - 1];
+  }
+};
+
+// first[k] = 1 where entry k of the (table, key) order starts a unique key (the two-sort path,
+// whose sorted keys are the keys alone).
 __global__ void dedup_first_kernel(const int64_t* __restrict__ indices,
                                    const int32_t* __restrict__ order, SortedTables tables,
                                    int64_t n,
@@ -184,7 +203,7 @@ __global__ void dedup_first_kernel(const int64_t* __restrict__ indices,
 // (info[t], the number of unique keys up to it). Also gathers the counters in order.
 __global__ void dedup_scatter_kernel(const int64_t* __restrict__ indices,
                                      const int32_t* __restrict__ order32, SortedTables tables,
-                                     const int64_t* __restrict__ first,
+                                     FirstFlags first,
                                      const int64_t* __restrict__ rank_excl,
                                      const int64_t* __restrict__ counters, int64_t n,
                                      int64_t* __restrict__ inverse, int64_t* __restrict__ order,
@@ -196,11 +215,12 @@ __global__ void dedup_scatter_kernel(const int64_t* __restrict__ indices,
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   const int64_t p = order32[k];
-  const int64_t u = rank_excl[k] + first[k] - 1;
+  const int64_t starts_key = first(k);
+  const int64_t u = rank_excl[k] + starts_key - 1;
   inverse[p] = u;
   order[k] = p;
   if (counters) counters_sorted[k] = counters[p];
-  if (first[k]) {
+  if (starts_key) {
     keys_out[u] = indices[p];
     tables_out[u] = tables[k];
     starts[u] = k;
@@ -343,17 +363,23 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
                                                stream);
       });
     }
-    dedup_first_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        indices.const_data_ptr<int64_t>(), order32, sorted, n,
-        first);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    // Combined sort keys give the first flags on the fly (in the scan and the scatter);
+    // otherwise one kernel writes them.
+    FirstFlags flags{nullptr, sorted.combined, sorted.combined32};
+    if (sorted.tables != nullptr) {
+      dedup_first_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
+          indices.const_data_ptr<int64_t>(), order32, sorted, n, first);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      flags = FirstFlags{first, nullptr, nullptr};
+    }
+    const auto first_in =
+        thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), flags);
     cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-      return cub::DeviceScan::ExclusiveSum(temp, bytes, first,
-                                           rank, n32, stream);
+      return cub::DeviceScan::ExclusiveSum(temp, bytes, first_in, rank, n32, stream);
     });
     dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
         indices.const_data_ptr<int64_t>(), order32, sorted,
-        first, rank, cnt, n,
+        flags, rank, cnt, n,
         inverse.data_ptr<int64_t>(), order.data_ptr<int64_t>(), keys_out.data_ptr<int64_t>(),
         tables_out.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
         cnt ? counters_sorted.data_ptr<int64_t>() : nullptr, info.data_ptr<int64_t>());
