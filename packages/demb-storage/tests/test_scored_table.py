@@ -401,3 +401,27 @@ def test_outcome_says_when_every_key_was_found():
     )
     assert not table.find_or_insert(keys, ids(17)).all_hit
     assert table.failed_inserts.tolist() == [2]
+
+
+@pytest.mark.parametrize("strategy", [S.STEP, S.TIMESTAMP, S.CUSTOMIZED])
+def test_scores_made_ahead_are_the_scores_find_or_insert_would_make(strategy):
+    """next_score_args advances nothing; passed as score_args it gives the keys the scores
+    (and STEP the step count) that find_or_insert makes itself. Bad ones are named."""
+    made, ahead = one_table(strategy), one_table(strategy)
+    for table in (made, ahead):
+        if strategy is S.CUSTOMIZED:
+            table.set_score(0, 40)
+    for keys in ([1, 2], [2, 3], [3]):
+        args = ahead.next_score_args()
+        assert ahead.steps == made.steps  # nothing advanced yet
+        if strategy is S.STEP:
+            assert args.tolist() == [ahead.steps[0] + 1]
+        ahead.find_or_insert(torch.tensor(keys), ids(len(keys)), score_args=args)
+        made.find_or_insert(torch.tensor(keys), ids(len(keys)))
+    assert scores_of(ahead) == scores_of(made)
+    assert ahead.steps == made.steps == [3]
+    with pytest.raises(ValueError, match=r"score_args must be \(1,\) int64"):
+        ahead.find_or_insert(torch.tensor([4]), ids(1), score_args=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"score_args must be \(1,\) int64"):
+        ahead.find_or_insert(torch.tensor([4]), ids(1), score_args=torch.tensor([1.0]))
+    assert ahead.steps == [3]

@@ -203,6 +203,7 @@ class ScoredHashTable:
         zero_new_rows: bool = True,
         check: bool = True,
         count_failures: bool = True,
+        score_args: torch.Tensor | None = None,
     ) -> InsertOutcome:
         """Find each key or insert it (a forward: STEP tables advance one step).
 
@@ -222,13 +223,19 @@ class ScoredHashTable:
             count_failures: count FAILED keys per table into :attr:`failed_inserts` and apply
                 the safe-check modes; a caller that counts them itself passes False and
                 reports them with :meth:`record_failures`.
+            score_args: ``(T,)`` int64 the batch scores from :meth:`next_score_args`, made
+                ahead (default: made here). STEP tables advance one step either way.
 
         Raises:
             InsertFailedError: keys failed in a table whose safe-check mode is ERROR.
         """
         keys, table_ids = ops.as_batch(self.index, keys, table_ids)
         self._grow_for(keys, table_ids)
-        args = self._score_args()
+        if score_args is None:
+            args = self._score_args()
+        else:
+            args = self._check_score_args(score_args)
+            self.steps = [s + 1 for s in self.steps]
         result, all_hit = ops.find_or_insert_hits(
             self.index, keys, table_ids, args, counts, check=check
         )
@@ -242,6 +249,13 @@ class ScoredHashTable:
         if count_failures:
             self._safe_check(table_ids, status)
         return InsertOutcome(slots, status, evicted)
+
+    def next_score_args(self) -> torch.Tensor:
+        """``(T,)`` int64 on the index device: the batch score per table that the next
+        :meth:`find_or_insert` gives its keys (STEP: the next step; clock policies: the clock
+        now; CUSTOMIZED: the set score), advancing nothing. A caller makes it ahead of work it
+        waits for and passes it as that call's ``score_args``."""
+        return self._score_args_at([s + 1 for s in self.steps])
 
     def insert_or_assign(
         self,
@@ -353,16 +367,30 @@ class ScoredHashTable:
     def _score_args(self) -> torch.Tensor:
         """``(T,)`` int64 batch score per table; advances the steps (one forward)."""
         self.steps = [s + 1 for s in self.steps]
+        return self._score_args_at(self.steps)
+
+    def _score_args_at(self, steps: list[int]) -> torch.Tensor:
+        """``(T,)`` int64 batch score per table at ``steps``."""
         timed = [p in _TIME_POLICIES for p in self.index.policy_list]
         if all(timed):  # every table scores with the clock: no host values to send
             return self._now(self.num_tables)
         host = []
         for t, policy in enumerate(self.index.policy_list):
-            host.append(self.steps[t] if policy is ScorePolicy.STEP else self.custom_scores[t])
+            host.append(steps[t] if policy is ScorePolicy.STEP else self.custom_scores[t])
         args = torch.tensor(host, dtype=torch.int64, device=self.device)
         if any(timed):
             mask = torch.tensor(timed, device=self.device)
             args = torch.where(mask, self._now(1), args)
+        return args
+
+    def _check_score_args(self, args: torch.Tensor) -> torch.Tensor:
+        if args.dtype != torch.int64 or args.shape != (self.num_tables,):
+            raise ValueError(
+                f"score_args must be ({self.num_tables},) int64 (next_score_args()), got "
+                f"{tuple(args.shape)} {args.dtype}"
+            )
+        if args.device != self.device:
+            raise ValueError(f"score_args is on {args.device}, the index on {self.device}")
         return args
 
     def _now(self, count: int) -> torch.Tensor:

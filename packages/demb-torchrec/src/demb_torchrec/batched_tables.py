@@ -216,6 +216,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
             return eval_none(self, indices, offsets, batch_size).to(self.output_dtype)
         if not self.training and self.pooling_mode is not _NONE and self._eval_pools_slots:
             return eval_pooled(self, indices, offsets, batch_size, pooling_weights)
+        # The batch scores are made before the dedup's sync, not in the idle gap after it.
+        scores = self.tables.next_score_args() if self.training else None
         batch = dedup(
             indices,
             offsets,
@@ -228,8 +230,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self._key_bits[0] = batch.key_bits  # the next batch's keys likely span as many bits
         status: torch.Tensor | None = None
         missing: list[int] | None = None  # per table, keys without a slot (None: unknown)
-        if self.training:
-            slots, status = self._find_or_insert(batch)
+        if scores is not None:
+            slots, status = self._find_or_insert(batch, scores)
         else:
             slots, missing = self._find(batch)
         fills = missing is not None and any(missing)
@@ -383,12 +385,14 @@ class DynamicEmbeddingTables(torch.nn.Module):
             )
         return out.to(self.output_dtype)
 
-    def _find_or_insert(self, batch: DedupedBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _find_or_insert(
+        self, batch: DedupedBatch, scores: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Slots of the batch's unique keys, inserting missing ones, and their
         :class:`InsertStatus` (None when every key was found: all HIT); the new rows (and their
         optimizer state) are initialized by one launch queued behind the insert: no sync. Keys
         that got no slot (FAILED) have slot -1, and are counted once the forward's work is
-        queued."""
+        queued. ``scores``: the batch scores, made before the dedup (``next_score_args``)."""
         outcome = self.tables.find_or_insert(
             batch.keys,
             batch.tables,
@@ -396,6 +400,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
             zero_new_rows=False,
             check=False,
             count_failures=False,
+            score_args=scores,
         )
         if outcome.all_hit:  # no row is new and none failed: nothing to initialize or count
             return outcome.slots, None
