@@ -280,3 +280,44 @@ def test_cuda_bad_input_is_named(keys, tids, message):
     res = ops.find_or_insert(index, k, t, torch.tensor([1, 1], device="cuda"), check=False)
     assert res.status.tolist()[1] == InsertStatus.FAILED
     assert int(index.sizes.sum()) == 1
+
+
+@pytest.mark.cuda
+def test_cuda_find_or_insert_rows_equals_cpu():
+    """The gather queued before the all-found read-back: rows, outputs and index equal the
+    CPU op's for a batch of present keys (rows read) and one with a new key (rows None, as
+    while the stream is captured into a CUDA graph)."""
+    cpu = TableIndex.create(CAPACITIES, WIDTHS, [ScorePolicy.LFU] * 2)
+    gpu = TableIndex.create(CAPACITIES, WIDTHS, [ScorePolicy.LFU] * 2, "cuda")
+    g = torch.Generator().manual_seed(13)
+    present = torch.randint(0, 10**9, (30_000,), generator=g).unique()
+    tids = torch.randint(0, 2, present.shape, generator=g)
+    ops.find_or_insert(cpu, present, tids, torch.tensor([1, 2]))
+    ops.find_or_insert(gpu, present.cuda(), tids.cuda(), torch.tensor([1, 2]).cuda())
+    values = [torch.randn(c, 132, generator=g) for c in CAPACITIES]
+    on_gpu = [v.cuda() for v in values]
+    inverse = torch.randint(0, present.numel(), (90_000,), generator=g)
+    new = torch.cat([present, torch.tensor([2 * 10**9])]), torch.cat([tids, torch.tensor([1])])
+    for step, (k, t) in enumerate([(present, tids), new]):
+        args = torch.tensor([3 + step, 4 + step])
+        a = ops.find_or_insert_rows(cpu, k, t, args, values=values, inverse=inverse, dim=128)
+        b = ops.find_or_insert_rows(
+            gpu, k.cuda(), t.cuda(), args.cuda(), values=on_gpu, inverse=inverse.cuda(), dim=128
+        )
+        for x, y in zip(a[0], b[0], strict=True):
+            torch.testing.assert_close(y.cpu(), x, rtol=0, atol=0)
+        _assert_same_index(cpu, gpu)
+        assert a[1] == b[1] == (step == 0)
+        if step == 0:
+            assert torch.equal(b[2].cpu(), a[2])
+        else:
+            assert a[2] is None
+            assert b[2] is None
+    k, t, args = present.cuda(), tids.cuda(), torch.tensor([5, 6]).cuda()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        _, all_hit, rows = ops.find_or_insert_rows(
+            gpu, k, t, args, values=on_gpu, inverse=inverse.cuda(), dim=128, check=False
+        )
+    assert not all_hit
+    assert rows is None

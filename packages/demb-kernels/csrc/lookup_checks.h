@@ -73,6 +73,19 @@ inline GatherTables check_find_rows(const IndexTensors& ix, at::TensorList value
   return g;
 }
 
+// table_find_or_insert_rows' gather request: values as check_find_rows takes them (one buffer
+// per table, on the index's device) and inverse (N,) int64, checked before the table changes.
+inline void check_rows_request(const IndexTensors& ix, at::TensorList values,
+                               const at::Tensor& keys, const at::Tensor& table_ids,
+                               const at::Tensor& inverse, int64_t dim) {
+  check_find_rows(ix, values, keys, table_ids, dim);
+  TORCH_CHECK_TYPE(inverse.scalar_type() == at::kLong, "inverse must be int64, got ",
+                   inverse.scalar_type());
+  TORCH_CHECK_VALUE(inverse.dim() == 1, "inverse must be 1-D, got ", inverse.sizes());
+  TORCH_CHECK_VALUE(inverse.device() == ix.keys.device(), "inverse is on ", inverse.device(),
+                    ", the index on ", ix.keys.device());
+}
+
 // starts (U,) int64 1-D; n >= 0 rows.
 inline void check_segment_plan(const at::Tensor& starts, int64_t n) {
   TORCH_CHECK_TYPE(starts.scalar_type() == at::kLong, "starts must be int64, got ",

@@ -21,6 +21,14 @@ TORCH_LIBRARY(demb, m) {
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
       "Tensor table_ids, Tensor score_args, Tensor? counts) -> (Tensor, Tensor, Tensor, Tensor, "
       "Tensor)");
+  // find_or_insert that also gathers each of N occurrences' row (gather_table_rows of the
+  // slots it found, through `inverse`) when every key was found; else rows is (0, dim). On
+  // CUDA the gather is queued before the host waits for the all-found flag.
+  m.def(
+      "table_find_or_insert_rows(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
+      "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
+      "Tensor table_ids, Tensor score_args, Tensor? counts, Tensor[] values, Tensor inverse, "
+      "int dim) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "table_insert_or_assign(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "

@@ -166,3 +166,40 @@ def test_find_or_insert_hits_says_whether_every_key_was_found():
         full, keys[:16], torch.zeros(16, dtype=torch.int64), torch.tensor([2])
     )
     assert all_hit
+
+
+def test_find_or_insert_rows_reads_the_rows_when_every_key_is_found():
+    """find_or_insert_rows is find_or_insert_hits (on a twin index) plus, when all keys are
+    found, gather_table_rows of the slots found; rows None otherwise. A bad request raises
+    before the index changes."""
+    from demb_kernels.lookup import gather_table_rows
+
+    index, twin = make(), make()
+    values = [torch.randn(32, 6), torch.randn(64, 6)]
+    keys, tids = torch.tensor([3, 8, 3]), torch.tensor([1, 0, 1])
+    inverse = torch.tensor([2, 0, 1, 1, 0])
+    for k, t, hit in ((keys, tids, True), (torch.tensor([3, 99]), torch.tensor([1, 0]), False)):
+        args = torch.tensor([4, 5])
+        res, all_hit, rows = ops.find_or_insert_rows(
+            index, k, t, args, values=values, inverse=inverse[inverse < k.numel()], dim=4
+        )
+        expected, expected_hit = ops.find_or_insert_hits(twin, k, t, args)
+        assert all_hit == expected_hit == hit
+        for a, b in zip(res, expected, strict=True):
+            assert torch.equal(a, b)
+        assert all(torch.equal(a, b) for a, b in zip(snapshot(index), snapshot(twin), strict=True))
+        if hit:
+            inv = inverse[inverse < k.numel()]
+            assert torch.equal(rows, gather_table_rows(values, res.slots, t, inv, 4))
+        else:
+            assert rows is None
+    before = snapshot(index)
+    with pytest.raises(TypeError, match="inverse must be int64"):
+        ops.find_or_insert_rows(
+            index, keys, tids, torch.tensor([6, 7]), values=values, inverse=inverse.int(), dim=4
+        )
+    with pytest.raises(ValueError, match="values: 1 buffers for an index of 2 tables"):
+        ops.find_or_insert_rows(
+            index, keys, tids, torch.tensor([6, 7]), values=values[:1], inverse=inverse, dim=4
+        )
+    assert all(torch.equal(a, b) for a, b in zip(snapshot(index), before, strict=True))

@@ -425,3 +425,20 @@ def test_scores_made_ahead_are_the_scores_find_or_insert_would_make(strategy):
     with pytest.raises(ValueError, match=r"score_args must be \(1,\) int64"):
         ahead.find_or_insert(torch.tensor([4]), ids(1), score_args=torch.tensor([1.0]))
     assert ahead.steps == [3]
+
+
+def test_find_or_insert_reads_the_rows_of_a_batch_found_whole():
+    """gather_rows: the outcome carries each occurrence's row when every key is found (the
+    rows its slots hold), and None when a key is new."""
+    table = one_table(S.STEP)
+    table.find_or_insert(torch.tensor([4, 9]), ids(2))
+    table.write(0, table.find(torch.tensor([4, 9]), ids(2)), torch.tensor([[1.0] * 4, [2.0] * 4]))
+    inverse = torch.tensor([1, 0, 1])
+    found = table.find_or_insert(torch.tensor([4, 9]), ids(2), gather_rows=(inverse, 3))
+    assert found.all_hit
+    assert found.rows is not None
+    assert found.rows.tolist() == [[2.0] * 3, [1.0] * 3, [2.0] * 3]
+    new = table.find_or_insert(torch.tensor([4, 5]), ids(2), gather_rows=(inverse[:2], 3))
+    assert not new.all_hit
+    assert new.rows is None
+    assert table.find_or_insert(torch.tensor([4]), ids(1)).rows is None  # not asked for

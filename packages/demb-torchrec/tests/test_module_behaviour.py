@@ -274,10 +274,18 @@ def test_keys_that_find_no_slot_follow_the_safe_check_mode(check):
 
 def test_a_batch_of_known_keys_initializes_and_counts_nothing(monkeypatch):
     """When every key is already in the table the forward skips the new-row initialization
-    and the failure count (nothing to do); the rows it returns are the trained ones. With one
-    new key both run again."""
-    calls = {"init": 0, "count": 0}
-    real_init, real_count = bt.init_new_rows, bt.status_count_tensor
+    and the failure count (nothing to do), and its rows come from find_or_insert (no gather
+    of its own); the rows it returns are the trained ones. With one new key all run again."""
+    calls = {"init": 0, "count": 0, "gather": 0}
+    real_init, real_count, real_gather = (
+        bt.init_new_rows,
+        bt.status_count_tensor,
+        bt.gather_table_rows,
+    )
+
+    def gather(*args, **kwargs):
+        calls["gather"] += 1
+        return real_gather(*args, **kwargs)
 
     def init(*args, **kwargs):
         calls["init"] += 1
@@ -289,15 +297,20 @@ def test_a_batch_of_known_keys_initializes_and_counts_nothing(monkeypatch):
 
     monkeypatch.setattr(bt, "init_new_rows", init)
     monkeypatch.setattr(bt, "status_count_tensor", count)
+    monkeypatch.setattr(bt, "gather_table_rows", gather)
     module = tables(mode=DynamicEmbPoolingMode.NONE)
     offsets = torch.arange(4)
     out = module(torch.tensor([3, 1, 3]), offsets)
-    assert calls == {"init": 1, "count": 1}
+    assert calls == {"init": 1, "count": 1, "gather": 1}
     out.backward(torch.ones_like(out))
     again = module(torch.tensor([1, 3, 1]), offsets)
-    assert calls == {"init": 1, "count": 1}
+    assert calls == {"init": 1, "count": 1, "gather": 1}
     trained = 0.5 - 0.1 * torch.tensor([[1.0] * 4, [2.0] * 4, [1.0] * 4])  # SGD, lr 0.1
     torch.testing.assert_close(again, trained)
+    again.backward(torch.ones_like(again))  # the rows read by find_or_insert train too
+    once_more = module(torch.tensor([3, 1]), torch.arange(3))
+    # key 1 (0.4) had two occurrences, key 3 (0.3) one: both at 0.2 now
+    torch.testing.assert_close(once_more, torch.full((2, 4), 0.2))
     module(torch.tensor([1, 7, 3]), offsets)
-    assert calls == {"init": 2, "count": 2}
+    assert calls == {"init": 2, "count": 2, "gather": 2}
     assert keys_in(module) == [1, 3, 7]

@@ -13,6 +13,7 @@
 
 #include "cpu/lookup_cpu.h"
 #include "dedup_checks.h"
+#include "gather_call.h"
 #include "lookup_checks.h"
 #include "table_checks.h"
 #include "table_rule.h"
@@ -354,6 +355,29 @@ FoundOutputs table_find_or_insert_cpu(const at::Tensor& index_keys, const at::Te
   return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool)};
 }
 
+// FoundOutputs and, when every key was found, the gather of its rows per occurrence (else
+// (0, dim)); the request is checked before the table changes.
+using RowsOutputs =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+RowsOutputs table_find_or_insert_rows_cpu(
+    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
+    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
+    at::Tensor sizes, const at::Tensor& keys, const at::Tensor& table_ids,
+    const at::Tensor& score_args, const std::optional<at::Tensor>& counts,
+    at::TensorList values, const at::Tensor& inverse, int64_t dim) {
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  check_rows_request(ix, values, keys, table_ids, inverse, dim);
+  auto [slots, status, victim_keys, victim_scores, all_hit] =
+      table_find_or_insert_cpu(index_keys, digests, scores, slot_offsets, bucket_widths,
+                               policies, sizes, keys, table_ids, score_args, counts);
+  at::Tensor rows = all_hit.item<bool>()
+                        ? call_gather_table_rows(values, slots, table_ids, inverse, dim)
+                        : at::empty({0, dim}, keys.options().dtype(at::kFloat));
+  return {slots, status, victim_keys, victim_scores, all_hit, rows};
+}
+
 InsertOutputs table_insert_or_assign_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
                                          const at::Tensor& scores, const at::Tensor& slot_offsets,
                                          const at::Tensor& bucket_widths,
@@ -443,6 +467,7 @@ at::Tensor table_timestamp_cpu(const at::Tensor& like, int64_t count) {
 TORCH_LIBRARY_IMPL(demb, CPU, m) {
   m.impl("table_lookup", &table_lookup_cpu);
   m.impl("table_find_or_insert", &table_find_or_insert_cpu);
+  m.impl("table_find_or_insert_rows", &table_find_or_insert_rows_cpu);
   m.impl("table_insert_or_assign", &table_insert_or_assign_cpu);
   m.impl("table_erase", &table_erase_cpu);
   m.impl("table_timestamp", &table_timestamp_cpu);

@@ -5,6 +5,7 @@
 // them all.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -12,10 +13,13 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
+#include <functional>
 
 #include "cuda/cub_call.cuh"
 #include "cuda/table_bucket.cuh"
 #include "cuda/table_kernels.cuh"
+#include "gather_call.h"
+#include "lookup_checks.h"
 #include "table_checks.h"
 
 namespace demb {
@@ -71,13 +75,17 @@ struct Schedule {
     return cuda::PhaseBPrep{word(0), int32(0), int32(2), skip, missed};
   }
 
-  // Whether phase A missed some valid key: the flag read back (waits for phase A).
-  bool missed(cudaStream_t stream) const {
+  // Whether phase A missed some valid key: the flag read back (waits for phase A and the
+  // copy only: `between` queues its work behind the copy before the host waits).
+  bool missed(const at::cuda::CUDAStream& stream, const std::function<void()>& between) const {
     const at::Tensor host =
         at::empty({1}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
     C10_CUDA_CHECK(cudaMemcpyAsync(host.data_ptr<int32_t>(), int32(4) + 1, sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, stream));
-    C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+                                   cudaMemcpyDeviceToHost, stream.stream()));
+    at::cuda::CUDAEvent copied;
+    copied.record(stream);
+    if (between) between();
+    copied.synchronize();
     return host.const_data_ptr<int32_t>()[0] != 0;
   }
 
@@ -140,7 +148,8 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
                              const std::optional<at::Tensor>& score_args,
                              const std::optional<at::Tensor>& counts_in,
                              const std::optional<at::Tensor>& assign_in,
-                             bool* all_hit = nullptr) {
+                             bool* all_hit = nullptr,
+                             const std::function<void(const at::Tensor&)>& speculate = {}) {
   check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
   check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
   TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");
@@ -181,7 +190,12 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
     cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(
         v, in, out, plan.prep(may_skip, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (may_skip && !plan.missed(stream)) {
+    // `speculate` (given phase A's slots) is queued behind the flag's copy: work that is
+    // right when every key was found runs while the host waits.
+    const std::function<void()> between = [&] {
+      if (speculate) speculate(slots);
+    };
+    if (may_skip && !plan.missed(at::cuda::getCurrentCUDAStream(), between)) {
       if (all_hit != nullptr) *all_hit = true;
       return {slots, status, victim_keys, victim_scores};
     }
@@ -211,6 +225,33 @@ FoundOutputs table_find_or_insert_cuda(const at::Tensor& index_keys, const at::T
       bucket_op_cuda(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
                      std::nullopt, &all_hit);
   return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool)};
+}
+
+// FoundOutputs and, when every key was found, the rows of its N occurrences (else (0, dim)):
+// the gather is queued behind phase A and the flag's copy, before the host waits for the flag
+// (never while the stream is captured: phase B always runs then, and rows is (0, dim)).
+using RowsOutputs =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+RowsOutputs table_find_or_insert_rows_cuda(
+    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
+    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
+    at::Tensor sizes, const at::Tensor& keys, const at::Tensor& table_ids,
+    const at::Tensor& score_args, const std::optional<at::Tensor>& counts,
+    at::TensorList values, const at::Tensor& inverse, int64_t dim) {
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  check_rows_request(ix, values, keys, table_ids, inverse, dim);
+  bool all_hit = false;
+  at::Tensor rows;
+  const auto gather = [&](const at::Tensor& slots) {
+    rows = call_gather_table_rows(values, slots, table_ids, inverse, dim);
+  };
+  const auto [slots, status, victim_keys, victim_scores] =
+      bucket_op_cuda(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
+                     std::nullopt, &all_hit, gather);
+  if (!all_hit || !rows.defined()) rows = at::empty({0, dim}, keys.options().dtype(at::kFloat));
+  return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool), rows};
 }
 
 InsertOutputs table_insert_or_assign_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
@@ -253,6 +294,7 @@ at::Tensor table_timestamp_cuda(const at::Tensor& like, int64_t count) {
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("table_lookup", &table_lookup_cuda);
   m.impl("table_find_or_insert", &table_find_or_insert_cuda);
+  m.impl("table_find_or_insert_rows", &table_find_or_insert_rows_cuda);
   m.impl("table_insert_or_assign", &table_insert_or_assign_cuda);
   m.impl("table_erase", &table_erase_cuda);
   m.impl("table_timestamp", &table_timestamp_cuda);

@@ -61,6 +61,20 @@ def _find_or_insert_fake(
     return (*_fake_insert(keys, scores.shape[0]), all_hit)
 
 
+@torch.library.register_fake("demb::table_find_or_insert_rows")  # type: ignore[untyped-decorator]
+def _find_or_insert_rows_fake(
+    *args: object,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    scores, keys, inverse, dim = args[2], args[7], args[12], args[13]
+    assert isinstance(scores, torch.Tensor)
+    assert isinstance(keys, torch.Tensor)
+    assert isinstance(inverse, torch.Tensor)
+    assert isinstance(dim, int)
+    all_hit = torch.empty((), dtype=torch.bool)  # a host flag
+    rows = keys.new_empty((inverse.shape[0], dim), dtype=torch.float32)
+    return (*_fake_insert(keys, scores.shape[0]), all_hit, rows)
+
+
 @torch.library.register_fake("demb::table_insert_or_assign")  # type: ignore[untyped-decorator]
 def _insert_or_assign_fake(
     *args: torch.Tensor,

@@ -14,6 +14,7 @@ OPS = (
     "bucketize_by_owner",
     "table_lookup",
     "table_find_or_insert",
+    "table_find_or_insert_rows",
     "table_insert_or_assign",
     "table_erase",
     "table_timestamp",

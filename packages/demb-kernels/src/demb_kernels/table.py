@@ -44,6 +44,7 @@ __all__ = [
     "export",
     "find_or_insert",
     "find_or_insert_hits",
+    "find_or_insert_rows",
     "insert_or_assign",
     "lookup",
     "lookup_batch_rows",
@@ -258,6 +259,45 @@ def find_or_insert_hits(
         *index._tensors(), index.sizes, keys, table_ids, score_args, counts
     )
     return InsertResult(*out), bool(all_hit)
+
+
+def find_or_insert_rows(
+    index: TableIndex,
+    keys: torch.Tensor,
+    table_ids: torch.Tensor,
+    score_args: torch.Tensor,
+    counts: torch.Tensor | None = None,
+    *,
+    values: list[torch.Tensor],
+    inverse: torch.Tensor,
+    dim: int,
+    check: bool = True,
+) -> tuple[InsertResult, bool, torch.Tensor | None]:
+    """:func:`find_or_insert_hits`, and when every key was found also each occurrence's row:
+    :func:`demb_kernels.lookup.gather_table_rows` ``(values, slots, table_ids, inverse, dim)``.
+    On CUDA that gather is queued behind the lookup pass before the op waits for its flag, so
+    the rows are being read while the host learns whether they are the right ones.
+
+    Args:
+        index, keys, table_ids, score_args, counts, check: as :func:`find_or_insert`.
+        values: per table, its ``(rows, width)`` value buffer on the index's device.
+        inverse: ``(N,)`` int64 the key (position in ``keys``) of each occurrence.
+        dim: the columns read, ``<=`` every table's width.
+
+    Returns:
+        ``(InsertResult, all_hit, rows)``: rows ``(N, dim)`` float32 when ``all_hit``, else
+        None (new rows are not initialized yet: the caller gathers after that).
+
+    Raises:
+        ValueError / TypeError: bad values, inverse or dim, before the index changes.
+    """
+    keys, table_ids = as_batch(index, keys, table_ids)
+    _check_data(index, keys, table_ids, counts, check)
+    *out, all_hit, rows = torch.ops.demb.table_find_or_insert_rows(
+        *index._tensors(), index.sizes, keys, table_ids, score_args, counts, values, inverse, dim
+    )
+    hit = bool(all_hit)
+    return InsertResult(*out), hit, rows if hit else None
 
 
 def insert_or_assign(

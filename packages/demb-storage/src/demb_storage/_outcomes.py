@@ -36,6 +36,9 @@ class InsertOutcome(NamedTuple):
     all_hit: bool = False
     """True when every key was found (every status HIT): no row is new and none failed. False
     when some key was not, or when that is not known (a CUDA graph capture; insert_or_assign)."""
+    rows: torch.Tensor | None = None
+    """``(N_occ, dim)`` float32 rows of the batch's occurrences, when asked for (``gather_rows``)
+    and every key was found; else None."""
 
 
 class TableExport(NamedTuple):

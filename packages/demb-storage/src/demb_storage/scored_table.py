@@ -204,6 +204,7 @@ class ScoredHashTable:
         check: bool = True,
         count_failures: bool = True,
         score_args: torch.Tensor | None = None,
+        gather_rows: tuple[torch.Tensor, int] | None = None,
     ) -> InsertOutcome:
         """Find each key or insert it (a forward: STEP tables advance one step).
 
@@ -225,6 +226,11 @@ class ScoredHashTable:
                 reports them with :meth:`record_failures`.
             score_args: ``(T,)`` int64 the batch scores from :meth:`next_score_args`, made
                 ahead (default: made here). STEP tables advance one step either way.
+            gather_rows: ``(inverse, dim)``: when every key is found, also read the first
+                ``dim`` columns of each occurrence's row into :attr:`InsertOutcome.rows`
+                (``inverse``: ``(N_occ,)`` int64 position in ``keys`` of each occurrence; values
+                on the index's device). On CUDA the read is queued before the host learns that
+                every key was found.
 
         Raises:
             InsertFailedError: keys failed in a table whose safe-check mode is ERROR.
@@ -236,13 +242,21 @@ class ScoredHashTable:
         else:
             args = self._check_score_args(score_args)
             self.steps = [s + 1 for s in self.steps]
-        result, all_hit = ops.find_or_insert_hits(
-            self.index, keys, table_ids, args, counts, check=check
-        )
+        rows = None
+        if gather_rows is None:
+            result, all_hit = ops.find_or_insert_hits(
+                self.index, keys, table_ids, args, counts, check=check
+            )
+        else:
+            inverse, dim = gather_rows
+            result, all_hit, rows = ops.find_or_insert_rows(
+                self.index, keys, table_ids, args, counts, values=self.values, inverse=inverse,
+                dim=dim, check=check,
+            )  # fmt: skip
         slots, status = result.slots, result.status
         evicted = self._evicted(result, table_ids) if return_evicted else None
         if all_hit:  # no row is new, none failed: nothing below has work
-            return InsertOutcome(slots, status, evicted, all_hit=True)
+            return InsertOutcome(slots, status, evicted, all_hit=True, rows=rows)
         slots, status = self._retry_no_eviction(keys, table_ids, counts, args, slots, status)
         if zero_new_rows:
             self._zero_new_rows(table_ids, slots, status)

@@ -230,14 +230,15 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self._key_bits[0] = batch.key_bits  # the next batch's keys likely span as many bits
         status: torch.Tensor | None = None
         missing: list[int] | None = None  # per table, keys without a slot (None: unknown)
+        gathered: torch.Tensor | None = None  # the NONE rows, read by find_or_insert
         if scores is not None:
-            slots, status = self._find_or_insert(batch, scores)
+            slots, status, gathered = self._find_or_insert(batch, scores)
         else:
             slots, missing = self._find(batch)
         fills = missing is not None and any(missing)
         fills = fills and not all(_is_zero(a) for a in self.eval_args)
         if self._fused_gather and self.pooling_mode is _NONE and not fills:
-            out = self._forward_none(batch, slots, grad)
+            out = self._forward_none(batch, slots, grad, gathered)
         elif self.training and self.pooling_mode is not _NONE and self._train_pools_slots:
             out = pooled_from_tables(self, batch, slots, offsets, batch_size, pooling_weights, grad)
         else:
@@ -257,12 +258,21 @@ class DynamicEmbeddingTables(torch.nn.Module):
         return self.tables.values
 
     # ------------------------------------------------------------------------------ internals
-    def _forward_none(self, batch: DedupedBatch, slots: torch.Tensor, grad: bool) -> torch.Tensor:
-        """No pooling: each occurrence's row read straight from its table (one launch), and
-        in backward each key's occurrence gradients summed in the dedup's sorted order."""
-        out = gather_table_rows(
-            self.tables.values, slots, batch.tables, batch.inverse, self.dims[0], check=False
-        )
+    def _forward_none(
+        self,
+        batch: DedupedBatch,
+        slots: torch.Tensor,
+        grad: bool,
+        gathered: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """No pooling: each occurrence's row read straight from its table (one launch, or
+        ``gathered``: those rows, read by find_or_insert), and in backward each key's
+        occurrence gradients summed in the dedup's sorted order."""
+        out = gathered
+        if out is None:
+            out = gather_table_rows(
+                self.tables.values, slots, batch.tables, batch.inverse, self.dims[0], check=False
+            )
         if not grad:
             return out
         return summed_per_key(self, self._trigger, batch, slots, out, self.dims[0])
@@ -387,12 +397,18 @@ class DynamicEmbeddingTables(torch.nn.Module):
 
     def _find_or_insert(
         self, batch: DedupedBatch, scores: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Slots of the batch's unique keys, inserting missing ones, and their
         :class:`InsertStatus` (None when every key was found: all HIT); the new rows (and their
         optimizer state) are initialized by one launch queued behind the insert: no sync. Keys
         that got no slot (FAILED) have slot -1, and are counted once the forward's work is
-        queued. ``scores``: the batch scores, made before the dedup (``next_score_args``)."""
+        queued. ``scores``: the batch scores, made before the dedup (``next_score_args``).
+        With NONE pooling from one-launch gathers, a batch whose keys are all found also
+        returns its output rows, read by find_or_insert (None otherwise)."""
+        values = self.tables.values
+        gather = None
+        if self._fused_gather and self.pooling_mode is _NONE and values[0].device == self.device:
+            gather = (batch.inverse, self.dims[0])
         outcome = self.tables.find_or_insert(
             batch.keys,
             batch.tables,
@@ -401,9 +417,10 @@ class DynamicEmbeddingTables(torch.nn.Module):
             check=False,
             count_failures=False,
             score_args=scores,
+            gather_rows=gather,
         )
         if outcome.all_hit:  # no row is new and none failed: nothing to initialize or count
-            return outcome.slots, None
+            return outcome.slots, None, outcome.rows
         init_new_rows(
             self.tables.values,
             outcome.slots,
@@ -412,7 +429,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
             outcome.status,
             self._new_rows,
         )
-        return outcome.slots, outcome.status
+        return outcome.slots, outcome.status, None
 
     def _find(self, batch: DedupedBatch) -> tuple[torch.Tensor, list[int]]:
         slots = self.tables.find(batch.keys, batch.tables, check=False)
