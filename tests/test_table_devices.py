@@ -313,11 +313,11 @@ def test_cuda_find_or_insert_rows_equals_cpu():
         else:
             assert a[2] is None
             assert b[2] is None
-    k, t, args = present.cuda(), tids.cuda(), torch.tensor([5, 6]).cuda()
+    k, t, args, inv = present.cuda(), tids.cuda(), torch.tensor([5, 6]).cuda(), inverse.cuda()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         _, all_hit, rows = ops.find_or_insert_rows(
-            gpu, k, t, args, values=on_gpu, inverse=inverse.cuda(), dim=128, check=False
+            gpu, k, t, args, values=on_gpu, inverse=inv, dim=128, check=False
         )
     assert not all_hit
     assert rows is None
