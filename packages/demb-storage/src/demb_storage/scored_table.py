@@ -23,11 +23,10 @@ from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 
 from demb_storage._errors import InsertFailedError, TableConfigError
 from demb_storage._outcomes import EvictedRows, InsertOutcome, TableExport
+from demb_storage._scores import batch_scores, checked_scores
 from demb_storage.options import SafeCheckMode, TableConfig
 
 __all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
-
-_TIME_POLICIES = (ScorePolicy.TIMESTAMP, ScorePolicy.NO_EVICTION, ScorePolicy.TIMESTAMP_LFU)
 
 
 _ONE_HOT_TABLES = 64
@@ -240,7 +239,7 @@ class ScoredHashTable:
         if score_args is None:
             args = self._score_args()
         else:
-            args = self._check_score_args(score_args)
+            args = checked_scores(score_args, self.num_tables, self.device)
             self.steps = [s + 1 for s in self.steps]
         rows = None
         if gather_rows is None:
@@ -385,27 +384,9 @@ class ScoredHashTable:
 
     def _score_args_at(self, steps: list[int]) -> torch.Tensor:
         """``(T,)`` int64 batch score per table at ``steps``."""
-        timed = [p in _TIME_POLICIES for p in self.index.policy_list]
-        if all(timed):  # every table scores with the clock: no host values to send
-            return self._now(self.num_tables)
-        host = []
-        for t, policy in enumerate(self.index.policy_list):
-            host.append(steps[t] if policy is ScorePolicy.STEP else self.custom_scores[t])
-        args = torch.tensor(host, dtype=torch.int64, device=self.device)
-        if any(timed):
-            mask = torch.tensor(timed, device=self.device)
-            args = torch.where(mask, self._now(1), args)
-        return args
-
-    def _check_score_args(self, args: torch.Tensor) -> torch.Tensor:
-        if args.dtype != torch.int64 or args.shape != (self.num_tables,):
-            raise ValueError(
-                f"score_args must be ({self.num_tables},) int64 (next_score_args()), got "
-                f"{tuple(args.shape)} {args.dtype}"
-            )
-        if args.device != self.device:
-            raise ValueError(f"score_args is on {args.device}, the index on {self.device}")
-        return args
+        return batch_scores(
+            self.index.policy_list, steps, self.custom_scores, self._now, self.device
+        )
 
     def _now(self, count: int) -> torch.Tensor:
         """``(count,)`` int64 contiguous copies of the clock's reading, on the index device."""
