@@ -274,8 +274,9 @@ def test_keys_that_find_no_slot_follow_the_safe_check_mode(check):
 
 def test_a_batch_of_known_keys_initializes_and_counts_nothing(monkeypatch):
     """When every key is already in the table the forward skips the new-row initialization
-    and the failure count (nothing to do), and its rows come from find_or_insert (no gather
-    of its own); the rows it returns are the trained ones. With one new key all run again."""
+    and the failure count (nothing to do); after a batch found whole its rows come from
+    find_or_insert (no gather of its own). The rows it returns are the trained ones. With one
+    new key all run again."""
     calls = {"init": 0, "count": 0, "gather": 0}
     real_init, real_count, real_gather = (
         bt.init_new_rows,
@@ -303,14 +304,19 @@ def test_a_batch_of_known_keys_initializes_and_counts_nothing(monkeypatch):
     out = module(torch.tensor([3, 1, 3]), offsets)
     assert calls == {"init": 1, "count": 1, "gather": 1}
     out.backward(torch.ones_like(out))
-    again = module(torch.tensor([1, 3, 1]), offsets)
-    assert calls == {"init": 1, "count": 1, "gather": 1}
+    again = module(torch.tensor([1, 3, 1]), offsets)  # the last batch had new keys: a gather
+    assert calls == {"init": 1, "count": 1, "gather": 2}
     trained = 0.5 - 0.1 * torch.tensor([[1.0] * 4, [2.0] * 4, [1.0] * 4])  # SGD, lr 0.1
     torch.testing.assert_close(again, trained)
-    again.backward(torch.ones_like(again))  # the rows read by find_or_insert train too
-    once_more = module(torch.tensor([3, 1]), torch.arange(3))
+    again.backward(torch.ones_like(again))
+    once_more = module(torch.tensor([3, 1]), torch.arange(3))  # rows from find_or_insert
+    assert calls == {"init": 1, "count": 1, "gather": 2}
     # key 1 (0.4) had two occurrences, key 3 (0.3) one: both at 0.2 now
     torch.testing.assert_close(once_more, torch.full((2, 4), 0.2))
+    once_more.backward(torch.ones_like(once_more))  # the rows read by find_or_insert train too
+    torch.testing.assert_close(
+        module(torch.tensor([1, 3]), torch.arange(3)), torch.full((2, 4), 0.1)
+    )
     module(torch.tensor([1, 7, 3]), offsets)
-    assert calls == {"init": 2, "count": 2, "gather": 2}
+    assert calls == {"init": 2, "count": 2, "gather": 3}
     assert keys_in(module) == [1, 3, 7]

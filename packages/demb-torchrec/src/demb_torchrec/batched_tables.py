@@ -166,6 +166,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self._trigger = torch.zeros((), device=self.device, requires_grad=True)
         self._key_bits = [64]  # dedup's first guess of the bits the keys differ in (a list:
         # set in place on the hot path, no nn.Module attribute set)
+        # Whether the last training batch had every key in the table: then the next one asks
+        # find_or_insert for its rows (read before the all-found read-back, wasted on a miss).
+        self._found_whole = [False]
 
     @property
     def num_tables(self) -> int:
@@ -404,10 +407,12 @@ class DynamicEmbeddingTables(torch.nn.Module):
         that got no slot (FAILED) have slot -1, and are counted once the forward's work is
         queued. ``scores``: the batch scores, made before the dedup (``next_score_args``).
         With NONE pooling from one-launch gathers, a batch whose keys are all found also
-        returns its output rows, read by find_or_insert (None otherwise)."""
+        returns its output rows, read by find_or_insert (None otherwise), when the previous
+        batch was found whole too (a batch with a new key would waste that read)."""
         values = self.tables.values
         gather = None
-        if self._fused_gather and self.pooling_mode is _NONE and values[0].device == self.device:
+        fused = self._fused_gather and self.pooling_mode is _NONE
+        if fused and self._found_whole[0] and values[0].device == self.device:
             gather = (batch.inverse, self.dims[0])
         outcome = self.tables.find_or_insert(
             batch.keys,
@@ -419,6 +424,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
             score_args=scores,
             gather_rows=gather,
         )
+        self._found_whole[0] = outcome.all_hit
         if outcome.all_hit:  # no row is new and none failed: nothing to initialize or count
             return outcome.slots, None, outcome.rows
         init_new_rows(
