@@ -369,13 +369,12 @@ RowsOutputs table_find_or_insert_rows_cpu(
   const IndexTensors ix =
       checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   check_rows_request(ix, values, keys, table_ids, inverse, dim);
-  auto [slots, status, victim_keys, victim_scores, all_hit] =
-      table_find_or_insert_cpu(index_keys, digests, scores, slot_offsets, bucket_widths,
-                               policies, sizes, keys, table_ids, score_args, counts);
-  at::Tensor rows = all_hit.item<bool>()
-                        ? call_gather_table_rows(values, slots, table_ids, inverse, dim)
-                        : at::empty({0, dim}, keys.options().dtype(at::kFloat));
-  return {slots, status, victim_keys, victim_scores, all_hit, rows};
+  bool all_hit = false;
+  const auto [slots, status, victim_keys, victim_scores] = insert_cpu(
+      ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts, std::nullopt, &all_hit);
+  at::Tensor rows = all_hit ? call_gather_table_rows(values, slots, table_ids, inverse, dim)
+                            : at::empty({0, dim}, keys.options().dtype(at::kFloat));
+  return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool), rows};
 }
 
 InsertOutputs table_insert_or_assign_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
