@@ -3,9 +3,6 @@ scores, frozen tables, the weighted-SUM error paths and bad configurations."""
 
 from __future__ import annotations
 
-import threading
-
-import demb_torchrec._autograd as ag
 import demb_torchrec.batched_tables as bt
 import pytest
 import torch
@@ -323,54 +320,3 @@ def test_a_batch_of_known_keys_initializes_and_counts_nothing(monkeypatch):
     module(torch.tensor([1, 7, 3]), offsets)
     assert calls == {"init": 2, "count": 2, "gather": 3}
     assert keys_in(module) == [1, 3, 7]
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("mode", list(DynamicEmbPoolingMode))
-def test_the_update_runs_on_the_thread_that_called_backward(mode, monkeypatch):
-    """Autograd runs a CUDA gradient's node on the device's worker thread: the module's update
-    still runs on the calling thread (its token's gradient is a CPU tensor), and trains."""
-    threads = []
-    real = ag.apply_update
-
-    def update(*args, **kwargs):
-        threads.append(threading.get_ident())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(ag, "apply_update", update)
-    module = tables(mode=mode, device="cuda")
-    indices = torch.tensor([1, 2, 1], device="cuda")
-    offsets = torch.tensor([0, 1, 3], device="cuda")
-    out = module(indices, offsets)
-    with torch.autograd.set_multithreading_enabled(True):
-        out.backward(torch.ones_like(out))
-    assert threads == [threading.get_ident()]
-    assert module.steps == [1]
-    with torch.no_grad():
-        after = module.eval()(indices, offsets)
-    assert torch.all(after < 0.5)  # every row took an SGD step from 0.5
-
-
-@pytest.mark.parametrize("mode", list(DynamicEmbPoolingMode))
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_the_hand_off_wiring_trains_as_the_single_node_does(mode, optimizer, monkeypatch):
-    """The two nodes a GPU module trains through (HandOff, UpdateOnCaller), here forced on the
-    CPU, give the tables and outputs the single node gives, bit for bit, over a few steps."""
-    indices = torch.tensor([1, 2, 1, 5, 2, 9, 1])
-    offsets = torch.tensor([0, 2, 3, 7]) if mode is not DynamicEmbPoolingMode.NONE else None
-
-    def run(hand_off):
-        monkeypatch.setattr(ag, "hands_off", lambda rows: hand_off)
-        module = tables(mode=mode, optimizer=optimizer)
-        outs = []
-        for step in range(3):
-            o = offsets if offsets is not None else torch.arange(indices.numel() + 1)
-            out = module(indices + step, o)
-            out.backward(torch.linspace(-1, 1, out.numel()).reshape(out.shape))
-            outs.append(out.detach())
-        return outs, module.tables.values[0].clone()
-
-    single, two = run(False), run(True)
-    for a, b in zip(single[0], two[0], strict=True):
-        assert torch.equal(a, b)
-    assert torch.equal(single[1], two[1])

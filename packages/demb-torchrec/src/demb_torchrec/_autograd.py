@@ -5,13 +5,6 @@ receives their gradients, reduces them to one row per unique key and table, and 
 tables in place with demb-optim's fused update. The rows are plain tensors, not parameters: the
 only tensor that requires grad going in is a zero-size trigger, so no dense gradient of a table
 ever exists.
-
-On a GPU the update is wired through two nodes: autograd runs a node whose gradients are CUDA
-tensors on the device's own worker thread, so :class:`HandOff` (an identity on the rows) only
-hands their gradients over there, through a CPU token, to :class:`UpdateOnCaller`, which autograd
-runs on the thread that called ``backward()``: the update's host work (its Python and its
-launches) runs on that thread, whose caches are warm, as it does with
-``torch.autograd.set_multithreading_enabled(False)``.
 """
 
 from __future__ import annotations
@@ -27,13 +20,10 @@ from torch.autograd.function import FunctionCtx
 from demb_torchrec._dedup import DedupedBatch
 
 __all__ = [
-    "HandOff",
     "Reduced",
     "TrainStep",
     "TrainedRows",
     "Updatable",
-    "UpdateOnCaller",
-    "hands_off",
     "summed_per_key",
     "trained_rows",
 ]
@@ -77,9 +67,6 @@ class TrainStep:
         self.rows = rows
         self.slots = slots
         self.reduce = reduce
-        self.handed: tuple[tuple[torch.Tensor, ...], torch.cuda.Stream | None] | None = None
-        """The rows' gradients and the CUDA stream they are ordered on (None on the CPU),
-        handed from :class:`HandOff` to :class:`UpdateOnCaller` (None once used)."""
 
     def update(self, grads: Sequence[torch.Tensor]) -> None:
         m = self.module
@@ -144,65 +131,9 @@ class TrainedRows(torch.autograd.Function):
         return None, None
 
 
-class UpdateOnCaller(torch.autograd.Function):
-    """A CPU token standing for a step's CUDA rows (see :class:`HandOff`); its backward, which
-    autograd runs on the thread that called ``backward()`` (its gradient is a CPU tensor), runs
-    the step's update on the gradients :class:`HandOff` handed over, on their stream."""
-
-    @staticmethod
-    def forward(ctx: FunctionCtx, trigger: torch.Tensor, step: TrainStep) -> torch.Tensor:
-        ctx.step = step  # type: ignore[attr-defined]
-        return torch.empty(())
-
-    @staticmethod
-    def backward(ctx: FunctionCtx, token_grad: torch.Tensor) -> tuple[None, None]:
-        step: TrainStep = ctx.step  # type: ignore[attr-defined]
-        handed, step.handed = step.handed, None
-        if handed is None:  # HandOff's backward did not run: its rows got no gradient
-            return None, None
-        grads, stream = handed
-        if stream is None or torch.cuda.current_stream() == stream:
-            step.update(grads)
-        else:
-            with torch.cuda.stream(stream):
-                step.update(grads)
-        return None, None
-
-
-class HandOff(torch.autograd.Function):
-    """Identity on a step's CUDA rows, downstream of :class:`UpdateOnCaller`'s token. Its
-    backward runs on the device's autograd thread and only hands the rows' gradients (and the
-    stream autograd ordered them on) to the token's node."""
-
-    @staticmethod
-    def forward(ctx: FunctionCtx, token: torch.Tensor, step: TrainStep) -> tuple[torch.Tensor, ...]:
-        ctx.step = step  # type: ignore[attr-defined]
-        return tuple(step.rows)
-
-    @staticmethod
-    def backward(ctx: FunctionCtx, *grads: torch.Tensor) -> tuple[torch.Tensor, None]:
-        step: TrainStep = ctx.step  # type: ignore[attr-defined]
-        device = grads[0].device
-        step.handed = (grads, torch.cuda.current_stream(device) if grads[0].is_cuda else None)
-        return torch.zeros(()), None
-
-
-def hands_off(rows: torch.Tensor) -> bool:
-    """Whether :func:`trained_rows` wires ``rows`` through :class:`HandOff`: CUDA rows, whose
-    gradients autograd hands to the device's worker thread."""
-    return rows.is_cuda
-
-
 def trained_rows(trigger: torch.Tensor, step: TrainStep) -> tuple[torch.Tensor, ...]:
-    """``step.rows`` wired to the update: through :class:`TrainedRows` on the CPU, through
-    :class:`UpdateOnCaller` and :class:`HandOff` on a GPU (the update then runs on the thread
-    that called ``backward()``)."""
-    out: tuple[torch.Tensor, ...]
-    if not hands_off(step.rows[0]):
-        out = TrainedRows.apply(trigger, step)  # type: ignore[no-untyped-call]
-        return out
-    token = UpdateOnCaller.apply(trigger, step)  # type: ignore[no-untyped-call]
-    out = HandOff.apply(token, step)  # type: ignore[no-untyped-call]
+    """``step.rows`` wired to the update (``TrainedRows.apply`` with types)."""
+    out: tuple[torch.Tensor, ...] = TrainedRows.apply(trigger, step)  # type: ignore[no-untyped-call]
     return out
 
 
