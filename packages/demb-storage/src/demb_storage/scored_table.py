@@ -21,17 +21,13 @@ from demb_kernels import table as ops
 from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 
-from demb_storage._errors import InsertFailedError, TableConfigError
+from demb_storage._errors import TableConfigError
+from demb_storage._failures import count_failed, raise_or_warn
 from demb_storage._outcomes import EvictedRows, InsertOutcome, TableExport
 from demb_storage._scores import batch_scores, checked_scores
 from demb_storage.options import SafeCheckMode, TableConfig
 
 __all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
-
-
-_ONE_HOT_TABLES = 64
-"""Up to this many tables, failed inserts are counted per table by a reduction over a
-``(N, T)`` mask; beyond, by ``index_add_`` (whose atomics on few addresses serialize)."""
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -481,15 +477,7 @@ class ScoredHashTable:
             scatter_rows(buf, target, zeros, check=False)
 
     def _safe_check(self, table_ids: torch.Tensor, status: torch.Tensor) -> None:
-        failed = status == InsertStatus.FAILED
-        if self.num_tables <= _ONE_HOT_TABLES:  # a reduction: no atomics on T addresses
-            tables = torch.arange(self.num_tables, device=table_ids.device)
-            per_table = ((table_ids[:, None] == tables) & failed[:, None]).sum(0)
-        else:
-            per_table = torch.zeros_like(self.failed_inserts).index_add_(
-                0, table_ids, failed.to(torch.int64)
-            )
-        self.record_failures(per_table, int(status.numel()))
+        self.record_failures(count_failed(table_ids, status, self.num_tables), int(status.numel()))
 
     def record_failures(self, per_table: torch.Tensor, batch_size: int) -> None:
         """Account the failed inserts of a ``find_or_insert(count_failures=False)`` batch that
@@ -498,18 +486,4 @@ class ScoredHashTable:
         more), then read back to raise / warn per the tables' safe-check modes."""
         self.failed_inserts += per_table
         if self._checks_failures:
-            self._raise_or_warn(per_table.tolist(), batch_size)
-
-    def _raise_or_warn(self, counts: list[int], batch_size: int) -> None:
-        modes = [c.safe_check_mode for c in self.configs]
-        errors = {t: n for t, n in enumerate(counts) if n and modes[t] is SafeCheckMode.ERROR}
-        if errors:
-            raise InsertFailedError(errors, batch_size)
-        warned = {t: n for t, n in enumerate(counts) if n and modes[t] is SafeCheckMode.WARNING}
-        if warned:
-            per = ", ".join(f"table {t}: {n}" for t, n in sorted(warned.items()))
-            warnings.warn(
-                f"{sum(warned.values())} of {batch_size} keys could not be inserted ({per}); "
-                "their rows read as zeros",
-                stacklevel=4,
-            )
+            raise_or_warn(self.configs, per_table.tolist(), batch_size)

@@ -24,11 +24,8 @@ from demb_kernels.lookup import (
 )
 from demb_optim import reduce_gradients
 from demb_storage import (
-    InitializerArgs,
-    InitializerMode,
     ScoredHashTable,
     TableConfigError,
-    initialize_rows,
     new_rows_spec,
     table_seed,
 )
@@ -39,6 +36,7 @@ from demb_torchrec._autograd import Reduced, TrainStep, summed_per_key, trained_
 from demb_torchrec._dedup import DedupedBatch, dedup
 from demb_torchrec._direct import eval_none, eval_pooled, pooled_from_tables
 from demb_torchrec._pooling import bag_rows, pool, pool_uniform
+from demb_torchrec._unique_rows import is_zero, unique_rows
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
 __all__ = ["BatchedDynamicEmbeddingTablesV2", "DynamicEmbeddingTables"]
@@ -143,7 +141,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self._feature_tables = torch.tensor(ftm, dtype=torch.int64, device=self.device)
         # Tables whose missing keys an eval forward fills (eval_initializer_args not zeros).
         self._eval_fills = [
-            t for t, a in enumerate(self.eval_args) if self.features_of_table[t] and not _is_zero(a)
+            t for t, a in enumerate(self.eval_args) if self.features_of_table[t] and not is_zero(a)
         ]
         # An eval SUM / MEAN pools straight from float32 tables when no missing key needs an
         # eval initializer other than zeros (no dedup).
@@ -239,13 +237,13 @@ class DynamicEmbeddingTables(torch.nn.Module):
         else:
             slots, missing = self._find(batch)
         fills = missing is not None and any(missing)
-        fills = fills and not all(_is_zero(a) for a in self.eval_args)
+        fills = fills and not all(is_zero(a) for a in self.eval_args)
         if self._fused_gather and self.pooling_mode is _NONE and not fills:
             out = self._forward_none(batch, slots, grad, gathered)
         elif self.training and self.pooling_mode is not _NONE and self._train_pools_slots:
             out = pooled_from_tables(self, batch, slots, offsets, batch_size, pooling_weights, grad)
         else:
-            rows, whole = self._rows(batch, slots, missing, missing_from_eval=not self.training)
+            rows, whole = unique_rows(self, batch, slots, missing, not self.training)
             args = (offsets, batch_size)
             if whole is not None:
                 out = self._forward_uniform(batch, slots, whole, grad, args, pooling_weights)
@@ -440,73 +438,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
     def _find(self, batch: DedupedBatch) -> tuple[torch.Tensor, list[int]]:
         slots = self.tables.find(batch.keys, batch.tables, check=False)
         return slots, batch.count_per_table(slots < 0)
-
-    def _rows(
-        self,
-        batch: DedupedBatch,
-        slots: torch.Tensor,
-        missing_counts: list[int] | None,
-        *,
-        missing_from_eval: bool,
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """Per table, ``(U_t, D_t)`` float32 rows of its unique keys (missing keys: zeros, or
-        ``eval_initializer_args`` in eval); when all tables have one dim they are views of one
-        ``(U, D)`` tensor, returned too. ``missing_counts``: per table, the keys without a slot,
-        or None when not counted (any table may have some)."""
-        b = batch.table_bounds
-        whole: torch.Tensor | None = None
-        if self._fused_gather:  # one dim: every unique key's row in one launch
-            whole = gather_table_rows(
-                self.tables.values, slots, batch.tables, None, self.dims[0], check=False
-            )
-        elif len(set(self.dims)) == 1:
-            whole = torch.empty(b[-1], self.dims[0], device=self.device, dtype=torch.float32)
-        rows = []
-        for t in range(self.num_tables):
-            s = slots[b[t] : b[t + 1]]
-            some_missing = missing_counts is None or missing_counts[t] > 0
-            if whole is not None and self._fused_gather:
-                r = whole[b[t] : b[t + 1]]
-                if some_missing and missing_from_eval and not _is_zero(self.eval_args[t]):
-                    self._fill_missing(batch, t, s, r)
-                rows.append(r)
-                continue
-            values = self.tables.values[t][:, : self.dims[t]]
-            missing = s < 0
-            at = s.clamp_min(0) if some_missing else s
-            if whole is not None and values.dtype == torch.float32:
-                r = torch.index_select(values, 0, at, out=whole[b[t] : b[t + 1]])
-            else:
-                r = values.index_select(0, at).float()
-                if whole is not None:
-                    whole[b[t] : b[t + 1]] = r
-                    r = whole[b[t] : b[t + 1]]
-            if not some_missing:
-                rows.append(r)
-                continue
-            r.masked_fill_(missing[:, None], 0.0)
-            if missing_from_eval and not _is_zero(self.eval_args[t]):
-                self._fill_missing(batch, t, s, r)
-            rows.append(r)
-        return rows, whole
-
-    def _fill_missing(
-        self, batch: DedupedBatch, t: int, slots: torch.Tensor, rows: torch.Tensor
-    ) -> None:
-        """Rows of table ``t``'s missing keys (slot -1) from ``eval_initializer_args``."""
-        b = batch.table_bounds
-        missing = slots < 0
-        fill = torch.zeros(slots.numel(), self.dims[t], device=self.device)
-        where = torch.where(missing, torch.arange(slots.numel(), device=self.device), -1)
-        keys = batch.keys[b[t] : b[t + 1]]
-        initialize_rows(
-            fill, where, keys, self.dims[t], self.eval_args[t], self.seeds[t], check=False
-        )
-        rows.copy_(torch.where(missing[:, None], fill, rows))
-
-
-def _is_zero(args: InitializerArgs) -> bool:
-    return args.mode is InitializerMode.CONSTANT and args.value == 0.0
 
 
 BatchedDynamicEmbeddingTablesV2 = DynamicEmbeddingTables
