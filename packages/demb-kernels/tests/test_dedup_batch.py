@@ -131,33 +131,6 @@ def test_bad_batches_are_named():
 
 
 @pytest.mark.cuda
-def test_cuda_sort_replays_equal_cpu():
-    """The combined-key sort runs from captured graphs over persistent buffers, one per padded
-    size, key bits, key width and stream: batches of sizes that share a replay, that pad to
-    1024, that evict one (more than four sizes) and come back, on a side stream too, with keys
-    whose sort key is every bit set (as the padding's): every output equals the CPU's."""
-    gen = torch.Generator().manual_seed(11)
-    ftab = torch.tensor([3, 0, 3, 1])  # four tables (two table bits), table 2 without a feature
-    sizes = [400, 5000, 5100, 5120, 9000, 20000, 40000, 70000, 5000, 5100]
-    side = torch.cuda.Stream()
-    for step, n in enumerate(sizes):
-        batch = n // 4
-        offsets = torch.arange(4 * batch + 1)
-        indices = torch.randint(0, 256, (4 * batch,), generator=gen)
-        indices[-3:] = 255  # table 3's key 255: sort key 3 << 8 | 255, every sorted bit set
-        cpu = dedup_batch(indices, offsets, ftab, 4, batch)
-        for guess in (8, 40):  # narrow (uint32) and wide (uint64) combined keys
-            with torch.cuda.stream(side if step % 3 == 2 else torch.cuda.current_stream()):
-                gpu = dedup_batch(
-                    indices.cuda(), offsets.cuda(), ftab.cuda(), 4, batch, key_bits=guess
-                )
-                torch.cuda.current_stream().synchronize()
-            for name, a, b in zip(cpu._fields[:-1], cpu[:-1], gpu[:-1], strict=True):
-                assert torch.equal(a, b.cpu()), (n, guess, name)
-            assert gpu.key_bits == cpu.key_bits == 8
-
-
-@pytest.mark.cuda
 @pytest.mark.parametrize("counters", [False, True])
 def test_cuda_equals_cpu(counters):
     """A power-law batch (hot keys, negative keys, an empty feature, a table with no feature):

@@ -14,7 +14,6 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <limits>
-#include <mutex>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <optional>
@@ -22,7 +21,6 @@
 
 #include "cuda/cub_call.cuh"
 #include "cuda/dedup_cuda.h"
-#include "cuda/graph_replay.cuh"
 #include "dedup_checks.h"
 #include "table_rule.h"
 
@@ -89,16 +87,13 @@ __device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
 // low table_shift bits under the table: the (table, key) sort in one; into keys32 instead of
 // keys when that fits 32 bits, halving the sort's key traffic), its position; the
 // batch's checks into info (after the T per-table words); and into *varying the bits in which
-// some key differs from the first (OR of key ^ key 0, reduced per block first). Entries
-// [n, n_sort) are padding for a sort of n_sort entries: every key bit set and their own
-// position, so that a stable sort leaves them after every index.
+// some key differs from the first (OR of key ^ key 0, reduced per block first).
 __global__ void __launch_bounds__(kDedupThreads)
     dedup_prepare_kernel(const int64_t* __restrict__ indices,
                          const int64_t* __restrict__ offsets, int64_t bags,
                          const int64_t* __restrict__ feature_tables, int64_t features,
                          int64_t batch_size, const int64_t* __restrict__ counters, int64_t n,
-                         int64_t n_sort, int64_t num_tables, int table_shift,
-                         uint64_t* __restrict__ keys,
+                         int64_t num_tables, int table_shift, uint64_t* __restrict__ keys,
                          uint32_t* __restrict__ keys32, uint32_t* __restrict__ tables,
                          int32_t* __restrict__ positions,
                          int64_t* __restrict__ info, int64_t* __restrict__ varying) {
@@ -125,14 +120,6 @@ __global__ void __launch_bounds__(kDedupThreads)
     tables[i] = table;
     positions[i] = static_cast<int32_t>(i);
     diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
-  } else if (i < n_sort) {
-    if (keys32 != nullptr) {
-      keys32[i] = ~uint32_t{0};
-    } else {
-      keys[i] = ~uint64_t{0};
-    }
-    tables[i] = 0;
-    positions[i] = static_cast<int32_t>(i);
   }
   // OR-reduced per warp first: one shared atomic per warp, not per thread.
   const unsigned lo = __reduce_or_sync(0xFFFFFFFFu, static_cast<unsigned>(diff));
@@ -259,101 +246,6 @@ int bits_for(int64_t max_value) {
   return bits;
 }
 
-// Where a dedup's sort and scan read and write: the direct path's per-call scratch, or a
-// replay's persistent buffers (the combined-key path only: its null members unused).
-struct SortBuffers {
-  uint64_t* k_in;  // sort keys (uint32 in the first half when narrow)
-  uint64_t* k_out;
-  int64_t* first;  // first flags (two-sort path)
-  int64_t* rank;   // exclusive scan of the first flags
-  uint32_t* t_in;  // tables
-  uint32_t* t_key;
-  uint32_t* t_out;
-  int32_t* positions;
-  int32_t* by_key;
-  int32_t* order32;  // the sorted positions
-};
-
-// The combined-key sort of n entries (positions by their low `bits` key bits) and the exclusive
-// scan of its first flags into rank. With temp null, only sets bytes (the scratch both need).
-cudaError_t combined_sort_scan(const SortBuffers& b, int n, int bits, bool narrow, void* temp,
-                               size_t& bytes, cudaStream_t stream) {
-  auto* k32_in = reinterpret_cast<uint32_t*>(b.k_in);
-  auto* k32_out = reinterpret_cast<uint32_t*>(b.k_out);
-  const FirstFlags flags{nullptr, narrow ? nullptr : b.k_out, narrow ? k32_out : nullptr};
-  const auto first_in =
-      thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), flags);
-  const auto sort = [&](void* t, size_t& size) {
-    return narrow ? cub::DeviceRadixSort::SortPairs(t, size, k32_in, k32_out, b.positions,
-                                                    b.order32, n, 0, bits, stream)
-                  : cub::DeviceRadixSort::SortPairs(t, size, b.k_in, b.k_out, b.positions,
-                                                    b.order32, n, 0, bits, stream);
-  };
-  const auto scan = [&](void* t, size_t& size) {
-    return cub::DeviceScan::ExclusiveSum(t, size, first_in, b.rank, n, stream);
-  };
-  size_t sort_bytes = temp == nullptr ? 0 : bytes;
-  size_t scan_bytes = sort_bytes;
-  cudaError_t status = sort(temp, sort_bytes);
-  if (status == cudaSuccess) status = scan(temp, scan_bytes);
-  if (temp == nullptr) bytes = std::max(sort_bytes, scan_bytes);
-  return status;
-}
-
-// A replay of combined_sort_scan: the device, stream, padded size, key bits and key width.
-struct SortKey {
-  int device;
-  cudaStream_t stream;
-  int64_t n;
-  int bits;
-  bool narrow;
-  bool operator==(const SortKey& o) const {
-    return device == o.device && stream == o.stream && n == o.n && bits == o.bits &&
-           narrow == o.narrow;
-  }
-};
-
-// The process's sort replays (never destroyed: graph executables must not outlive the driver).
-cuda::ReplayCache<SortKey>& sort_replays() {
-  static auto* cache = new cuda::ReplayCache<SortKey>(4);
-  return *cache;
-}
-
-// A replay's buffers of n entries: int64 (3, n) keys in, keys out, ranks; int32 (3, n) tables,
-// positions, sorted positions; then the cub scratch.
-SortBuffers replay_buffers(const cuda::Replay& r, int64_t n) {
-  int64_t* w = r.buffers[0].data_ptr<int64_t>();
-  int32_t* i = r.buffers[1].data_ptr<int32_t>();
-  return SortBuffers{reinterpret_cast<uint64_t*>(w), reinterpret_cast<uint64_t*>(w + n),
-                     nullptr, w + 2 * n, reinterpret_cast<uint32_t*>(i), nullptr, nullptr,
-                     i + n, nullptr, i + 2 * n};
-}
-
-bool make_sort_replay(cuda::Replay& r, const at::TensorOptions& opts, int64_t n, int bits,
-                      bool narrow) {
-  r.buffers = {at::empty({3, n}, opts.dtype(at::kLong)), at::empty({3, n}, opts.dtype(at::kInt))};
-  const SortBuffers b = replay_buffers(r, n);
-  const auto n32 = static_cast<int>(n);
-  size_t bytes = 0;
-  C10_CUDA_CHECK(combined_sort_scan(b, n32, bits, narrow, nullptr, bytes, nullptr));
-  r.buffers.push_back(at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))},
-                                opts.dtype(at::kByte)));
-  void* temp = r.buffers[2].data_ptr();
-  return cuda::capture(r, [&](cudaStream_t side) {
-    C10_CUDA_CHECK(combined_sort_scan(b, n32, bits, narrow, temp, bytes, side));
-  });
-}
-
-// n rounded up on a ladder of eight steps per doubling (at most 1/8 more; 1024 at least), so
-// that batches of nearby sizes share a replay.
-int64_t padded_size(int64_t n) {
-  if (n <= 1024) return 1024;
-  int p = 0;
-  while ((n >> (p + 1)) != 0) ++p;  // 2^p <= n < 2^(p + 1)
-  const int64_t step = int64_t{1} << (p - 3);
-  return (n + step - 1) / step * step;
-}
-
 using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                             at::Tensor, at::Tensor>;
 
@@ -379,80 +271,52 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   // The words read back: dedup_bounds' (see kDedupFlags), then the keys' varying bits.
   const int64_t words = num_tables + kDedupFlags + features + 1;
   at::Tensor info = zeroed(words + 1, opts, stream);
-  const at::Tensor outputs = at::empty({5, n}, opts);  // inverse, order, keys, tables, starts
-  // The direct path's int64 scratch (sort keys in and out, first flags, their ranks) and int32
-  // scratch (tables, tables by key, sorted tables, positions, positions by key, sorted
-  // positions), allocated when it runs (each allocation costs host time on the forward's path).
-  at::Tensor scratch64;
-  at::Tensor scratch32;
-  SortBuffers direct{};
-  const auto direct_buffers = [&]() -> const SortBuffers& {
-    if (!scratch64.defined()) {
-      scratch64 = at::empty({4, n}, opts);
-      scratch32 = at::empty({6, n}, opts.dtype(at::kInt));
-      int64_t* const s64 = scratch64.data_ptr<int64_t>();
-      int32_t* const s32 = scratch32.data_ptr<int32_t>();
-      direct = SortBuffers{reinterpret_cast<uint64_t*>(s64), reinterpret_cast<uint64_t*>(s64 + n),
-                           s64 + 2 * n, s64 + 3 * n, reinterpret_cast<uint32_t*>(s32),
-                           reinterpret_cast<uint32_t*>(s32 + n),
-                           reinterpret_cast<uint32_t*>(s32 + 2 * n), s32 + 3 * n, s32 + 4 * n,
-                           s32 + 5 * n};
-    }
-    return direct;
-  };
+  // Three allocations back the arrays (each costs host time on the forward's path): the int64
+  // scratch (sort keys in and out, first flags, their ranks), the int32 scratch (tables, tables
+  // by key, sorted tables, positions, positions by key, sorted positions) and the outputs
+  // (views of one buffer).
+  const at::Tensor scratch64 = at::empty({4, n}, opts);
+  const at::Tensor scratch32 = at::empty({6, n}, opts.dtype(at::kInt));
+  const at::Tensor outputs = at::empty({5, n}, opts);
+  int64_t* const s64 = scratch64.data_ptr<int64_t>();
+  int32_t* const s32 = scratch32.data_ptr<int32_t>();
+  int64_t* const first = s64 + 2 * n;
+  int64_t* const rank = s64 + 3 * n;
+  int32_t* const positions = s32 + 3 * n;
+  int32_t* const by_key = s32 + 4 * n;
+  int32_t* const order32 = s32 + 5 * n;
+  auto* k_in = reinterpret_cast<uint64_t*>(s64);  // sort keys
+  auto* k_out = reinterpret_cast<uint64_t*>(s64 + n);
+  auto* t_in = reinterpret_cast<uint32_t*>(s32);  // tables
+  auto* t_key = reinterpret_cast<uint32_t*>(s32 + n);
+  auto* t_out = reinterpret_cast<uint32_t*>(s32 + 2 * n);
+  const int64_t threads = std::max(n, bags + 1);
   const int table_bits = bits_for(num_tables - 1);
   // With room for the table above the key bits sorted, one sort orders by (table, key): the
   // table goes above them (shift = those bits), else shift = 0 (two sorts).
   const auto shift_for = [&](int end_bit) { return end_bit + table_bits <= 64 ? end_bit : 0; };
   // Combined keys of at most 32 bits are sorted as uint32 (in the first half of the buffers).
   const auto narrow = [&](int shift) { return shift > 0 && shift + table_bits <= 32; };
-  // Makes the sort keys of n_sort entries (the batch's, then padding), and the batch's checks
-  // (run again, they count the same flags).
-  const auto prepare = [&](const SortBuffers& b, int shift, int64_t n_sort) {
-    dedup_prepare_kernel<<<dedup_blocks(std::max(n_sort, bags + 1)), kDedupThreads, 0, stream>>>(
+  auto* k32_in = reinterpret_cast<uint32_t*>(k_in);
+  auto* k32_out = reinterpret_cast<uint32_t*>(k_out);
+  // Makes the sort keys (and the batch's checks: run again, they count the same flags).
+  const auto prepare = [&](int shift) {
+    dedup_prepare_kernel<<<dedup_blocks(threads), kDedupThreads, 0, stream>>>(
         indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
-        feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, n_sort,
-        num_tables, shift, b.k_in, narrow(shift) ? reinterpret_cast<uint32_t*>(b.k_in) : nullptr,
-        b.t_in, b.positions, info.data_ptr<int64_t>(), info.data_ptr<int64_t>() + words);
+        feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables,
+        shift, k_in, narrow(shift) ? k32_in : nullptr, t_in, positions,
+        info.data_ptr<int64_t>(),
+        info.data_ptr<int64_t>() + words);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
+  int prepared = shift_for(static_cast<int>(key_bits));
+  prepare(prepared);
   const at::Tensor inverse = outputs[0];
   const at::Tensor order = outputs[1];
   const at::Tensor keys_out = outputs[2];
   const at::Tensor tables_out = outputs[3];
   const at::Tensor starts = outputs[4];
   at::Tensor counters_sorted = cnt ? at::empty({n}, opts) : at::Tensor();
-  const auto scatter = [&](const SortBuffers& b, const SortedTables& sorted,
-                           const FirstFlags& flags) {
-    dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        indices.const_data_ptr<int64_t>(), b.order32, sorted, flags, b.rank, cnt, n,
-        inverse.data_ptr<int64_t>(), order.data_ptr<int64_t>(), keys_out.data_ptr<int64_t>(),
-        tables_out.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
-        cnt ? counters_sorted.data_ptr<int64_t>() : nullptr, info.data_ptr<int64_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  };
-  // The combined-key path: its sort and scan replayed from a captured graph over persistent
-  // buffers (one launch instead of a dozen runtime calls and cub's host work); false when that
-  // replay could not be captured.
-  const auto replayed = [&](int shift) {
-    const bool nar = narrow(shift);
-    const int bits = shift + table_bits;
-    const int64_t padded = padded_size(n);
-    if (padded > std::numeric_limits<int32_t>::max()) return false;
-    auto& cache = sort_replays();
-    const std::lock_guard<std::mutex> lock(cache.mutex);
-    const SortKey key{indices.device().index(), stream, padded, bits, nar};
-    const cuda::Replay* r = cache.get(
-        key, [&](cuda::Replay& made) { return make_sort_replay(made, opts, padded, bits, nar); });
-    if (r == nullptr) return false;
-    const SortBuffers b = replay_buffers(*r, padded);
-    prepare(b, shift, padded);
-    r->launch(stream);
-    auto* k32_out = reinterpret_cast<uint32_t*>(b.k_out);
-    scatter(b, SortedTables{nullptr, nar ? nullptr : b.k_out, nar ? k32_out : nullptr, shift},
-            FirstFlags{nullptr, nar ? nullptr : b.k_out, nar ? k32_out : nullptr});
-    return true;
-  };
   // The sort by key looks at bits [0, end_bit) only: right when every key agrees with the
   // first above them. It is run with the caller's guess `key_bits` (a few radix passes instead
   // of eight for small ids); the one read-back tells whether the keys fit, else it runs again
@@ -460,49 +324,67 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices_in, const at::Tensor& offset
   const auto sort_and_scatter = [&](int end_bit) {
     const auto n32 = static_cast<int>(n);
     const int shift = shift_for(end_bit);
-    if (shift > 0 && replayed(shift)) return;
-    const SortBuffers& b = direct_buffers();
-    prepare(b, shift, n);
-    if (shift > 0) {  // one sort of the combined keys, and the scan of their first flags
-      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-        return combined_sort_scan(b, n32, shift + table_bits, narrow(shift), temp, bytes,
-                                  stream);
-      });
-      auto* k32_out = reinterpret_cast<uint32_t*>(b.k_out);
-      const bool nar = narrow(shift);
-      scatter(b, SortedTables{nullptr, nar ? nullptr : b.k_out, nar ? k32_out : nullptr, shift},
-              FirstFlags{nullptr, nar ? nullptr : b.k_out, nar ? k32_out : nullptr});
-      return;
+    if (shift != prepared) {
+      prepared = shift;
+      prepare(shift);
     }
-    // By key, then (stably) by table; one kernel writes the first flags.
-    cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-      return cub::DeviceRadixSort::SortPairs(temp, bytes, b.k_in, b.k_out, b.positions, b.by_key,
-                                             n32, 0, end_bit, stream);
-    });
-    dedup_permute_tables_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        b.t_in, b.by_key, n, b.t_key);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-      return cub::DeviceRadixSort::SortPairs(temp, bytes, b.t_key, b.t_out, b.by_key, b.order32,
-                                             n32, 0, table_bits, stream);
-    });
-    const SortedTables sorted{b.t_out, nullptr, nullptr, 0};
-    dedup_first_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        indices.const_data_ptr<int64_t>(), b.order32, sorted, n, b.first);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const FirstFlags flags{b.first, nullptr, nullptr};
+    SortedTables sorted{t_out, nullptr, nullptr, 0};
+    if (narrow(shift)) {  // one sort of the combined 32-bit keys
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(temp, bytes, k32_in, k32_out,
+                                               positions,
+                                               order32, n32, 0,
+                                               shift + table_bits, stream);
+      });
+      sorted = SortedTables{nullptr, nullptr, k32_out, shift};
+    } else if (shift > 0) {  // one sort of the combined keys
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
+                                               positions,
+                                               order32, n32, 0,
+                                               shift + table_bits, stream);
+      });
+      sorted = SortedTables{nullptr, k_out, nullptr, shift};
+    } else {  // by key, then (stably) by table
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out,
+                                               positions,
+                                               by_key, n32, 0, end_bit,
+                                               stream);
+      });
+      dedup_permute_tables_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
+          t_in, by_key, n, t_key);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceRadixSort::SortPairs(temp, bytes, t_key, t_out,
+                                               by_key,
+                                               order32, n32, 0, table_bits,
+                                               stream);
+      });
+    }
+    // Combined sort keys give the first flags on the fly (in the scan and the scatter);
+    // otherwise one kernel writes them.
+    FirstFlags flags{nullptr, sorted.combined, sorted.combined32};
+    if (sorted.tables != nullptr) {
+      dedup_first_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
+          indices.const_data_ptr<int64_t>(), order32, sorted, n, first);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      flags = FirstFlags{first, nullptr, nullptr};
+    }
     const auto first_in =
         thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), flags);
     cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-      return cub::DeviceScan::ExclusiveSum(temp, bytes, first_in, b.rank, n32, stream);
+      return cub::DeviceScan::ExclusiveSum(temp, bytes, first_in, rank, n32, stream);
     });
-    scatter(b, sorted, flags);
+    dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
+        indices.const_data_ptr<int64_t>(), order32, sorted,
+        flags, rank, cnt, n,
+        inverse.data_ptr<int64_t>(), order.data_ptr<int64_t>(), keys_out.data_ptr<int64_t>(),
+        tables_out.data_ptr<int64_t>(), starts.data_ptr<int64_t>(),
+        cnt ? counters_sorted.data_ptr<int64_t>() : nullptr, info.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  if (n > 0) {
-    sort_and_scatter(static_cast<int>(key_bits));
-  } else {
-    prepare(direct_buffers(), 0, 0);  // the checks of an empty batch's offsets
-  }
+  if (n > 0) sort_and_scatter(static_cast<int>(key_bits));
   at::Tensor host = info.cpu();  // the one sync
   const int64_t needed = bit_length(static_cast<uint64_t>(host.const_data_ptr<int64_t>()[words]));
   if (n > 0 && needed > key_bits) {  // the guess was short: sort again, read back again
