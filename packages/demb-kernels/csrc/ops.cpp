@@ -88,6 +88,14 @@ TORCH_LIBRARY(demb, m) {
       "int[] steps, str optimizer, float learning_rate, float eps, float beta1, float beta2, "
       "float weight_decay, float learning_rate_power, float ftrl_beta, float l1_reg, "
       "float l2_reg, Tensor? skip=None) -> ()");
+  // A table module's rows wired to its update (an Autograd kernel only, summed_update.cpp): the
+  // identity on `out`, whose backward sums each unique key's gradient (segment_sum_rows) and
+  // runs optimizer_update on the tables in place; `steps` (CPU) advances after each update.
+  m.def(
+      "summed_update(Tensor trigger, Tensor(a) out, Tensor order, Tensor starts, Tensor? plan, "
+      "Tensor? rows, Tensor? scale, Tensor slots, int[] table_sizes, Tensor[] values, "
+      "int[] dims, Tensor steps, str optimizer, float[] hyper_parameters, float? clip, "
+      "bool check, int dim) -> Tensor(a)");
 }
 
 // `import demb_kernels._C` loads the library (and runs the registrations above).

@@ -5,7 +5,8 @@ event recorded there, the GPU idle then). A GPU offset equal to the host one mea
 caught up with the host there (it waited for it); a larger one, how far behind the host queued
 work it was. Each mark costs an event (about 10 us of host time on the H200's hosts), so the
 absolute offsets run late. Medians of 20 steps after 5, with autograd's default threading and
-with the backward on the calling thread.
+with the backward on the calling thread. The backward is one C++ node (``demb::summed_update``):
+only its start and end are marked.
 
 Usage: ``python host_stamps.py [tiny]`` (after ``source .device/setup.sh`` on the H200);
 ``tiny``: a batch of one key per feature on the scaled-down workload (fixed costs only).
@@ -54,11 +55,8 @@ def main() -> None:
     wrap(bt, "dedup", "dedup")
     wrap(st.ScoredHashTable, "find_or_insert", "st.find_or_insert")
     wrap(st.ops, "find_or_insert_rows", "op.find_or_insert_rows")
+    wrap(bt, "summed_per_key", "summed_per_key")
     wrap(ag, "segment_plan", "segment_plan")
-    wrap(ag, "trained_rows", "trained_rows")
-    wrap(ag.TrainedRows, "backward", "TrainedRows.backward", static=True)
-    wrap(ag, "segment_sum_rows", "segment_sum_rows")
-    wrap(ag, "apply_update", "apply_update")
     wrap(bt, "eval_none", "eval_none")
     dev = torch.device("cuda")
     if sys.argv[1:] == ["tiny"]:

@@ -21,7 +21,7 @@ from demb_optim.specs import (
     RowWiseAdagrad,
     optimizer_state_bytes,
 )
-from demb_optim.update import apply_update
+from demb_optim.update import apply_update, update_parameters
 
 __all__ = [
     "FTRL",
@@ -40,4 +40,5 @@ __all__ = [
     "optimizer_state_bytes",
     "reduce_gradients",
     "reference_update",
+    "update_parameters",
 ]

@@ -15,7 +15,7 @@ from demb_kernels import _library  # noqa: F401  (loads the native ops)
 from demb_optim.gradients import nonfinite
 from demb_optim.specs import FTRL, Adagrad, Adam, OptimizerSpec, RowWiseAdagrad
 
-__all__ = ["apply_update"]
+__all__ = ["apply_update", "update_parameters"]
 
 
 def _check_data(
@@ -78,9 +78,6 @@ def apply_update(
     """
     if check:
         _check_data(values, slots, grads)
-    eps = spec.eps if isinstance(spec, Adam | Adagrad | RowWiseAdagrad) else 0.0
-    adam = spec if isinstance(spec, Adam) else None
-    ftrl = spec if isinstance(spec, FTRL) else None
     torch.ops.demb.optimizer_update(
         list(values),
         list(slots),
@@ -88,6 +85,19 @@ def apply_update(
         list(dims),
         [1] * len(values) if steps is None else list(steps),
         str(spec.kind),
+        *update_parameters(spec),
+        skip,
+    )
+
+
+def update_parameters(spec: OptimizerSpec) -> list[float]:
+    """The nine floats ``demb::optimizer_update`` takes after the optimizer's name, in its
+    order: learning rate, eps, beta1, beta2, weight decay, FTRL's learning-rate power, beta,
+    l1 and l2 (0.0 where the optimizer has no such parameter)."""
+    eps = spec.eps if isinstance(spec, Adam | Adagrad | RowWiseAdagrad) else 0.0
+    adam = spec if isinstance(spec, Adam) else None
+    ftrl = spec if isinstance(spec, FTRL) else None
+    return [
         spec.learning_rate,
         eps,
         adam.beta1 if adam else 0.0,
@@ -97,5 +107,4 @@ def apply_update(
         ftrl.ftrl_beta if ftrl else 0.0,
         ftrl.l1_reg if ftrl else 0.0,
         ftrl.l2_reg if ftrl else 0.0,
-        skip,
-    )
+    ]

@@ -1,10 +1,12 @@
 """How a training forward hooks the fused optimizer update into ``loss.backward()``.
 
-The looked-up rows leave the forward through :class:`TrainedRows`, an identity whose backward
-receives their gradients, reduces them to one row per unique key and table, and updates the
-tables in place with demb-optim's fused update. The rows are plain tensors, not parameters: the
-only tensor that requires grad going in is a zero-size trigger, so no dense gradient of a table
-ever exists.
+The looked-up rows leave the forward through an identity whose backward receives their
+gradients, reduces them to one row per unique key and table, and updates the tables in place
+with demb-optim's fused update: ``demb::summed_update``, one autograd node in C++, for the rows
+summed in the dedup's order (:func:`summed_per_key`: the NONE and one-dim pooled forwards), and
+:class:`TrainedRows`, a Python node, for the others. The rows are plain tensors, not
+parameters: the only tensor that requires grad going in is a zero-size trigger, so no dense
+gradient of a table ever exists.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
-from demb_kernels.lookup import segment_plan, segment_sum_rows
-from demb_optim import OptimizerSpec, apply_update, clip_gradient, nonfinite
+from demb_kernels.lookup import segment_plan
+from demb_optim import OptimizerSpec, apply_update, nonfinite, update_parameters
 from torch.autograd.function import FunctionCtx
 
 from demb_torchrec._dedup import DedupedBatch
@@ -39,7 +41,8 @@ class Updatable(Protocol):
 
     optimizer: OptimizerSpec
     dims: list[int]
-    steps: list[int]
+    step_counts: torch.Tensor
+    """``(T,)`` int64 on the CPU: each table's updates so far (Adam's bias correction)."""
     check_gradients: bool
 
     def value_buffers(self) -> list[torch.Tensor]: ...
@@ -79,7 +82,7 @@ class TrainStep:
             g if g.dtype == torch.float32 and g.is_contiguous() else g.float().contiguous()
             for g in per_table
         ]
-        steps = [s + 1 for s in m.steps]
+        steps: list[int] = (m.step_counts + 1).tolist()
         values = m.value_buffers()
         if bad is None or not bad.is_cuda:  # CPU kernels run in order: the flag first
             if bad is not None and bool(bad):
@@ -106,7 +109,7 @@ class TrainStep:
             copied.synchronize()
             if bool(flag):
                 _raise_nonfinite()
-        m.steps[:] = steps  # in place: no nn.Module attribute set on the hot path
+        m.step_counts.add_(1)
 
 
 def _raise_nonfinite() -> None:
@@ -147,29 +150,46 @@ def summed_per_key(
     rows: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out`` wired to the update: its backward sums each key's gradient rows in the dedup's
-    sorted order (:func:`segment_sum_rows`): the rows of ``out``, one per occurrence (clipped
-    first when the optimizer clips), or, with ``rows`` / ``scale``, the rows of a pooled
-    ``out`` seen as ``(B * F, dim)``, each occurrence's bag times its factor. On a GPU the
-    sum's chunks are planned now, queued behind the forward's work (the CPU kernel would only
-    check a plan: it cuts the chunks as it sums).
+    """``out`` wired to the update (``demb::summed_update``): its backward sums each key's
+    gradient rows in the dedup's sorted order
+    (:func:`demb_kernels.lookup.segment_sum_rows`): the rows of ``out``,
+    one per occurrence (clipped first when the optimizer clips), or, with ``rows`` / ``scale``,
+    the rows of a pooled ``out`` seen as ``(B * F, dim)``, each occurrence's bag times its
+    factor; then checks the sums (``check_gradients``) and updates the tables in place. On a GPU
+    the sum's chunks are planned now, queued behind the forward's work (the CPU kernel would
+    only check a plan: it cuts the chunks as it sums). The tables' value buffers are those of
+    now: a table that grows before the backward would miss this step's update.
 
     Args:
         module: the tables; trigger: the zero-size tensor that requires grad.
         batch: the deduplicated batch; slots: ``(U,)`` int64 slot of each unique key.
         out: the forward's output; dim: the tables' dim.
-        rows, scale: as :func:`segment_sum_rows` takes them.
+        rows, scale: as :func:`demb_kernels.lookup.segment_sum_rows` takes them.
+
+    Returns:
+        A view of ``out`` whose backward runs the update.
     """
     plan = segment_plan(batch.starts, batch.order.numel()) if batch.starts.is_cuda else None
-
-    def per_key(g: Sequence[torch.Tensor]) -> Reduced:
-        grads = g[0].reshape(-1, dim)
-        if rows is None:
-            grads = clip_gradient(module.optimizer, grads)
-        summed, bad = segment_sum_rows(
-            grads, batch.order, batch.starts, plan=plan, check=False, rows=rows, scale=scale
-        )
-        return batch.per_table(summed), [bad]
-
-    (wired,) = trained_rows(trigger, TrainStep(module, [out], batch.per_table(slots), per_key))
+    spec = module.optimizer
+    clip = spec.max_gradient if spec.gradient_clipping and rows is None else None
+    b = batch.table_bounds
+    wired: torch.Tensor = torch.ops.demb.summed_update(
+        trigger,
+        out,
+        batch.order,
+        batch.starts,
+        plan,
+        rows,
+        scale,
+        slots,
+        [b[t + 1] - b[t] for t in range(len(b) - 1)],
+        module.value_buffers(),
+        module.dims,
+        module.step_counts,
+        str(spec.kind),
+        update_parameters(spec),
+        clip,
+        module.check_gradients,
+        dim,
+    )
     return wired

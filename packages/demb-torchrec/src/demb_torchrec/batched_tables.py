@@ -134,7 +134,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
         ]
         specs = [new_rows_spec(a, s) for a, s in zip(self.init_args, self.seeds, strict=True)]
         self._new_rows = new_rows_args(self.dims, specs, self.initial_states)
-        self.steps = [0] * len(configs)
+        self.step_counts = torch.zeros(len(configs), dtype=torch.int64)
+        """``(T,)`` int64 on the CPU: each table's updates so far (Adam's bias correction)."""
         self.features_of_table = [
             [f for f, t in enumerate(ftm) if t == tt] for tt in range(len(configs))
         ]
@@ -172,6 +173,12 @@ class DynamicEmbeddingTables(torch.nn.Module):
     def num_tables(self) -> int:
         """``T``."""
         return len(self.dims)
+
+    @property
+    def steps(self) -> list[int]:
+        """Each table's updates so far (:attr:`step_counts` as a list)."""
+        counts: list[int] = self.step_counts.tolist()
+        return counts
 
     def set_score(self, table_name: str, score: int) -> None:
         """The score a CUSTOMIZED table gives the keys of the next forwards."""

@@ -1,0 +1,186 @@
+// summed_update: a table module's rows wired to its fused update, as one autograd node written in
+// C++. The forward is the identity on `out` (`out` itself comes back, as from the Python node it
+// replaces: not a view, so in-place ops on it stay allowed); its backward sums each
+// unique key's gradient rows in the dedup's order (segment_sum_rows), checks them for NaN/inf
+// when asked, and updates the tables in place (optimizer_update). Autograd runs a CUDA backward
+// on its device thread: here that thread runs no Python and takes no GIL, so the update's first
+// launch follows the node's start by a few calls.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace demb {
+namespace {
+
+constexpr size_t kHyperParameters = 9;  // optimizer_update's floats, in its order
+
+// What the backward needs: the forward's dedup, slots and tables, and the update's settings.
+struct SummedUpdateState : torch::CustomClassHolder {
+  at::Tensor out;                    // the forward's output, until the forward returns it
+  at::Tensor order;                  // (N,) int64 positions sorted by (table, key)
+  at::Tensor starts;                 // (U,) int64 each key's first entry in order
+  std::optional<at::Tensor> plan;    // segment_plan(starts, N), made ahead (CUDA)
+  std::optional<at::Tensor> rows;    // (N,) int64 the gradient row of each entry (pooled)
+  std::optional<at::Tensor> scale;   // (N,) float32 each entry's factor (pooled)
+  at::Tensor slots;                  // (U,) int64 each unique key's slot (-1: none)
+  std::vector<int64_t> table_sizes;  // T: unique keys per table, in order
+  std::vector<at::Tensor> values;    // T value buffers (updated in place)
+  std::vector<int64_t> dims;         // T embedding widths
+  at::Tensor steps;                  // (T,) int64 CPU updates so far, advanced on success
+  std::string optimizer;
+  std::vector<double> hyper;         // optimizer_update's nine floats
+  std::optional<double> clip;        // clamp each entry's gradient to [-clip, clip] first
+  bool check = true;                 // reject NaN/inf sums: no row changes, ValueError
+  int64_t dim = 0;                   // the gradient rows' width
+};
+
+using SumOp = std::tuple<at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
+using UpdateOp = void(at::TensorList, at::TensorList, at::TensorList, at::IntArrayRef,
+                      at::IntArrayRef, c10::string_view, double, double, double, double, double,
+                      double, double, double, double, const std::optional<at::Tensor>&);
+
+void update(const SummedUpdateState& s, const std::vector<at::Tensor>& sums,
+            const std::vector<at::Tensor>& slots, const std::vector<int64_t>& steps,
+            const std::optional<at::Tensor>& skip) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("demb::optimizer_update", "")
+                             .typed<UpdateOp>();
+  const std::vector<double>& h = s.hyper;
+  op.call(s.values, slots, sums, s.dims, steps, s.optimizer, h[0], h[1], h[2], h[3], h[4], h[5],
+          h[6], h[7], h[8], skip);
+}
+
+void check_finite(bool bad) {
+  TORCH_CHECK_VALUE(!bad,
+                    "grads: the embedding gradients contain NaN or infinite values; no row was "
+                    "updated");
+}
+
+struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
+  // `out` rides in `state`, not as an input: an input comes back as a view of itself.
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& trigger,
+                            c10::intrusive_ptr<SummedUpdateState> state) {
+    at::Tensor out = std::move(state->out);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    const auto s = c10::static_intrusive_pointer_cast<SummedUpdateState>(
+        ctx->saved_data["state"].toCapsule());
+    static const auto sum_op = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("demb::segment_sum_rows", "")
+                                   .typed<SumOp>();
+    at::Tensor grads = grad_out[0].reshape({-1, s->dim});
+    if (s->clip) grads = grads.clamp(-*s->clip, *s->clip);
+    const auto [summed, bad] = sum_op.call(grads, s->order, s->starts, s->plan, s->rows, s->scale);
+    const std::vector<at::Tensor> sums = summed.split_with_sizes(s->table_sizes);
+    const std::vector<at::Tensor> slots = s->slots.split_with_sizes(s->table_sizes);
+    const at::Tensor next = s->steps.add(1);
+    const std::vector<int64_t> steps(next.const_data_ptr<int64_t>(),
+                                     next.const_data_ptr<int64_t>() + next.numel());
+    if (!s->check) {
+      update(*s, sums, slots, steps, std::nullopt);
+    } else if (!bad.is_cuda()) {  // CPU kernels run in order: the flag first
+      check_finite(bad.item<bool>());
+      update(*s, sums, slots, steps, std::nullopt);
+    } else {
+      // The flag goes to the host behind the sums and the update is queued behind it, skipped
+      // on the device when set; the host waits for the flag's copy only.
+      const at::Tensor flag = at::empty({}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
+      flag.copy_(bad, /*non_blocking=*/true);
+      const c10::impl::VirtualGuardImpl guard(bad.device().type());
+      c10::Event copied(bad.device().type());
+      copied.record(guard.getStream(bad.device()));
+      update(*s, sums, slots, steps, bad);
+      copied.synchronize();
+      check_finite(*flag.const_data_ptr<bool>());
+    }
+    s->steps.copy_(next);
+    return {at::Tensor(), at::Tensor()};
+  }
+};
+
+void check_args(const at::Tensor& out, const at::Tensor& order, const at::Tensor& starts,
+                const at::Tensor& slots, at::IntArrayRef table_sizes, at::TensorList values,
+                at::IntArrayRef dims, const at::Tensor& steps, at::ArrayRef<double> hyper,
+                int64_t dim) {
+  const auto index = [](const at::Tensor& t, const char* name) {
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected int64, got ",
+                     t.scalar_type());
+    TORCH_CHECK_VALUE(t.dim() == 1, name, ": expected 1-D, got shape ", t.sizes());
+  };
+  index(order, "order");
+  index(starts, "starts");
+  index(slots, "slots");
+  TORCH_CHECK_VALUE(slots.numel() == starts.numel(), "slots: ", slots.numel(),
+                    " entries for ", starts.numel(), " unique keys (starts)");
+  TORCH_CHECK_VALUE(dim > 0 && out.dim() == 2 && out.size(1) % dim == 0, "dim: ", dim,
+                    " does not divide the rows of out, shape ", out.sizes());
+  const size_t t = values.size();
+  TORCH_CHECK_VALUE(t > 0 && table_sizes.size() == t && dims.size() == t, "values: ", t,
+                    " tables, table_sizes ", table_sizes.size(), ", dims ", dims.size(),
+                    ": expected one of each per table");
+  int64_t total = 0;
+  for (const int64_t n : table_sizes) {
+    TORCH_CHECK_VALUE(n >= 0, "table_sizes: negative size ", n);
+    total += n;
+  }
+  TORCH_CHECK_VALUE(total == slots.numel(), "table_sizes: sum ", total, " for ",
+                    slots.numel(), " slots");
+  TORCH_CHECK_VALUE(steps.device().is_cpu() && steps.scalar_type() == at::kLong &&
+                        steps.dim() == 1 && steps.numel() == static_cast<int64_t>(t) &&
+                        steps.is_contiguous(),
+                    "steps: expected a contiguous (", t, ",) int64 CPU tensor, got ",
+                    steps.scalar_type(), " ", steps.sizes(), " on ", steps.device());
+  TORCH_CHECK_VALUE(hyper.size() == kHyperParameters, "hyper_parameters: expected ",
+                    kHyperParameters, " floats (optimizer_update's), got ", hyper.size());
+}
+
+at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& out,
+                                  const at::Tensor& order, const at::Tensor& starts,
+                                  const std::optional<at::Tensor>& plan,
+                                  const std::optional<at::Tensor>& rows,
+                                  const std::optional<at::Tensor>& scale, const at::Tensor& slots,
+                                  at::IntArrayRef table_sizes, at::TensorList values,
+                                  at::IntArrayRef dims, const at::Tensor& steps,
+                                  c10::string_view optimizer, at::ArrayRef<double> hyper,
+                                  std::optional<double> clip, bool check, int64_t dim) {
+  check_args(out, order, starts, slots, table_sizes, values, dims, steps, hyper, dim);
+  auto state = c10::make_intrusive<SummedUpdateState>();
+  state->out = out;
+  state->order = order;
+  state->starts = starts;
+  state->plan = plan;
+  state->rows = rows;
+  state->scale = scale;
+  state->slots = slots;
+  state->table_sizes = table_sizes.vec();
+  state->values = values.vec();
+  state->dims = dims.vec();
+  state->steps = steps;
+  state->optimizer = std::string(optimizer);
+  state->hyper = hyper.vec();
+  state->clip = clip;
+  state->check = check;
+  state->dim = dim;
+  return SummedUpdate::apply(trigger, std::move(state));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(demb, Autograd, m) { m.impl("summed_update", &summed_update_autograd); }
+
+}  // namespace demb

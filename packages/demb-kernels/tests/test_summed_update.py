@@ -1,0 +1,165 @@
+"""demb::summed_update, the table module's C++ autograd node: identity forward, and a backward
+that sums each unique key's gradient rows and updates the tables in place. Checked with SGD
+against the closed form in float64 (rows -= lr * the summed gradient), on the CPU and (marker
+``cuda``) on a GPU; NaN/inf sums, bad arguments, in-place use of the output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from demb_kernels.lookup import segment_plan
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+LR = 0.25
+SGD = [LR] + [0.0] * 8  # optimizer_update's nine floats for SGD
+
+
+def case(device, gen, n=40, unique=9, sizes=(4, 5), dim=3, rows=12):
+    """A batch of ``n`` entries over ``unique`` keys (two tables), its order and starts."""
+    inverse = torch.cat(
+        [torch.arange(unique), torch.randint(0, unique, (n - unique,), generator=gen)]
+    )
+    inverse = inverse[torch.randperm(n, generator=gen)]
+    order = torch.argsort(inverse, stable=True)
+    counts = torch.bincount(inverse, minlength=unique)
+    starts = torch.cumsum(counts, 0) - counts
+    slots = torch.cat([torch.randperm(rows, generator=gen)[:s] for s in sizes])
+    slots[1] = -1  # a key without a slot: skipped
+    values = [torch.randn(rows, dim, generator=gen) for _ in sizes]
+    return {
+        "inverse": inverse.to(device),
+        "order": order.to(device),
+        "starts": starts.to(device),
+        "slots": slots.to(device),
+        "values": [v.to(device) for v in values],
+        "sizes": list(sizes),
+        "dim": dim,
+    }
+
+
+def wire(c, out, *, rows=None, scale=None, clip=None, check=True, steps=None, hyper=SGD):
+    trigger = torch.zeros((), device=out.device, requires_grad=True)
+    steps = torch.zeros(len(c["sizes"]), dtype=torch.int64) if steps is None else steps
+    plan = segment_plan(c["starts"], c["order"].numel()) if out.is_cuda else None
+    wired = torch.ops.demb.summed_update(
+        trigger, out, c["order"], c["starts"], plan, rows, scale, c["slots"], c["sizes"],
+        c["values"], [c["dim"]] * len(c["sizes"]), steps, "sgd", hyper, clip, check, c["dim"],
+    )  # fmt: skip
+    return wired, steps
+
+
+def expected_rows(c, before, per_entry):
+    """Closed form in float64: each slot's row minus LR times its key's summed entries."""
+    inverse = c["inverse"].cpu()
+    sums = torch.zeros(len(c["slots"]), c["dim"], dtype=torch.float64)
+    sums.index_add_(0, inverse, per_entry.double().cpu())
+    out = [v.double().cpu().clone() for v in before]
+    bounds = [0, c["sizes"][0], sum(c["sizes"])]
+    for t in range(len(c["sizes"])):
+        for u in range(bounds[t], bounds[t + 1]):
+            slot = int(c["slots"][u])
+            if slot >= 0:
+                out[t][slot] -= LR * sums[u]
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_sums_each_key_and_updates_its_row(device):
+    gen = torch.Generator().manual_seed(1)
+    c = case(device, gen)
+    out = torch.randn(40, c["dim"], generator=gen).to(device)
+    before = [v.clone() for v in c["values"]]
+    wired, steps = wire(c, out)
+    assert wired is out  # the tensor itself, wired: not a view
+    assert wired.grad_fn is not None
+    grad = torch.randn(40, c["dim"], generator=gen).to(device)
+    wired.backward(grad)
+    want = expected_rows(c, before, grad)
+    for got, w in zip(c["values"], want, strict=True):
+        torch.testing.assert_close(got.double().cpu(), w, rtol=1e-5, atol=1e-5)
+    assert steps.tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pooled_entries_read_their_bag_times_their_factor(device):
+    gen = torch.Generator().manual_seed(2)
+    c = case(device, gen)
+    bags = 7
+    rows = torch.randint(0, bags, (40,), generator=gen)
+    scale = torch.rand(40, generator=gen)
+    out = torch.randn(bags, c["dim"], generator=gen).to(device)
+    before = [v.clone() for v in c["values"]]
+    wired, _ = wire(c, out, rows=rows.to(device), scale=scale.to(device))
+    grad = torch.randn(bags, c["dim"], generator=gen)
+    wired.backward(grad.to(device))
+    want = expected_rows(c, before, grad[rows] * scale[:, None])
+    for got, w in zip(c["values"], want, strict=True):
+        torch.testing.assert_close(got.double().cpu(), w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_clip_clamps_each_entry_before_the_sum(device):
+    gen = torch.Generator().manual_seed(3)
+    c = case(device, gen)
+    out = torch.zeros(40, c["dim"], device=device)
+    before = [v.clone() for v in c["values"]]
+    wired, _ = wire(c, out, clip=0.5)
+    grad = 3 * torch.randn(40, c["dim"], generator=gen)
+    wired.backward(grad.to(device))
+    want = expected_rows(c, before, grad.clamp(-0.5, 0.5))
+    for got, w in zip(c["values"], want, strict=True):
+        torch.testing.assert_close(got.double().cpu(), w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad):
+    gen = torch.Generator().manual_seed(4)
+    c = case(device, gen)
+    out = torch.zeros(40, c["dim"], device=device)
+    before = [v.clone() for v in c["values"]]
+    wired, steps = wire(c, out)
+    grad = torch.ones(40, c["dim"], device=device)
+    grad[5, 1] = bad
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        wired.backward(grad)
+    for got, b in zip(c["values"], before, strict=True):
+        assert torch.equal(got, b)
+    assert steps.tolist() == [0, 0]
+    wired, steps = wire(c, out, check=False, steps=steps)  # unchecked: updated as given
+    wired.backward(grad)
+    assert steps.tolist() == [1, 1]
+    assert not all(torch.equal(g, b) for g, b in zip(c["values"], before, strict=True))
+
+
+def test_the_output_may_be_changed_in_place_before_backward():
+    gen = torch.Generator().manual_seed(5)
+    c = case("cpu", gen)
+    before = [v.clone() for v in c["values"]]
+    wired, _ = wire(c, torch.zeros(40, c["dim"]))
+    wired.mul_(2)  # allowed: the backward reads only the incoming gradient
+    (wired * 3).sum().backward()
+    want = expected_rows(c, before, torch.full((40, c["dim"]), 6.0))
+    for got, w in zip(c["values"], want, strict=True):
+        torch.testing.assert_close(got.double(), w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"steps": torch.zeros(2, dtype=torch.int32)}, "steps"),
+        ({"steps": torch.zeros(3, dtype=torch.int64)}, "steps"),
+        ({"sizes": [4, 4]}, "table_sizes"),
+        ({"hyper": [LR]}, "hyper_parameters"),
+        ({"slots": torch.zeros(8, dtype=torch.int64)}, "slots"),
+        ({"dim": 5}, "dim"),
+    ],
+)
+def test_bad_arguments_raise_naming_them(change, match):
+    gen = torch.Generator().manual_seed(6)
+    c = case("cpu", gen)
+    hyper = change.pop("hyper", SGD)
+    steps = change.pop("steps", None)
+    c.update(change)
+    with pytest.raises(ValueError, match=match):
+        wire(c, torch.zeros(40, 3), steps=steps, hyper=hyper)
