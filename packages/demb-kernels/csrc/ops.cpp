@@ -29,6 +29,13 @@ TORCH_LIBRARY(demb, m) {
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
       "Tensor table_ids, Tensor score_args, Tensor? counts, Tensor[] values, Tensor inverse, "
       "int dim) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // find_or_insert of dedup_launch's outputs (CUDA only): phase A gated on the device by its
+  // info words, the gather queued, then info read back (the one sync), then phase B if needed.
+  m.def(
+      "table_find_or_insert_gated(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
+      "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
+      "Tensor table_ids, Tensor score_args, Tensor? counts, Tensor(e!) info, Tensor[] values, "
+      "Tensor? inverse, int dim) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "table_insert_or_assign(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
@@ -77,6 +84,12 @@ TORCH_LIBRARY(demb, m) {
       "dedup_batch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size, Tensor? counters, int key_bits=64) -> (Tensor, Tensor, Tensor, Tensor, "
       "Tensor, Tensor, Tensor, Tensor)");
+  // dedup_batch's outputs at full size, with no sync (CUDA only): U and the checks stay in the
+  // returned info words on the device (cuda/dedup_cuda.cu).
+  m.def(
+      "dedup_launch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
+      "int batch_size, Tensor? counters, int key_bits=64) -> (Tensor, Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor)");
   m.def(
       "index_tables(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size) -> (Tensor, Tensor)");

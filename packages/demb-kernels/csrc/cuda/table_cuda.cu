@@ -54,13 +54,15 @@ struct Schedule {
   at::Tensor words;  // int64 (3, N): sort keys, sorted keys, run keys
   at::Tensor ints;   // int32 (4N + 2): order, positions, run lengths, run offsets, run count,
                      // missed flag
-  int64_t n;
+  int64_t n;         // entries the arrays have room for
+  int64_t count;     // entries build() schedules: n, or the first `count` (a gated phase A)
   uint64_t skip;
 
   Schedule(const at::Tensor& like, int64_t n_, uint64_t skip_)
       : words(at::empty({3, n_}, like.options().dtype(at::kLong))),
         ints(at::empty({4 * n_ + 2}, like.options().dtype(at::kInt))),
         n(n_),
+        count(n_),
         skip(skip_) {}
 
   uint64_t* word(int64_t k) const {
@@ -68,8 +70,9 @@ struct Schedule {
   }
   int32_t* int32(int64_t k) const { return ints.data_ptr<int32_t>() + k * n; }
 
-  // With `flag`, phase A sets the missed flag (zeroed here first).
-  cuda::PhaseBPrep prep(bool flag, cudaStream_t stream) const {
+  // With `flag`, phase A sets the missed flag (zeroed here first), or `external` (zeroed).
+  cuda::PhaseBPrep prep(bool flag, cudaStream_t stream, int32_t* external = nullptr) const {
+    if (external != nullptr) return cuda::PhaseBPrep{word(0), int32(0), int32(2), skip, external};
     int32_t* missed = flag ? int32(4) + 1 : nullptr;
     if (flag) C10_CUDA_CHECK(cudaMemsetAsync(missed, 0, sizeof(int32_t), stream));
     return cuda::PhaseBPrep{word(0), int32(0), int32(2), skip, missed};
@@ -92,7 +95,7 @@ struct Schedule {
   cuda::Runs runs() const { return cuda::Runs{word(2), int32(3), int32(2), int32(4), int32(1)}; }
 
   void build(cudaStream_t stream) const {
-    const auto n32 = static_cast<int>(n);
+    const auto n32 = static_cast<int>(count);
     const int end_bit = end_bit_for(skip);
     cub_sequence(
         words,
@@ -254,6 +257,83 @@ RowsOutputs table_find_or_insert_rows_cuda(
   return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool), rows};
 }
 
+// find_or_insert of a batch from dedup_launch (keys, table_ids and counts of N rows, the first
+// U unique; U and the go flag in `info`, on the device): phase A over the first U rows (none
+// when the go flag is clear), the gather of the N occurrences' rows (`inverse` given) queued
+// behind it, then the one sync of the forward: `info` read back whole (the dedup's words, U,
+// the go flag and phase A's missed flag, returned on the CPU). When the go flag is set and a
+// key missed, phase B runs on the first U rows. Outputs have N rows, of which the first U are
+// meaningful; rows are right only when the go flag is set and no key missed.
+using GatedOutputs =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+GatedOutputs table_find_or_insert_gated_cuda(
+    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
+    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
+    at::Tensor sizes, const at::Tensor& keys_in, const at::Tensor& table_ids_in,
+    const at::Tensor& score_args_in, const std::optional<at::Tensor>& counts_in,
+    at::Tensor info, at::TensorList values, const std::optional<at::Tensor>& inverse,
+    int64_t dim) {
+  const IndexTensors ix =
+      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+  check_batch(ix, keys_in, table_ids_in, score_args_in, counts_in);
+  check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
+  TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");
+  check_index_tensor(info, "info", at::kLong, ix.keys);
+  TORCH_CHECK_VALUE(info.dim() == 1 && info.numel() >= 5 && info.is_contiguous(),
+                    "info: expected dedup_launch's contiguous (W + 4,) words, got shape ",
+                    info.sizes());
+  if (inverse) check_rows_request(ix, values, keys_in, table_ids_in, *inverse, dim);
+  const c10::cuda::CUDAGuard guard(keys_in.device());
+  const at::Tensor keys = keys_in.contiguous();
+  const at::Tensor table_ids = table_ids_in.contiguous();
+  const at::Tensor counts = contiguous_or_undefined(counts_in);
+  const at::Tensor args = score_args_in.contiguous();
+  const int64_t n = keys.numel();
+  const int64_t w = info.numel() - 4;  // info[w + 1] = U, [w + 2] = go, [w + 3] = missed
+  at::Tensor slots = at::empty({n}, keys.options());
+  at::Tensor status = at::empty({n}, keys.options());
+  at::Tensor victim_keys = at::empty({n}, keys.options());
+  at::Tensor victim_scores = at::empty({ix.score_words(), n}, keys.options());
+  const at::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor rows;
+  const uint64_t skip = static_cast<uint64_t>(ix.num_slots()) << 1;  // above every sort key
+  Schedule plan(keys, n, skip);
+  const TableView v = make_view(ix, &sizes);
+  const cuda::BatchIn in{keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(),
+                         args.const_data_ptr<int64_t>(), ptr_or_null(counts), nullptr, n,
+                         info.data_ptr<int64_t>() + w + 1};
+  const cuda::BatchOut out{slots.data_ptr<int64_t>(), status.data_ptr<int64_t>(),
+                           victim_keys.data_ptr<int64_t>(), victim_scores.data_ptr<int64_t>()};
+  auto* missed = reinterpret_cast<int32_t*>(info.data_ptr<int64_t>() + w + 3);  // zeroed
+  if (n > 0) {
+    cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(
+        v, in, out, plan.prep(true, stream, missed));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const at::Tensor host =
+      at::empty({info.numel()}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  C10_CUDA_CHECK(cudaMemcpyAsync(host.data_ptr<int64_t>(), info.const_data_ptr<int64_t>(),
+                                 info.numel() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                                 stream.stream()));
+  at::cuda::CUDAEvent copied;
+  copied.record(stream);
+  if (inverse && n > 0) rows = call_gather_table_rows(values, slots, table_ids, *inverse, dim);
+  copied.synchronize();
+  const int64_t* h = host.const_data_ptr<int64_t>();
+  const bool go = h[w + 2] != 0;
+  const bool hit = h[w + 3] == 0;
+  if (go && !hit && h[w + 1] > 0) {  // phase B on the first U rows
+    plan.count = h[w + 1];
+    plan.build(stream);
+    cuda::bucket_kernel<<<blocks_for(plan.count), kThreads, 0, stream>>>(
+        v, BucketOp::kInsert, in, out, plan.runs(), skip);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (!go || !hit || !rows.defined()) rows = at::empty({0, dim}, keys.options().dtype(at::kFloat));
+  return {slots, status, victim_keys, victim_scores, host, rows};
+}
+
 InsertOutputs table_insert_or_assign_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
                                           const at::Tensor& scores,
                                           const at::Tensor& slot_offsets,
@@ -295,6 +375,7 @@ TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("table_lookup", &table_lookup_cuda);
   m.impl("table_find_or_insert", &table_find_or_insert_cuda);
   m.impl("table_find_or_insert_rows", &table_find_or_insert_rows_cuda);
+  m.impl("table_find_or_insert_gated", &table_find_or_insert_gated_cuda);
   m.impl("table_insert_or_assign", &table_insert_or_assign_cuda);
   m.impl("table_erase", &table_erase_cuda);
   m.impl("table_timestamp", &table_timestamp_cuda);

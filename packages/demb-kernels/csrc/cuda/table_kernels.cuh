@@ -19,7 +19,10 @@ struct BatchIn {
   const int64_t* score_args;     // may be null (lookup without touch)
   const int64_t* counts;         // may be null (1 each)
   const int64_t* assign_scores;  // (W, N), insert_or_assign only
-  int64_t n;
+  int64_t n;                     // entries; the stride of (W, N) arrays
+  // Lookup / phase A only: a device gate (dedup_launch's): entries [0, gate[0]) when gate[1] is
+  // set, none otherwise (null: all n).
+  const int64_t* gate = nullptr;
 };
 
 struct BatchOut {
@@ -71,7 +74,7 @@ __device__ __forceinline__ void prepare_entry(const PhaseBPrep& prep, const Batc
   }
 }
 
-// Lookup / phase A: one tile of kFindTile lanes per key. With score_args, touch found keys
+// Lookup / phase A: one tile of kFindTile lanes per key (of the first `limit`: see BatchIn::gate). With score_args, touch found keys
 // (atomically: other tiles may touch the same key). With `prep.sort_keys`, also prepare each
 // entry for phase B; its sort key is (its bucket's global start slot << 1) | hit; invalid
 // entries miss, are FAILED (status) and get `skip`.
@@ -79,7 +82,8 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
     lookup_kernel(TableView v, BatchIn in, BatchOut out, PhaseBPrep prep) {
   const auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
   const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kFindTile;
-  if (i >= in.n) return;
+  const int64_t limit = in.gate == nullptr ? in.n : (in.gate[1] != 0 ? in.gate[0] : 0);
+  if (i >= limit) return;
   const bool leader = tile.thread_rank() == 0;
   const int64_t key = in.keys[i];
   const int64_t t = in.table_ids[i];

@@ -5,6 +5,7 @@
 """
 
 from demb_storage._errors import InsertFailedError, StorageError, TableConfigError
+from demb_storage._gated import find_or_insert_launched
 from demb_storage.initializers import (
     InitializerArgs,
     InitializerMode,
@@ -37,6 +38,7 @@ __all__ = [
     "TableConfig",
     "TableConfigError",
     "TableExport",
+    "find_or_insert_launched",
     "initialize_rows",
     "new_rows_spec",
     "resolve_score_strategy",

@@ -106,6 +106,11 @@ class ScoredHashTable:
         """``T``."""
         return len(self.configs)
 
+    @property
+    def may_grow(self) -> bool:
+        """Whether some table can still grow (a find_or_insert may then expand it first)."""
+        return self._any_growable
+
     def _table(self, table_id: int) -> int:
         """``table_id`` itself, checked: an integer in ``[0, num_tables)``."""
         if isinstance(table_id, bool) or not isinstance(table_id, int):

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 from demb_kernels.lookup import dedup_batch
 
-__all__ = ["DedupedBatch", "dedup"]
+__all__ = ["DedupedBatch", "dedup", "next_key_bits"]
 
 
 class DedupedBatch(NamedTuple):
@@ -90,5 +90,11 @@ def dedup(
         host[num_tables + 1 :],
         order,
         starts,
-        min(64, max(8, -(-bits // 8) * 8)),
+        next_key_bits(int(bits)),
     )
+
+
+def next_key_bits(bits: int) -> int:
+    """The ``key_bits`` guess for the next batch from the bits this one's keys differ in:
+    rounded up to whole radix passes of 8 bits, at least 8."""
+    return min(64, max(8, -(-bits // 8) * 8))

@@ -35,6 +35,7 @@ from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_s
 from demb_torchrec._autograd import Reduced, TrainStep, summed_per_key, trained_rows
 from demb_torchrec._dedup import DedupedBatch, dedup
 from demb_torchrec._direct import eval_none, eval_pooled, pooled_from_tables
+from demb_torchrec._launched import launched_find_or_insert
 from demb_torchrec._pooling import bag_rows, pool, pool_uniform
 from demb_torchrec._unique_rows import is_zero, unique_rows
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
@@ -226,23 +227,31 @@ class DynamicEmbeddingTables(torch.nn.Module):
             return eval_pooled(self, indices, offsets, batch_size, pooling_weights)
         # The batch scores are made before the dedup's sync, not in the idle gap after it.
         scores = self.tables.next_score_args() if self.training else None
-        batch = dedup(
-            indices,
-            offsets,
-            self._feature_tables,
-            self.num_tables,
-            batch_size,
-            frequency_counters,
-            self._key_bits[0],
-        )
-        self._key_bits[0] = batch.key_bits  # the next batch's keys likely span as many bits
         status: torch.Tensor | None = None
         missing: list[int] | None = None  # per table, keys without a slot (None: unknown)
         gathered: torch.Tensor | None = None  # the NONE rows, read by find_or_insert
-        if scores is not None:
-            slots, status, gathered = self._find_or_insert(batch, scores)
+        launched = None
+        if scores is not None and self.device.type == "cuda" and not self.tables.may_grow:
+            launched = launched_find_or_insert(
+                self, indices, offsets, batch_size, frequency_counters, scores
+            )  # one sync; None: the dedup must sort on more key bits
+        if launched is not None:
+            batch, slots, status, gathered = launched
         else:
-            slots, missing = self._find(batch)
+            batch = dedup(
+                indices,
+                offsets,
+                self._feature_tables,
+                self.num_tables,
+                batch_size,
+                frequency_counters,
+                self._key_bits[0],
+            )
+            self._key_bits[0] = batch.key_bits  # the next batch's keys likely span as many
+            if scores is not None:
+                slots, status, gathered = self._find_or_insert(batch, scores)
+            else:
+                slots, missing = self._find(batch)
         fills = missing is not None and any(missing)
         fills = fills and not all(is_zero(a) for a in self.eval_args)
         if self._fused_gather and self.pooling_mode is _NONE and not fills:

@@ -1,0 +1,235 @@
+// The CUDA kernels of dedup_batch, dedup_launch and index_tables (bindings in dedup_cuda.cu);
+// plain CUDA, no torch headers. Include this header from one .cu file only: it defines kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "dedup_checks.h"
+
+namespace demb {
+namespace {
+
+constexpr int kDedupThreads = 256;
+constexpr uint64_t kSignBit = uint64_t{1} << 63;
+
+unsigned dedup_blocks(int64_t n) {
+  return static_cast<unsigned>((n + kDedupThreads - 1) / kDedupThreads);
+}
+
+__device__ __forceinline__ void count_flag(int64_t* word) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(word), 1ull);
+}
+
+// Thread i's part of the batch's checks into flags (see kDedupFlags), then offsets[::B]: bag
+// i's offsets in order, feature i's table id in [0, T), index i not -1, its counter >= 0.
+__device__ void check_batch_entry(int64_t i, const int64_t* __restrict__ indices,
+                                  const int64_t* __restrict__ offsets, int64_t bags,
+                                  const int64_t* __restrict__ feature_tables, int64_t features,
+                                  int64_t batch_size, const int64_t* __restrict__ counters,
+                                  int64_t n, int64_t num_tables, int64_t* __restrict__ flags) {
+  if (i < bags && offsets[i + 1] < offsets[i]) count_flag(flags);
+  if (i <= features) flags[kDedupFlags + i] = offsets[i * batch_size];
+  if (i < features && (feature_tables[i] < 0 || feature_tables[i] >= num_tables)) {
+    count_flag(flags + 5);
+  }
+  if (i == 0) {
+    flags[1] = offsets[0];
+    flags[2] = n - offsets[bags];
+  }
+  if (i < n && indices[i] == -1) count_flag(flags + 3);
+  if (i < n && counters && counters[i] < 0) count_flag(flags + 4);
+}
+
+// The table of index i: feature f owns [offsets[f * B], offsets[(f + 1) * B]) (the last feature
+// whose first bag starts at or before i; feature 0 if none).
+__device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
+                            const int64_t* __restrict__ feature_tables, int64_t features,
+                            int64_t batch_size) {
+  int64_t lo = 0;
+  int64_t hi = features;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (offsets[mid * batch_size] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return feature_tables[lo];
+}
+
+// Per index: its table, its sort key (sign bit flipped: signed order; with table_shift > 0, its
+// low table_shift bits under the table: the (table, key) sort in one; into keys32 instead of
+// keys when that fits 32 bits, halving the sort's key traffic), its position; the
+// batch's checks into info (after the T per-table words); and into *varying the bits in which
+// some key differs from the first (OR of key ^ key 0, reduced per block first).
+__global__ void __launch_bounds__(kDedupThreads)
+    dedup_prepare_kernel(const int64_t* __restrict__ indices,
+                         const int64_t* __restrict__ offsets, int64_t bags,
+                         const int64_t* __restrict__ feature_tables, int64_t features,
+                         int64_t batch_size, const int64_t* __restrict__ counters, int64_t n,
+                         int64_t num_tables, int table_shift, uint64_t* __restrict__ keys,
+                         uint32_t* __restrict__ keys32, uint32_t* __restrict__ tables,
+                         int32_t* __restrict__ positions,
+                         int64_t* __restrict__ info, int64_t* __restrict__ varying) {
+  __shared__ unsigned long long block_varying;
+  if (threadIdx.x == 0) block_varying = 0;
+  __syncthreads();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, counters, n,
+                    num_tables, info + num_tables);
+  unsigned long long diff = 0;
+  if (i < n) {
+    const uint64_t key = static_cast<uint64_t>(indices[i]) ^ kSignBit;
+    const auto table =
+        static_cast<uint32_t>(table_of(i, offsets, feature_tables, features, batch_size));
+    const uint64_t sort_key = table_shift == 0
+                                  ? key
+                                  : (static_cast<uint64_t>(table) << table_shift) |
+                                        (key & ((uint64_t{1} << table_shift) - 1));
+    if (keys32 != nullptr) {
+      keys32[i] = static_cast<uint32_t>(sort_key);
+    } else {
+      keys[i] = sort_key;
+    }
+    tables[i] = table;
+    positions[i] = static_cast<int32_t>(i);
+    diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
+  }
+  // OR-reduced per warp first: one shared atomic per warp, not per thread.
+  const unsigned lo = __reduce_or_sync(0xFFFFFFFFu, static_cast<unsigned>(diff));
+  const unsigned hi = __reduce_or_sync(0xFFFFFFFFu, static_cast<unsigned>(diff >> 32));
+  if ((threadIdx.x % 32) == 0 && (lo | hi)) {
+    atomicOr(&block_varying, (static_cast<unsigned long long>(hi) << 32) | lo);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && block_varying) {
+    atomicOr(reinterpret_cast<unsigned long long*>(varying), block_varying);
+  }
+}
+
+// index_tables: the table of each index (none when `tables` is null: batch_checks), and the
+// batch's checks.
+__global__ void index_tables_kernel(const int64_t* __restrict__ indices,
+                                    const int64_t* __restrict__ offsets, int64_t bags,
+                                    const int64_t* __restrict__ feature_tables, int64_t features,
+                                    int64_t batch_size, int64_t n, int64_t num_tables,
+                                    int64_t* __restrict__ tables, int64_t* __restrict__ flags) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, nullptr, n,
+                    num_tables, flags);
+  if (tables != nullptr && i < n) {
+    tables[i] = table_of(i, offsets, feature_tables, features, batch_size);
+  }
+}
+
+// The tables of the key-sorted positions.
+__global__ void dedup_permute_tables_kernel(const uint32_t* __restrict__ tables,
+                                            const int32_t* __restrict__ by_key, int64_t n,
+                                            uint32_t* __restrict__ out) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < n) out[k] = tables[by_key[k]];
+}
+
+// The table of entry k of the (table, key) order: sorted tables, or the top bits of the sorted
+// combined keys (dedup_prepare_kernel's table_shift), 64- or 32-bit.
+struct SortedTables {
+  const uint32_t* tables;
+  const uint64_t* combined;
+  const uint32_t* combined32;
+  int shift;
+  __device__ __forceinline__ uint32_t operator[](int64_t k) const {
+    if (tables != nullptr) return tables[k];
+    return combined32 != nullptr ? combined32[k] >> shift
+                                 : static_cast<uint32_t>(combined[k] >> shift);
+  }
+};
+
+// Whether entry k of the (table, key) order starts a unique key: first[k] (dedup_first_kernel's
+// array) or, when the sort keys are combined (table above the low key bits), computed from
+// them: the keys then agree above those bits (else the dedup runs again on all 64), so equal
+// combined keys are equal (table, key) pairs.
+struct FirstFlags {
+  const int64_t* first;
+  const uint64_t* combined;
+  const uint32_t* combined32;
+  __device__ __forceinline__ int64_t operator()(int64_t k) const {
+    if (first != nullptr) return first[k];
+    if (k == 0) return 1;
+    return combined32 != nullptr ? combined32[k] != combined32[k - 1]
+                                 : combined[k] != combined[k - 1];
+  }
+};
+
+// first[k] = 1 where entry k of the (table, key) order starts a unique key (the two-sort path,
+// whose sorted keys are the keys alone).
+__global__ void dedup_first_kernel(const int64_t* __restrict__ indices,
+                                   const int32_t* __restrict__ order, SortedTables tables,
+                                   int64_t n,
+                                   int64_t* __restrict__ first) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  first[k] = k == 0 || tables[k] != tables[k - 1] || indices[order[k]] != indices[order[k - 1]];
+}
+
+// Scatters entry k: its index's unique key (inverse), the order, and for the first entry of a
+// key that key, its table and start; the last entry of each table writes the table's end
+// (info[t], the number of unique keys up to it). Also gathers the counters in order.
+__global__ void dedup_scatter_kernel(const int64_t* __restrict__ indices,
+                                     const int32_t* __restrict__ order32, SortedTables tables,
+                                     FirstFlags first,
+                                     const int64_t* __restrict__ rank_excl,
+                                     const int64_t* __restrict__ counters, int64_t n,
+                                     int64_t* __restrict__ inverse, int64_t* __restrict__ order,
+                                     int64_t* __restrict__ keys_out,
+                                     int64_t* __restrict__ tables_out,
+                                     int64_t* __restrict__ starts,
+                                     int64_t* __restrict__ counters_sorted,
+                                     int64_t* __restrict__ info) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  const int64_t p = order32[k];
+  const int64_t starts_key = first(k);
+  const int64_t u = rank_excl[k] + starts_key - 1;
+  inverse[p] = u;
+  order[k] = p;
+  if (counters) counters_sorted[k] = counters[p];
+  if (starts_key) {
+    keys_out[u] = indices[p];
+    tables_out[u] = tables[k];
+    starts[u] = k;
+  }
+  if (k == n - 1 || tables[k + 1] != tables[k]) info[tables[k]] = u + 1;
+}
+
+// counts[u]: the occurrences of key u, or the sum of its counters (summed: inclusive prefix sums
+// of the counters in order), for u < unique, or with `gate` (dedup_gate_kernel's words), for
+// u < gate[0] when gate[1] is set (none otherwise).
+__global__ void dedup_counts_kernel(const int64_t* __restrict__ starts,
+                                    const int64_t* __restrict__ summed,
+                                    const int64_t* __restrict__ counters_sorted, int64_t unique,
+                                    const int64_t* __restrict__ gate, int64_t n,
+                                    int64_t* __restrict__ counts) {
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t limit = gate == nullptr ? unique : (gate[1] != 0 ? gate[0] : 0);
+  if (u >= limit) return;
+  const int64_t end = u + 1 < limit ? starts[u + 1] : n;
+  counts[u] = summed ? summed[end - 1] - summed[starts[u]] + counters_sorted[starts[u]]
+                     : end - starts[u];
+}
+
+// dedup_launch's gate, after info's W words and the varying bits (info[W]): info[W + 1] = U (the
+// last table bound), info[W + 2] = 1 when every check passed and no key differs from the first
+// above key_bits (the sort looked at enough bits), else 0.
+__global__ void dedup_gate_kernel(int64_t* __restrict__ info, int64_t num_tables, int64_t words,
+                                  int64_t key_bits) {
+  int64_t unique = 0;
+  for (int64_t t = 0; t < num_tables; ++t) unique = info[t] > unique ? info[t] : unique;
+  bool go = key_bits >= 64 || (static_cast<uint64_t>(info[words]) >> key_bits) == 0;
+  for (int64_t f = 0; f < kDedupFlags; ++f) go = go && info[num_tables + f] == 0;
+  info[words + 1] = unique;
+  info[words + 2] = go ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace demb

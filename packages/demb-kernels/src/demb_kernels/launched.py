@@ -1,0 +1,185 @@
+"""A batch deduplicated with no sync (CUDA): :func:`dedup_launch` leaves the unique count and the
+batch's checks on the device, where :func:`find_or_insert_gated` reads them;
+that op's one read-back brings them to the host, and :func:`launch_info` reads them there.
+
+A training forward then waits once, after the lookup, instead of once after the dedup and once
+after the lookup; the dedup's read-back and the host work between the two calls no longer leave
+the GPU idle.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from demb_kernels import _library  # noqa: F401  (loads the native ops)
+from demb_kernels.table import InsertResult, TableIndex, as_batch
+
+__all__ = [
+    "LaunchInfo",
+    "LaunchedDedup",
+    "dedup_launch",
+    "find_or_insert_gated",
+    "gate_words",
+    "launch_info",
+]
+
+_EXTRA_WORDS = 4
+"""What dedup_launch's info holds after dedup_batch's words: varying bits, U, go, missed."""
+
+
+class LaunchedDedup(NamedTuple):
+    """:func:`dedup_launch`'s outputs: those of :func:`demb_kernels.lookup.dedup_batch` at full
+    size ``N`` (only the first ``U`` rows of the per-key ones are meaningful), and ``info``."""
+
+    keys: torch.Tensor
+    """``(N,)`` int64: the unique keys, sorted by table then key, in rows ``[0, U)``."""
+    tables: torch.Tensor
+    """``(N,)`` int64 table of each unique key (rows ``[0, U)``)."""
+    inverse: torch.Tensor
+    """``(N,)`` int64 position in ``keys`` of each index."""
+    counts: torch.Tensor
+    """``(N,)`` int64 occurrences (or summed counters) of each unique key (rows ``[0, U)``)."""
+    order: torch.Tensor
+    """``(N,)`` int64 index positions sorted by (table, key), stable."""
+    starts: torch.Tensor
+    """``(N,)`` int64 where each unique key's occurrences start in ``order`` (rows ``[0, U)``)."""
+    info: torch.Tensor
+    """``(T + 6 + F + 1 + 4,)`` int64 on the device: the words :func:`launch_info` reads."""
+
+
+class LaunchInfo(NamedTuple):
+    """What :func:`launch_info` reads from a launched dedup's info words."""
+
+    bounds: list[int]
+    """``T + 1`` table bounds of the unique keys, then ``offsets[::B]`` (``F + 1``)."""
+    unique: int
+    """``U``."""
+    ready: bool
+    """The go flag: the dedup's sort looked at enough key bits, so its first ``U`` rows are
+    right (and the gated find ran). False: sort again on all 64 bits (nothing ran)."""
+    missed: bool
+    """Some key was not found by the gated find's first pass (it then inserted them)."""
+    key_bits: int
+    """The low bits the keys differ in."""
+
+
+def dedup_launch(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    feature_tables: torch.Tensor,
+    num_tables: int,
+    batch_size: int,
+    counters: torch.Tensor | None = None,
+    key_bits: int = 64,
+) -> LaunchedDedup:
+    """:func:`demb_kernels.lookup.dedup_batch` with no sync (CUDA only): the same kernels, the
+    sort by key on the low ``key_bits`` bits only, outputs at full size, and on the device the
+    unique count ``U`` and a go flag, set when every batch check passed and no key differs
+    from the first above ``key_bits``. Read back and checked by :func:`launch_info`.
+
+    Args: as :func:`demb_kernels.lookup.dedup_batch`.
+    """
+    out = torch.ops.demb.dedup_launch(
+        indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits
+    )
+    return LaunchedDedup(*out)
+
+
+def launch_info(host: torch.Tensor, n: int, num_tables: int, features: int) -> LaunchInfo:
+    """Read a launched dedup's info words brought to the host (by :func:`find_or_insert_gated`).
+
+    Args:
+        host: ``(T + 6 + F + 1 + 4,)`` int64 on the CPU.
+        n: ``N``, the batch's indices; num_tables: ``T``; features: ``F``.
+
+    Raises:
+        ValueError: a failed batch check (as :func:`demb_kernels.lookup.dedup_batch` raises it).
+    """
+    words = host.numel() - _EXTRA_WORDS
+    bounds: list[int] = torch.ops.demb.batch_bounds(host[:words], n, num_tables, features).tolist()
+    varying, unique, go, missed = host[words:].tolist()
+    return LaunchInfo(bounds, unique, go != 0, missed != 0, (varying & (2**64 - 1)).bit_length())
+
+
+def find_or_insert_gated(
+    index: TableIndex,
+    keys: torch.Tensor,
+    table_ids: torch.Tensor,
+    score_args: torch.Tensor,
+    counts: torch.Tensor | None,
+    info: torch.Tensor,
+    *,
+    values: list[torch.Tensor] | None = None,
+    inverse: torch.Tensor | None = None,
+    dim: int = 0,
+) -> tuple[InsertResult, torch.Tensor, torch.Tensor | None]:
+    """:func:`demb_kernels.table.find_or_insert` of a batch from :func:`dedup_launch` (CUDA
+    only), with the forward's one sync: the first pass runs over the first ``U`` rows, ``U``
+    and the go flag read on the device from ``info`` (no row at all when the flag is clear:
+    nothing changes); the gather of the occurrences' rows (``values`` and ``inverse`` given) is
+    queued behind it; then ``info`` is read back whole, and when a key missed, the insert pass
+    runs on the first ``U`` rows.
+
+    Args:
+        index: the index (mutated).
+        keys, table_ids, counts: dedup_launch's ``(N,)`` keys, tables and counts (LFU words).
+        score_args: ``(T,)`` int64 batch score per table.
+        info: dedup_launch's info words (its ``missed`` word is set here).
+        values: per table, its ``(rows, width)`` value buffer; inverse: ``(N_occ,)`` int64 the
+            key of each occurrence; dim: the columns read.
+
+    Returns:
+        ``(InsertResult, host, rows)``: the result's tensors have ``N`` rows, of which the
+        first ``U`` are meaningful; ``host`` is ``info`` read back, for
+        :func:`launch_info`; ``rows`` ``(N_occ, dim)`` float32 when asked for, the go flag
+        was set and every key was found, else None.
+    """
+    keys, table_ids = as_batch(index, keys, table_ids)
+    *out, host, rows = torch.ops.demb.table_find_or_insert_gated(
+        *index._tensors(), index.sizes, keys, table_ids, score_args, counts, info,
+        [] if values is None else values, inverse, dim,
+    )  # fmt: skip
+    return InsertResult(*out), host, rows if rows.shape[0] else None
+
+
+def gate_words(host: torch.Tensor) -> tuple[int, bool, bool]:
+    """``(U, go, missed)`` from a launched dedup's info words brought to the host: the unique
+    count, the go flag (the gated find ran) and whether its first pass missed a key."""
+    unique, go, missed = host[-3:].tolist()
+    return unique, go != 0, missed != 0
+
+
+@torch.library.register_fake("demb::dedup_launch")  # type: ignore[untyped-decorator]
+def _dedup_launch_fake(
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    feature_tables: torch.Tensor,
+    num_tables: int,
+    batch_size: int,
+    counters: torch.Tensor | None,
+    key_bits: int = 64,
+) -> tuple[torch.Tensor, ...]:
+    n = indices.shape[0]
+    words = num_tables + 6 + feature_tables.shape[0] + 1 + _EXTRA_WORDS
+    return (*(indices.new_empty((n,)) for _ in range(6)), indices.new_empty((words,)))
+
+
+@torch.library.register_fake("demb::table_find_or_insert_gated")  # type: ignore[untyped-decorator]
+def _find_or_insert_gated_fake(*args: object) -> tuple[torch.Tensor, ...]:
+    scores, keys, info, inverse, dim = args[2], args[7], args[11], args[13], args[14]
+    assert isinstance(scores, torch.Tensor)
+    assert isinstance(keys, torch.Tensor)
+    assert isinstance(info, torch.Tensor)
+    assert isinstance(dim, int)
+    n = keys.shape[0]
+    occurrences = inverse.shape[0] if isinstance(inverse, torch.Tensor) else 0
+    return (
+        keys.new_empty((n,)),
+        keys.new_empty((n,)),
+        keys.new_empty((n,)),
+        keys.new_empty((scores.shape[0], n)),
+        torch.empty((info.shape[0],), dtype=torch.int64),  # on the host
+        keys.new_empty((occurrences, dim), dtype=torch.float32),
+    )

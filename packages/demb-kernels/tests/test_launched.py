@@ -1,0 +1,195 @@
+"""dedup_launch and find_or_insert_gated (CUDA only, marker ``cuda``) against the two-sync ops
+they replace in a training forward: dedup_batch, and find_or_insert_rows on a twin index (same
+slots, statuses, victims, index state and gathered rows); the gate (a failed check or a sort on
+too few key bits changes nothing); launch_info read from words made by hand (CPU); fakes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from demb_kernels import table as ops
+from demb_kernels.launched import (
+    dedup_launch,
+    find_or_insert_gated,
+    gate_words,
+    launch_info,
+)
+from demb_kernels.lookup import dedup_batch, gather_table_rows
+from demb_kernels.table import ScorePolicy, TableIndex
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+T, F = 3, 4  # tables, features
+
+
+def batch_case(gen, batch, max_bag, key_range):
+    lengths = torch.randint(0, max_bag + 1, (F * batch,), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    n = int(offsets[-1])
+    indices = torch.randint(0, key_range, (n,), generator=gen)
+    feature_tables = torch.tensor([0, 1, 2, 1])
+    return indices.cuda(), offsets.cuda(), feature_tables.cuda()
+
+
+def make_index(policy) -> TableIndex:
+    return TableIndex.create([64, 128, 64], [16, 32, 16], [policy] * T, device="cuda")
+
+
+def snapshot(index):
+    return [t.clone() for t in (index.keys, index.digests, index.scores, index.sizes)]
+
+
+@pytest.mark.cuda
+@settings(max_examples=25, deadline=None)
+@given(
+    batch=st.integers(1, 8),
+    max_bag=st.integers(0, 6),
+    key_range=st.sampled_from([5, 300, 2**40]),
+    counters=st.booleans(),
+    key_bits=st.sampled_from([8, 16, 64]),
+    seed=st.integers(0, 2**31),
+)
+def test_dedup_launch_matches_dedup_batch(batch, max_bag, key_range, counters, key_bits, seed):
+    gen = torch.Generator().manual_seed(seed)
+    indices, offsets, ftab = batch_case(gen, batch, max_bag, key_range)
+    weights = torch.randint(0, 4, indices.shape, generator=gen).cuda() if counters else None
+    want = dedup_batch(indices, offsets, ftab, T, batch, weights)
+    got = dedup_launch(indices, offsets, ftab, T, batch, weights, key_bits)
+    host = got.info.cpu()
+    info = launch_info(host, indices.numel(), T, F)
+    assert info.key_bits == want.key_bits
+    assert info.bounds == want.bounds.tolist()
+    assert info.ready == (want.key_bits <= key_bits)
+    assert not info.missed
+    unique, go, _ = gate_words(host)
+    assert go == info.ready
+    if not info.ready:
+        return
+    assert unique == info.unique == want.keys.numel()
+    u = unique
+    for a, b in (
+        (got.keys[:u], want.keys),
+        (got.tables[:u], want.tables),
+        (got.inverse, want.inverse),
+        (got.counts[:u], want.counts),
+        (got.order, want.order),
+        (got.starts[:u], want.starts),
+    ):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.cuda
+def test_a_bad_batch_closes_the_gate_and_launch_info_raises():
+    indices = torch.tensor([1, 2, -1, 4], device="cuda")
+    offsets = torch.tensor([0, 2, 4], device="cuda")
+    ftab = torch.tensor([0, 1], device="cuda")
+    got = dedup_launch(indices, offsets, ftab, 2, 1)
+    host = got.info.cpu()
+    assert gate_words(host)[1] is False
+    with pytest.raises(ValueError, match="-1, the empty-key sentinel"):
+        launch_info(host, 4, 2, 2)
+    bad_offsets = torch.tensor([0, 3, 2], device="cuda")
+    host = dedup_launch(indices.abs(), bad_offsets, ftab, 2, 1).info.cpu()
+    with pytest.raises(ValueError, match="offsets: must start at 0"):
+        launch_info(host, 4, 2, 2)
+    empty = torch.zeros(0, dtype=torch.int64, device="cuda")  # no index: offsets still checked
+    host = dedup_launch(empty, torch.tensor([0, 1], device="cuda"), ftab[:1], 1, 1).info.cpu()
+    with pytest.raises(ValueError, match="offsets"):
+        launch_info(host, 0, 1, 1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("policy", [ScorePolicy.STEP, ScorePolicy.LFU, ScorePolicy.NO_EVICTION])
+def test_gated_find_or_insert_equals_find_or_insert_rows_on_a_twin(policy):
+    """Over batches with new keys, full buckets (evictions or, NO_EVICTION, failures) and then
+    all hits: the same slots, statuses, victims, index and (all hit) rows as the two-sync op."""
+    gen = torch.Generator().manual_seed(7)
+    index, twin = make_index(policy), make_index(policy)
+    values = [torch.randn(c, 5, device="cuda") for c in (64, 128, 64)]
+    batches = []
+    for step in range(6):
+        key_range = 400 if step < 4 else 40  # the last steps reuse keys: all hits
+        batches.append(batch_case(gen, 16, 4, key_range))
+    batches.append(batches[-1])
+    for step, (indices, offsets, ftab) in enumerate(batches):
+        launched = dedup_launch(indices, offsets, ftab, T, 16, None, 64)
+        want = dedup_batch(indices, offsets, ftab, T, 16)
+        args = torch.full((T,), step + 1, dtype=torch.int64, device="cuda")
+        result, host, rows = find_or_insert_gated(
+            index, launched.keys, launched.tables, args, launched.counts, launched.info,
+            values=values, inverse=launched.inverse, dim=4,
+        )  # fmt: skip
+        expected, hit, expected_rows = ops.find_or_insert_rows(
+            twin, want.keys, want.tables, args, want.counts,
+            values=values, inverse=want.inverse, dim=4,
+        )  # fmt: skip
+        unique, go, missed = gate_words(host)
+        assert go
+        assert unique == want.keys.numel()
+        assert missed == (not hit)
+        for a, b in zip(result, expected, strict=True):
+            assert torch.equal(a[..., :unique], b)
+        assert all(torch.equal(a, b) for a, b in zip(snapshot(index), snapshot(twin), strict=True))
+        if hit:
+            assert rows is not None
+            assert torch.equal(rows, expected_rows)
+            assert torch.equal(rows, gather_table_rows(values, expected.slots, want.tables,
+                                                       want.inverse, 4))  # fmt: skip
+        else:
+            assert rows is None
+
+
+@pytest.mark.cuda
+def test_a_closed_gate_changes_nothing():
+    """Keys differing above key_bits (the sort was short) or a bad batch: no key inserted, no
+    score touched, no rows."""
+    index = make_index(ScorePolicy.LFU)
+    ops.find_or_insert(index, torch.arange(6, device="cuda"),
+                       torch.tensor([0, 1, 2] * 2, device="cuda"),
+                       torch.ones(T, dtype=torch.int64, device="cuda"))  # fmt: skip
+    before = snapshot(index)
+    wide = torch.tensor([1, 2**20, 3, 4], device="cuda")  # differ above 8 bits
+    offsets = torch.tensor([0, 1, 2, 3, 4], device="cuda")
+    ftab = torch.tensor([0, 1, 2, 1], device="cuda")
+    bad = torch.tensor([1, -1, 3, 4], device="cuda")
+    for indices, key_bits in ((wide, 8), (bad, 64)):
+        launched = dedup_launch(indices, offsets, ftab, T, 1, None, key_bits)
+        values = [torch.randn(c, 5, device="cuda") for c in (64, 128, 64)]
+        _, host, rows = find_or_insert_gated(
+            index, launched.keys, launched.tables, torch.full((T,), 9, device="cuda"),
+            launched.counts, launched.info, values=values, inverse=launched.inverse, dim=4,
+        )  # fmt: skip
+        assert gate_words(host)[1] is False
+        assert rows is None
+        assert all(torch.equal(a, b) for a, b in zip(snapshot(index), before, strict=True))
+
+
+def test_launch_info_reads_the_words():
+    """Words made by hand: T = 2 tables, F = 1 feature; then varying bits, U, go, missed."""
+    tables = [3, 5]
+    checks = [0] * 6
+    feature_starts = [0, 9]
+    host = torch.tensor(tables + checks + feature_starts + [0x1FF, 5, 1, 1])
+    info = launch_info(host, 9, 2, 1)
+    assert info.bounds == [0, 3, 5, 0, 9]
+    assert (info.unique, info.ready, info.missed, info.key_bits) == (5, True, True, 9)
+    assert gate_words(host) == (5, True, True)
+    top = host.clone()
+    top[-4] = -(2**63)  # keys differing in the top bit
+    assert launch_info(top, 9, 2, 1).key_bits == 64
+    bad = host.clone()
+    bad[2 + 3] = 1  # one -1 key
+    with pytest.raises(ValueError, match="empty-key sentinel"):
+        launch_info(bad, 9, 2, 1)
+
+
+def test_fake_kernels_give_shapes_without_data():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        indices = torch.empty(40, dtype=torch.int64)
+        offsets = torch.empty(9, dtype=torch.int64)
+        ftab = torch.empty(F, dtype=torch.int64)
+        out = dedup_launch(indices, offsets, ftab, T, 2)
+        assert all(t.shape == (40,) for t in out[:6])
+        assert out.info.shape == (T + 6 + F + 1 + 4,)

@@ -1,0 +1,74 @@
+"""find_or_insert of a batch deduplicated with no sync (:mod:`demb_kernels.launched`), for a
+training forward that waits once: after the lookup, not after the dedup too."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from demb_kernels.launched import LaunchedDedup, find_or_insert_gated, gate_words
+
+from demb_storage._errors import TableConfigError
+from demb_storage._outcomes import InsertOutcome
+from demb_storage._scores import checked_scores
+
+if TYPE_CHECKING:
+    from demb_storage.scored_table import ScoredHashTable
+
+__all__ = ["find_or_insert_launched"]
+
+
+def find_or_insert_launched(
+    table: ScoredHashTable,
+    launched: LaunchedDedup,
+    score_args: torch.Tensor,
+    *,
+    counts: bool = True,
+    gather_rows: tuple[torch.Tensor, int] | None = None,
+) -> tuple[InsertOutcome | None, torch.Tensor]:
+    """:meth:`ScoredHashTable.find_or_insert` of ``launched``'s unique keys (a forward: STEP
+    tables advance one step), with one sync, for tables that cannot grow (no table may grow
+    mid-batch here: the unique keys are not known on the host before the lookup). New rows are
+    not zeroed and FAILED keys are not counted: the caller writes every column of new rows and
+    counts failures (:meth:`ScoredHashTable.record_failures`), as the table module does.
+
+    Args:
+        table: the tables (CUDA).
+        launched: :func:`demb_kernels.launched.dedup_launch`'s outputs.
+        score_args: ``(T,)`` int64 the batch scores (:meth:`ScoredHashTable.next_score_args`).
+        counts: use ``launched.counts`` for LFU words (else 1 per key).
+        gather_rows: ``(inverse, dim)``: when every key is found, also read the first ``dim``
+            columns of each occurrence's row (:attr:`InsertOutcome.rows`), queued before the
+            host learns that.
+
+    Returns:
+        ``(outcome, host)``: ``host`` is ``launched.info`` read back (for
+        :func:`demb_kernels.launched.launch_info`); ``outcome`` has the ``U`` unique keys'
+        slots and statuses, or is None when the dedup's go flag was clear (a failed batch check,
+        or a sort on too few key bits): then nothing changed and no step advanced.
+
+    Raises:
+        TableConfigError: some table can still grow.
+    """
+    if table.may_grow:
+        raise TableConfigError(
+            "find_or_insert_launched", "growable tables", "needs tables that cannot grow"
+        )
+    args = checked_scores(score_args, table.num_tables, table.device)
+    values, inverse, dim = (None, None, 0) if gather_rows is None else (table.values, *gather_rows)
+    result, host, rows = find_or_insert_gated(
+        table.index, launched.keys, launched.tables, args,
+        launched.counts if counts else None, launched.info,
+        values=values, inverse=inverse, dim=dim,
+    )  # fmt: skip
+    unique, go, missed = gate_words(host)
+    if not go:
+        return None, host
+    table.steps = [s + 1 for s in table.steps]
+    slots, status = result.slots[:unique], result.status[:unique]
+    if not missed:
+        return InsertOutcome(slots, status, None, all_hit=True, rows=rows), host
+    keys, tables = launched.keys[:unique], launched.tables[:unique]
+    key_counts = launched.counts[:unique] if counts else None
+    slots, status = table._retry_no_eviction(keys, tables, key_counts, args, slots, status)
+    return InsertOutcome(slots, status, None), host

@@ -1,0 +1,82 @@
+"""A training forward's dedup and find_or_insert with one sync (CUDA, tables that cannot grow):
+the dedup leaves its sizes on the device (:func:`demb_kernels.launched.dedup_launch`), the
+lookup reads them there, and one read-back after the lookup brings the sizes, the batch's
+checks and whether every key was found (:func:`demb_storage.find_or_insert_launched`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from demb_kernels.init_rows import init_new_rows
+from demb_kernels.launched import dedup_launch, launch_info
+from demb_storage import find_or_insert_launched
+
+from demb_torchrec._dedup import DedupedBatch, next_key_bits
+from demb_torchrec.options import DynamicEmbPoolingMode
+
+if TYPE_CHECKING:
+    from demb_torchrec.batched_tables import DynamicEmbeddingTables
+
+__all__ = ["Launched", "launched_find_or_insert"]
+
+Launched = tuple[DedupedBatch, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+"""The deduplicated batch, its ``(U,)`` slots, their statuses (None: every key was found) and,
+for NONE pooling from one-launch gathers, the occurrences' rows when every key was found."""
+
+
+def launched_find_or_insert(
+    m: DynamicEmbeddingTables,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    batch_size: int,
+    frequency_counters: torch.Tensor | None,
+    scores: torch.Tensor,
+) -> Launched | None:
+    """Deduplicate the batch and find or insert its keys with one sync, initializing new rows
+    (queued, as :meth:`DynamicEmbeddingTables._find_or_insert` does).
+
+    Args:
+        m: the module (training, on CUDA, its tables unable to grow).
+        indices, offsets, batch_size, frequency_counters: the checked batch.
+        scores: the batch scores (``m.tables.next_score_args()``).
+
+    Returns:
+        :data:`Launched`, or None when the dedup's sort looked at too few key bits (nothing
+        changed; the caller runs the two-sync path, with the bits now known).
+
+    Raises:
+        ValueError: a bad batch (as the dedup raises it); nothing changed.
+    """
+    counters = None if frequency_counters is None else frequency_counters.to(torch.int64)
+    num_tables = m.num_tables
+    launched = dedup_launch(
+        indices, offsets, m._feature_tables, num_tables, batch_size, counters, m._key_bits[0]
+    )
+    gather = None
+    none = m.pooling_mode is DynamicEmbPoolingMode.NONE
+    if m._fused_gather and none and m._found_whole[0] and m.tables.values[0].device == m.device:
+        gather = (launched.inverse, m.dims[0])
+    outcome, host = find_or_insert_launched(m.tables, launched, scores, gather_rows=gather)
+    info = launch_info(host, indices.numel(), num_tables, len(m.feature_table_map))
+    m._key_bits[0] = next_key_bits(info.key_bits)
+    if outcome is None:
+        return None
+    u, bounds = info.unique, info.bounds
+    batch = DedupedBatch(
+        launched.keys[:u],
+        launched.tables[:u],
+        launched.inverse,
+        launched.counts[:u],
+        bounds[: num_tables + 1],
+        bounds[num_tables + 1 :],
+        launched.order,
+        launched.starts[:u],
+        m._key_bits[0],
+    )
+    m._found_whole[0] = outcome.all_hit
+    if outcome.all_hit:  # no row is new and none failed: nothing to initialize or count
+        return batch, outcome.slots, None, outcome.rows
+    slots, status = outcome.slots, outcome.status
+    init_new_rows(m.tables.values, slots, batch.keys, batch.tables, status, m._new_rows)
+    return batch, slots, status, None

@@ -1,0 +1,104 @@
+"""The CUDA training forward with one sync (demb_torchrec._launched: the dedup leaves its sizes on
+the device, one read-back after the lookup) against the same module forced onto the two-sync
+path (dedup_batch, then find_or_insert): bit-identical outputs, tables and steps over steps with
+new keys, evictions, a batch whose keys outgrow the dedup's key-bits guess (the one-sync path
+then falls back) and all-hit batches; a bad batch raises and changes nothing (marker ``cuda``)."""
+
+from __future__ import annotations
+
+import demb_torchrec.batched_tables as bt
+import pytest
+import torch
+from demb_torchrec import (
+    DynamicEmbeddingTables,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+
+pytestmark = pytest.mark.cuda
+
+
+def module(mode, strategy, seed=3):
+    torch.manual_seed(seed)
+    opts = DynamicEmbTableOptions(
+        dim=8, max_capacity=256, bucket_capacity=128, score_strategy=strategy
+    )
+    return DynamicEmbeddingTables(
+        [opts, opts],
+        feature_table_map=[0, 1, 1],
+        pooling_mode=mode,
+        device="cuda",
+        optimizer="adam",
+        learning_rate=0.05,
+        seed=seed,
+    )
+
+
+def batches(gen, batch_size=24):
+    out = []
+    for step in range(7):
+        lengths = torch.randint(0, 4, (3 * batch_size,), generator=gen)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        key_range = 2**41 if step == 3 else (40 if step >= 5 else 900)
+        indices = torch.randint(0, key_range, (int(offsets[-1]),), generator=gen)
+        out.append((indices, offsets))
+    out.append(out[-1])  # the same batch again: every key found
+    return out
+
+
+def table_state(m):
+    state = []
+    for t in range(m.num_tables):
+        ex = m.tables.export(t)
+        order = torch.argsort(ex.keys)
+        state += [ex.keys[order], ex.scores[order], ex.values[order]]
+    return state
+
+
+@pytest.mark.parametrize("mode", list(DynamicEmbPoolingMode))
+@pytest.mark.parametrize("strategy", [DynamicEmbScoreStrategy.STEP, DynamicEmbScoreStrategy.LFU])
+def test_one_sync_forward_equals_the_two_sync_forward(mode, strategy, monkeypatch):
+    one, two = module(mode, strategy), module(mode, strategy)
+    real = bt.launched_find_or_insert
+    used: list[bool] = []
+
+    def route(m, *args):
+        if m is two:
+            return None  # the two-sync path
+        out = real(m, *args)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(bt, "launched_find_or_insert", route)
+    gen = torch.Generator().manual_seed(11)
+    for cpu_indices, cpu_offsets in batches(gen):
+        indices, offsets = cpu_indices.cuda(), cpu_offsets.cuda()
+        counters = torch.randint(1, 4, indices.shape, device="cuda")
+        lfu = strategy is DynamicEmbScoreStrategy.LFU
+        outs = [m(indices, offsets, None, counters if lfu else None) for m in (one, two)]
+        assert torch.equal(outs[0], outs[1])
+        grad = torch.randn_like(outs[0])
+        for out in outs:
+            out.backward(grad)
+        for a, b in zip(table_state(one), table_state(two), strict=True):
+            assert torch.equal(a, b)
+    assert one.steps == two.steps == [8, 8]
+    assert one.tables.steps == two.tables.steps
+    assert True in used  # the one-sync path ran
+    assert False in used  # and fell back once (the batch of wide keys)
+
+
+def test_a_bad_batch_raises_and_changes_nothing():
+    m = module(DynamicEmbPoolingMode.NONE, DynamicEmbScoreStrategy.STEP)
+    offsets = torch.tensor([0, 1, 2, 3], device="cuda")
+    m(torch.tensor([1, 2, 3], device="cuda"), offsets).sum().backward()
+    before = table_state(m)
+    steps = list(m.tables.steps)
+    with pytest.raises(ValueError, match="empty-key sentinel"):
+        m(torch.tensor([1, -1, 5], device="cuda"), offsets)
+    with pytest.raises(ValueError, match="offsets"):
+        m(torch.tensor([1, 4, 5], device="cuda"), torch.tensor([0, 2, 1, 3], device="cuda"))
+    assert m.tables.steps == steps
+    for a, b in zip(table_state(m), before, strict=True):
+        assert torch.equal(a, b)
