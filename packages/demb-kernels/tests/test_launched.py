@@ -58,13 +58,15 @@ def test_dedup_launch_matches_dedup_batch(batch, max_bag, key_range, counters, k
     host = got.info.cpu()
     info = launch_info(host, indices.numel(), T, F)
     assert info.key_bits == want.key_bits
-    assert info.bounds == want.bounds.tolist()
     assert info.ready == (want.key_bits <= key_bits)
+    f = want.bounds.numel() - (F + 1)
+    assert info.bounds[f:] == want.bounds.tolist()[f:]  # offsets[::B]: right either way
     assert not info.missed
     unique, go, _ = gate_words(host)
     assert go == info.ready
-    if not info.ready:
+    if not info.ready:  # the sort looked at too few bits: the unique keys are not known
         return
+    assert info.bounds == want.bounds.tolist()
     assert unique == info.unique == want.keys.numel()
     u = unique
     for a, b in (

@@ -31,7 +31,6 @@ def launched_find_or_insert(
     offsets: torch.Tensor,
     batch_size: int,
     frequency_counters: torch.Tensor | None,
-    scores: torch.Tensor,
 ) -> Launched | None:
     """Deduplicate the batch and find or insert its keys with one sync, initializing new rows
     (queued, as :meth:`DynamicEmbeddingTables._find_or_insert` does).
@@ -39,7 +38,6 @@ def launched_find_or_insert(
     Args:
         m: the module (training, on CUDA, its tables unable to grow).
         indices, offsets, batch_size, frequency_counters: the checked batch.
-        scores: the batch scores (``m.tables.next_score_args()``).
 
     Returns:
         :data:`Launched`, or None when the dedup's sort looked at too few key bits (nothing
@@ -53,6 +51,7 @@ def launched_find_or_insert(
     launched = dedup_launch(
         indices, offsets, m._feature_tables, num_tables, batch_size, counters, m._key_bits[0]
     )
+    scores = m.tables.next_score_args()  # after the dedup's launches: the GPU starts earlier
     gather = None
     none = m.pooling_mode is DynamicEmbPoolingMode.NONE
     if m._fused_gather and none and m._found_whole[0] and m.tables.values[0].device == m.device:

@@ -225,19 +225,19 @@ class DynamicEmbeddingTables(torch.nn.Module):
             return eval_none(self, indices, offsets, batch_size).to(self.output_dtype)
         if not self.training and self.pooling_mode is not _NONE and self._eval_pools_slots:
             return eval_pooled(self, indices, offsets, batch_size, pooling_weights)
-        # The batch scores are made before the dedup's sync, not in the idle gap after it.
-        scores = self.tables.next_score_args() if self.training else None
         status: torch.Tensor | None = None
         missing: list[int] | None = None  # per table, keys without a slot (None: unknown)
         gathered: torch.Tensor | None = None  # the NONE rows, read by find_or_insert
         launched = None
-        if scores is not None and self.device.type == "cuda" and not self.tables.may_grow:
+        if self.training and self.device.type == "cuda" and not self.tables.may_grow:
             launched = launched_find_or_insert(
-                self, indices, offsets, batch_size, frequency_counters, scores
+                self, indices, offsets, batch_size, frequency_counters
             )  # one sync; None: the dedup must sort on more key bits
         if launched is not None:
             batch, slots, status, gathered = launched
         else:
+            # The batch scores are made before the dedup's sync, not in the idle gap after it.
+            scores = self.tables.next_score_args() if self.training else None
             batch = dedup(
                 indices,
                 offsets,
