@@ -36,15 +36,6 @@ TORCH_LIBRARY(demb, m) {
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
       "Tensor table_ids, Tensor score_args, Tensor? counts, Tensor(e!) info, Tensor[] values, "
       "Tensor? inverse, int dim) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // dedup_launch then table_find_or_insert_gated in one call (CUDA only): dedup_launch's seven
-  // outputs, then the gated op's six.
-  m.def(
-      "table_dedup_find_or_insert(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
-      "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, "
-      "Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, int batch_size, "
-      "Tensor? counters, int key_bits, Tensor score_args, Tensor[] values, bool gather, int dim) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-      "Tensor, Tensor, Tensor)");
   m.def(
       "table_insert_or_assign(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "

@@ -1,8 +1,7 @@
 """dedup_launch and find_or_insert_gated (CUDA only, marker ``cuda``) against the two-sync ops
 they replace in a training forward: dedup_batch, and find_or_insert_rows on a twin index (same
 slots, statuses, victims, index state and gathered rows); the gate (a failed check or a sort on
-too few key bits changes nothing); dedup_find_or_insert against the two called one after the
-other; launch_info read from words made by hand (CPU); fakes."""
+too few key bits changes nothing); launch_info read from words made by hand (CPU); fakes."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import pytest
 import torch
 from demb_kernels import table as ops
 from demb_kernels.launched import (
-    dedup_find_or_insert,
     dedup_launch,
     find_or_insert_gated,
     gate_words,
@@ -166,45 +164,6 @@ def test_a_closed_gate_changes_nothing():
         assert gate_words(host)[1] is False
         assert rows is None
         assert all(torch.equal(a, b) for a, b in zip(snapshot(index), before, strict=True))
-
-
-@pytest.mark.cuda
-def test_dedup_find_or_insert_is_dedup_launch_then_find_or_insert_gated():
-    gen = torch.Generator().manual_seed(5)
-    index, twin = make_index(ScorePolicy.LFU), make_index(ScorePolicy.LFU)
-    values = [torch.randn(c, 5, device="cuda") for c in (64, 128, 64)]
-    first = batch_case(gen, 16, 4, 300)
-    hits = []
-    for step, (indices, offsets, ftab) in enumerate(
-        [first, batch_case(gen, 16, 4, 300), first, first]
-    ):
-        counters = torch.randint(0, 3, indices.shape, generator=gen).cuda()
-        args = torch.full((T,), step + 1, dtype=torch.int64, device="cuda")
-        launched, result, host, rows = dedup_find_or_insert(
-            index, indices, offsets, ftab, 16, args, counters, 16,
-            values=values, gather=True, dim=4,
-        )  # fmt: skip
-        want = dedup_launch(indices, offsets, ftab, T, 16, counters, 16)
-        expected, want_host, want_rows = find_or_insert_gated(
-            twin, want.keys, want.tables, args, want.counts, want.info,
-            values=values, inverse=want.inverse, dim=4,
-        )  # fmt: skip
-        assert torch.equal(host, want_host)
-        unique, go, missed = gate_words(host)
-        assert go
-        assert missed or step > 0  # the first batch finds an empty index
-        hits.append(not missed)
-        for a, b in zip(launched[:6], want[:6], strict=True):
-            assert torch.equal(a[:unique], b[:unique])
-        assert torch.equal(launched.inverse, want.inverse)
-        assert torch.equal(launched.order, want.order)
-        for a, b in zip(result, expected, strict=True):
-            assert torch.equal(a[..., :unique], b[..., :unique])
-        assert all(torch.equal(a, b) for a, b in zip(snapshot(index), snapshot(twin), strict=True))
-        assert (rows is None) == (want_rows is None) == missed
-        if rows is not None:
-            assert torch.equal(rows, want_rows)
-    assert hits[-1]  # a batch right after itself finds every key
 
 
 def test_launch_info_reads_the_words():

@@ -43,6 +43,8 @@ int bits_for(int64_t max_value) {
 
 using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                             at::Tensor, at::Tensor>;
+using LaunchOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                             at::Tensor>;
 
 // One dedup of a batch on the device: its buffers, and the launches that fill them (no sync).
 // `info` holds the words read back (dedup_bounds', see kDedupFlags), then the keys' varying
@@ -227,6 +229,30 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
           at::scalar_tensor(needed, at::kLong)};
 }
 
+// dedup_batch's outputs at full size N (the first U rows hold the unique keys; U, like the
+// rest, is on the device), with no sync: `info` (W + 4,) int64 on the device holds the words
+// dedup_batch reads back (W = T + kDedupFlags + F + 1: see kDedupFlags) and then: the keys'
+// varying bits, U, the go flag (1: every check passed and the keys differ in no bit above
+// key_bits, so the first U rows are right; else the caller reads info back and raises, or
+// dedups again on all 64 bits), and a zeroed word a consumer may use as a flag (find_or_insert
+// sets its low half when phase A missed a key). A consumer reads U and the go flag on the device
+// (table_find_or_insert_gated).
+LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
+                            const at::Tensor& feature_tables, int64_t num_tables,
+                            int64_t batch_size, const std::optional<at::Tensor>& counters,
+                            int64_t key_bits) {
+  check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits);
+  check_dedup_size(indices.numel());
+  const c10::cuda::CUDAGuard guard(indices.device());
+  DedupRun d(indices, offsets, feature_tables, num_tables, batch_size, counters, 3);
+  d.sort_and_scatter(static_cast<int>(key_bits));
+  int64_t* const info = d.info.data_ptr<int64_t>();
+  dedup_gate_kernel<<<1, 1, 0, d.stream>>>(info, num_tables, d.words, key_bits);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const at::Tensor counts = d.counts(d.n, d.n, info + d.words + 1);
+  return {d.output(2), d.output(3), d.output(0), counts, d.output(1), d.output(4), d.info};
+}
+
 // The batch's checks, and each index's table into `tables` when it is given.
 at::Tensor launch_index_tables(const at::Tensor& indices_in, const at::Tensor& offsets_in,
                                const at::Tensor& feature_tables_in, int64_t num_tables,
@@ -263,30 +289,6 @@ std::tuple<at::Tensor, at::Tensor> index_tables_cuda(const at::Tensor& indices,
 
 
 }  // namespace
-
-// dedup_batch's outputs at full size N (the first U rows hold the unique keys; U, like the
-// rest, is on the device), with no sync: `info` (W + 4,) int64 on the device holds the words
-// dedup_batch reads back (W = T + kDedupFlags + F + 1: see kDedupFlags) and then: the keys'
-// varying bits, U, the go flag (1: every check passed and the keys differ in no bit above
-// key_bits, so the first U rows are right; else the caller reads info back and raises, or
-// dedups again on all 64 bits), and a zeroed word a consumer may use as a flag (find_or_insert
-// sets its low half when phase A missed a key). A consumer reads U and the go flag on the device
-// (table_find_or_insert_gated).
-LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
-                            const at::Tensor& feature_tables, int64_t num_tables,
-                            int64_t batch_size, const std::optional<at::Tensor>& counters,
-                            int64_t key_bits) {
-  check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits);
-  check_dedup_size(indices.numel());
-  const c10::cuda::CUDAGuard guard(indices.device());
-  DedupRun d(indices, offsets, feature_tables, num_tables, batch_size, counters, 3);
-  d.sort_and_scatter(static_cast<int>(key_bits));
-  int64_t* const info = d.info.data_ptr<int64_t>();
-  dedup_gate_kernel<<<1, 1, 0, d.stream>>>(info, num_tables, d.words, key_bits);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const at::Tensor counts = d.counts(d.n, d.n, info + d.words + 1);
-  return {d.output(2), d.output(3), d.output(0), counts, d.output(1), d.output(4), d.info};
-}
 
 at::Tensor batch_checks_cuda(const at::Tensor& indices, const at::Tensor& offsets,
                              const at::Tensor& feature_tables, int64_t num_tables,

@@ -16,7 +16,6 @@
 #include <functional>
 
 #include "cuda/cub_call.cuh"
-#include "cuda/dedup_cuda.h"
 #include "cuda/table_bucket.cuh"
 #include "cuda/table_kernels.cuh"
 #include "gather_call.h"
@@ -335,38 +334,6 @@ GatedOutputs table_find_or_insert_gated_cuda(
   return {slots, status, victim_keys, victim_scores, host, rows};
 }
 
-// dedup_launch, then table_find_or_insert_gated on its outputs, in one call: between the dedup's
-// last launch and the lookup's the host runs these C++ calls only. Returns dedup_launch's seven
-// outputs, then the gated op's six; `gather` gathers the occurrences' rows through the dedup's
-// inverse.
-using DedupFindOutputs =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-               at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-DedupFindOutputs table_dedup_find_or_insert_cuda(
-    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
-    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
-    at::Tensor sizes, const at::Tensor& indices, const at::Tensor& offsets,
-    const at::Tensor& feature_tables, int64_t num_tables, int64_t batch_size,
-    const std::optional<at::Tensor>& counters, int64_t key_bits, const at::Tensor& score_args,
-    at::TensorList values, bool gather, int64_t dim) {
-  // The index's arguments first: a bad one raises before anything is launched.
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  TORCH_CHECK_VALUE(num_tables == ix.num_tables(), "num_tables=", num_tables, ": the index has ",
-                    ix.num_tables(), " tables");
-  const auto [keys, tables, inverse, counts, order, starts, info] =
-      dedup_launch_cuda(indices, offsets, feature_tables, num_tables, batch_size, counters,
-                        key_bits);
-  const auto [slots, status, victim_keys, victim_scores, host, rows] =
-      table_find_or_insert_gated_cuda(
-          index_keys, digests, scores, slot_offsets, bucket_widths, policies, sizes, keys, tables,
-          score_args, counts, info, values,
-          gather ? std::optional<at::Tensor>(inverse) : std::nullopt, dim);
-  return {keys,   tables, inverse,     counts,        order, starts, info,
-          slots,  status, victim_keys, victim_scores, host,  rows};
-}
-
 InsertOutputs table_insert_or_assign_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
                                           const at::Tensor& scores,
                                           const at::Tensor& slot_offsets,
@@ -409,7 +376,6 @@ TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("table_find_or_insert", &table_find_or_insert_cuda);
   m.impl("table_find_or_insert_rows", &table_find_or_insert_rows_cuda);
   m.impl("table_find_or_insert_gated", &table_find_or_insert_gated_cuda);
-  m.impl("table_dedup_find_or_insert", &table_dedup_find_or_insert_cuda);
   m.impl("table_insert_or_assign", &table_insert_or_assign_cuda);
   m.impl("table_erase", &table_erase_cuda);
   m.impl("table_timestamp", &table_timestamp_cuda);

@@ -19,7 +19,6 @@ from demb_kernels.table import InsertResult, TableIndex, as_batch
 __all__ = [
     "LaunchInfo",
     "LaunchedDedup",
-    "dedup_find_or_insert",
     "dedup_launch",
     "find_or_insert_gated",
     "gate_words",
@@ -145,50 +144,6 @@ def find_or_insert_gated(
     return InsertResult(*out), host, rows if rows.shape[0] else None
 
 
-def dedup_find_or_insert(
-    index: TableIndex,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    feature_tables: torch.Tensor,
-    batch_size: int,
-    score_args: torch.Tensor,
-    counters: torch.Tensor | None = None,
-    key_bits: int = 64,
-    *,
-    values: list[torch.Tensor] | None = None,
-    gather: bool = False,
-    dim: int = 0,
-) -> tuple[LaunchedDedup, InsertResult, torch.Tensor, torch.Tensor | None]:
-    """:func:`dedup_launch`, then :func:`find_or_insert_gated` on its outputs, in one op (CUDA
-    only): the host runs no Python between the dedup's last launch and the lookup's.
-
-    Args:
-        index: the index (mutated); its ``T`` tables are the batch's.
-        indices, offsets, feature_tables, batch_size, counters, key_bits: as
-            :func:`dedup_launch`.
-        score_args: ``(T,)`` int64 batch score per table.
-        values: per table, its ``(rows, width)`` value buffer; gather: also read the first
-            ``dim`` columns of each index's row through the dedup's inverse (when every key is
-            found).
-
-    Returns:
-        ``(launched, result, host, rows)``: as :func:`dedup_launch` and
-        :func:`find_or_insert_gated` return them.
-    """
-    out = torch.ops.demb.table_dedup_find_or_insert(
-        *index._tensors(), index.sizes, indices, offsets, feature_tables, index.num_tables,
-        batch_size, counters, key_bits, score_args, [] if values is None else values, gather,
-        dim,
-    )  # fmt: skip
-    rows = out[12]
-    return (
-        LaunchedDedup(*out[:7]),
-        InsertResult(*out[7:11]),
-        out[11],
-        rows if rows.shape[0] else None,
-    )
-
-
 def gate_words(host: torch.Tensor) -> tuple[int, bool, bool]:
     """``(U, go, missed)`` from a launched dedup's info words brought to the host: the unique
     count, the go flag (the gated find ran) and whether its first pass missed a key."""
@@ -227,24 +182,4 @@ def _find_or_insert_gated_fake(*args: object) -> tuple[torch.Tensor, ...]:
         keys.new_empty((scores.shape[0], n)),
         torch.empty((info.shape[0],), dtype=torch.int64),  # on the host
         keys.new_empty((occurrences, dim), dtype=torch.float32),
-    )
-
-
-@torch.library.register_fake("demb::table_dedup_find_or_insert")  # type: ignore[untyped-decorator]
-def _dedup_find_or_insert_fake(*args: object) -> tuple[torch.Tensor, ...]:
-    scores, indices, feature_tables, num_tables, dim = args[2], args[7], args[9], args[10], args[17]
-    assert isinstance(scores, torch.Tensor)
-    assert isinstance(indices, torch.Tensor)
-    assert isinstance(feature_tables, torch.Tensor)
-    assert isinstance(num_tables, int)
-    assert isinstance(dim, int)
-    n = indices.shape[0]
-    words = num_tables + 6 + feature_tables.shape[0] + 1 + _EXTRA_WORDS
-    return (
-        *(indices.new_empty((n,)) for _ in range(6)),
-        indices.new_empty((words,)),
-        *(indices.new_empty((n,)) for _ in range(3)),
-        indices.new_empty((scores.shape[0], n)),
-        torch.empty((words,), dtype=torch.int64),  # on the host
-        indices.new_empty((n if args[16] else 0, dim), dtype=torch.float32),
     )

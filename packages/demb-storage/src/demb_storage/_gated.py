@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from demb_kernels.launched import LaunchedDedup, dedup_find_or_insert, gate_words
+from demb_kernels.launched import LaunchedDedup, find_or_insert_gated, gate_words
 
 from demb_storage._errors import TableConfigError
 from demb_storage._outcomes import InsertOutcome
@@ -20,37 +20,32 @@ __all__ = ["find_or_insert_launched"]
 
 def find_or_insert_launched(
     table: ScoredHashTable,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    feature_tables: torch.Tensor,
-    batch_size: int,
+    launched: LaunchedDedup,
     score_args: torch.Tensor,
     *,
-    counters: torch.Tensor | None = None,
-    key_bits: int = 64,
-    gather_dim: int | None = None,
-) -> tuple[LaunchedDedup, InsertOutcome | None, torch.Tensor]:
-    """Deduplicate a TBE-layout batch per table and :meth:`ScoredHashTable.find_or_insert` its
-    unique keys (a forward: STEP tables advance one step), with one sync
-    (:func:`demb_kernels.launched.dedup_find_or_insert`), for tables that cannot grow (no table
-    may grow mid-batch here: the unique keys are not known on the host before the lookup). New
-    rows are not zeroed and FAILED keys are not counted: the caller writes every column of new
-    rows and counts failures (:meth:`ScoredHashTable.record_failures`), as the table module does.
+    counts: bool = True,
+    gather_rows: tuple[torch.Tensor, int] | None = None,
+) -> tuple[InsertOutcome | None, torch.Tensor]:
+    """:meth:`ScoredHashTable.find_or_insert` of ``launched``'s unique keys (a forward: STEP
+    tables advance one step), with one sync, for tables that cannot grow (no table may grow
+    mid-batch here: the unique keys are not known on the host before the lookup). New rows are
+    not zeroed and FAILED keys are not counted: the caller writes every column of new rows and
+    counts failures (:meth:`ScoredHashTable.record_failures`), as the table module does.
 
     Args:
         table: the tables (CUDA).
-        indices, offsets, feature_tables, batch_size, counters, key_bits: the batch, as
-            :func:`demb_kernels.launched.dedup_launch` takes it (``counters`` are summed into
-            the LFU counts; default 1 per index).
+        launched: :func:`demb_kernels.launched.dedup_launch`'s outputs.
         score_args: ``(T,)`` int64 the batch scores (:meth:`ScoredHashTable.next_score_args`).
-        gather_dim: when every key is found, also read the first ``gather_dim`` columns of each
-            index's row (:attr:`InsertOutcome.rows`), queued before the host learns that.
+        counts: use ``launched.counts`` for LFU words (else 1 per key).
+        gather_rows: ``(inverse, dim)``: when every key is found, also read the first ``dim``
+            columns of each occurrence's row (:attr:`InsertOutcome.rows`), queued before the
+            host learns that.
 
     Returns:
-        ``(launched, outcome, host)``: the dedup (full-size outputs); ``host``, its info words
-        read back (for :func:`demb_kernels.launched.launch_info`); ``outcome``, the ``U`` unique
-        keys' slots and statuses, or None when the dedup's go flag was clear (a failed batch
-        check, or a sort on too few key bits): then nothing changed and no step advanced.
+        ``(outcome, host)``: ``host`` is ``launched.info`` read back (for
+        :func:`demb_kernels.launched.launch_info`); ``outcome`` has the ``U`` unique keys'
+        slots and statuses, or is None when the dedup's go flag was clear (a failed batch check,
+        or a sort on too few key bits): then nothing changed and no step advanced.
 
     Raises:
         TableConfigError: some table can still grow.
@@ -60,18 +55,20 @@ def find_or_insert_launched(
             "find_or_insert_launched", "growable tables", "needs tables that cannot grow"
         )
     args = checked_scores(score_args, table.num_tables, table.device)
-    launched, result, host, rows = dedup_find_or_insert(
-        table.index, indices, offsets, feature_tables, batch_size, args, counters, key_bits,
-        values=table.values, gather=gather_dim is not None, dim=gather_dim or 0,
+    values, inverse, dim = (None, None, 0) if gather_rows is None else (table.values, *gather_rows)
+    result, host, rows = find_or_insert_gated(
+        table.index, launched.keys, launched.tables, args,
+        launched.counts if counts else None, launched.info,
+        values=values, inverse=inverse, dim=dim,
     )  # fmt: skip
     unique, go, missed = gate_words(host)
     if not go:
-        return launched, None, host
+        return None, host
     table.steps = [s + 1 for s in table.steps]
     slots, status = result.slots[:unique], result.status[:unique]
     if not missed:
-        return launched, InsertOutcome(slots, status, None, all_hit=True, rows=rows), host
+        return InsertOutcome(slots, status, None, all_hit=True, rows=rows), host
     keys, tables = launched.keys[:unique], launched.tables[:unique]
-    counts = launched.counts[:unique]
-    slots, status = table._retry_no_eviction(keys, tables, counts, args, slots, status)
-    return launched, InsertOutcome(slots, status, None), host
+    key_counts = launched.counts[:unique] if counts else None
+    slots, status = table._retry_no_eviction(keys, tables, key_counts, args, slots, status)
+    return InsertOutcome(slots, status, None), host

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from demb_kernels.init_rows import init_new_rows
-from demb_kernels.launched import launch_info
+from demb_kernels.launched import dedup_launch, launch_info
 from demb_storage import find_or_insert_launched
 
 from demb_torchrec._dedup import DedupedBatch, next_key_bits
@@ -48,14 +48,15 @@ def launched_find_or_insert(
     """
     counters = None if frequency_counters is None else frequency_counters.to(torch.int64)
     num_tables = m.num_tables
-    scores = m.tables.next_score_args()
+    launched = dedup_launch(
+        indices, offsets, m._feature_tables, num_tables, batch_size, counters, m._key_bits[0]
+    )
+    scores = m.tables.next_score_args()  # after the dedup's launches: the GPU starts earlier
+    gather = None
     none = m.pooling_mode is DynamicEmbPoolingMode.NONE
-    gather = m._fused_gather and none and m._found_whole[0]
-    gather = gather and m.tables.values[0].device == m.device
-    launched, outcome, host = find_or_insert_launched(
-        m.tables, indices, offsets, m._feature_tables, batch_size, scores,
-        counters=counters, key_bits=m._key_bits[0], gather_dim=m.dims[0] if gather else None,
-    )  # fmt: skip
+    if m._fused_gather and none and m._found_whole[0] and m.tables.values[0].device == m.device:
+        gather = (launched.inverse, m.dims[0])
+    outcome, host = find_or_insert_launched(m.tables, launched, scores, gather_rows=gather)
     info = launch_info(host, indices.numel(), num_tables, len(m.feature_table_map))
     m._key_bits[0] = next_key_bits(info.key_bits)
     if outcome is None:
