@@ -99,7 +99,8 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     } else {
       // The flag goes to the host behind the sums and the update is queued behind it, skipped
       // on the device when set; the host waits for the flag's copy only.
-      const at::Tensor flag = at::empty({}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
+      const at::Tensor flag =
+          at::empty({}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
       flag.copy_(bad, /*non_blocking=*/true);
       const c10::impl::VirtualGuardImpl guard(bad.device().type());
       c10::Event copied(bad.device().type());

@@ -46,6 +46,21 @@ int end_bit_for(uint64_t skip) {
   return bits;
 }
 
+// `count` elements of `dtype` at device address `src`, copied to pinned host memory on `stream`;
+// the host waits for the copy only (and the work before it), after `between` has queued its
+// work behind the copy.
+at::Tensor read_back(const void* src, int64_t count, at::ScalarType dtype,
+                     const at::cuda::CUDAStream& stream, const std::function<void()>& between) {
+  const at::Tensor host = at::empty({count}, at::TensorOptions().dtype(dtype).pinned_memory(true));
+  C10_CUDA_CHECK(cudaMemcpyAsync(host.data_ptr(), src, count * host.element_size(),
+                                 cudaMemcpyDeviceToHost, stream.stream()));
+  at::cuda::CUDAEvent copied;
+  copied.record(stream);
+  if (between) between();
+  copied.synchronize();
+  return host;
+}
+
 // The phase-B schedule: entries stably sorted by sort key (bucket order, batch order within a
 // bucket), cut into runs of equal keys. Phase A fills sort_keys, order (the sort's values) and
 // zeroed run_lengths (PhaseBPrep), and for find_or_insert the missed flag; build() sorts and
@@ -78,17 +93,9 @@ struct Schedule {
     return cuda::PhaseBPrep{word(0), int32(0), int32(2), skip, missed};
   }
 
-  // Whether phase A missed some valid key: the flag read back (waits for phase A and the
-  // copy only: `between` queues its work behind the copy before the host waits).
+  // Whether phase A missed some valid key: the flag read back (read_back).
   bool missed(const at::cuda::CUDAStream& stream, const std::function<void()>& between) const {
-    const at::Tensor host =
-        at::empty({1}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
-    C10_CUDA_CHECK(cudaMemcpyAsync(host.data_ptr<int32_t>(), int32(4) + 1, sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, stream.stream()));
-    at::cuda::CUDAEvent copied;
-    copied.record(stream);
-    if (between) between();
-    copied.synchronize();
+    const at::Tensor host = read_back(int32(4) + 1, 1, at::kInt, stream, between);
     return host.const_data_ptr<int32_t>()[0] != 0;
   }
 
@@ -311,15 +318,9 @@ GatedOutputs table_find_or_insert_gated_cuda(
         v, in, out, plan.prep(true, stream, missed));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  const at::Tensor host =
-      at::empty({info.numel()}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-  C10_CUDA_CHECK(cudaMemcpyAsync(host.data_ptr<int64_t>(), info.const_data_ptr<int64_t>(),
-                                 info.numel() * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                                 stream.stream()));
-  at::cuda::CUDAEvent copied;
-  copied.record(stream);
-  if (inverse && n > 0) rows = call_gather_table_rows(values, slots, table_ids, *inverse, dim);
-  copied.synchronize();
+  const at::Tensor host = read_back(info.const_data_ptr(), info.numel(), at::kLong, stream, [&] {
+    if (inverse && n > 0) rows = call_gather_table_rows(values, slots, table_ids, *inverse, dim);
+  });
   const int64_t* h = host.const_data_ptr<int64_t>();
   const bool go = h[w + 2] != 0;
   const bool hit = h[w + 3] == 0;

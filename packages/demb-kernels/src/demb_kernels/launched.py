@@ -99,8 +99,9 @@ def launch_info(host: torch.Tensor, n: int, num_tables: int, features: int) -> L
     """
     words = host.numel() - _EXTRA_WORDS
     bounds: list[int] = torch.ops.demb.batch_bounds(host[:words], n, num_tables, features).tolist()
-    varying, unique, go, missed = host[words:].tolist()
-    return LaunchInfo(bounds, unique, go != 0, missed != 0, (varying & (2**64 - 1)).bit_length())
+    unique, go, missed = gate_words(host)
+    varying = int(host[words]) & (2**64 - 1)  # the bits as unsigned
+    return LaunchInfo(bounds, unique, go, missed, varying.bit_length())
 
 
 def find_or_insert_gated(

@@ -172,7 +172,6 @@ def summed_per_key(
     plan = segment_plan(batch.starts, batch.order.numel()) if batch.starts.is_cuda else None
     spec = module.optimizer
     clip = spec.max_gradient if spec.gradient_clipping and rows is None else None
-    b = batch.table_bounds
     wired: torch.Tensor = torch.ops.demb.summed_update(
         trigger,
         out,
@@ -182,7 +181,7 @@ def summed_per_key(
         rows,
         scale,
         slots,
-        [b[t + 1] - b[t] for t in range(len(b) - 1)],
+        batch.table_sizes(),
         module.value_buffers(),
         module.dims,
         module.step_counts,

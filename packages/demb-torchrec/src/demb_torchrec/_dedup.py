@@ -34,11 +34,15 @@ class DedupedBatch(NamedTuple):
     """A ``key_bits`` guess for the next batch: the low bits this batch's keys differ in,
     rounded up to whole radix passes of 8 bits."""
 
+    def table_sizes(self) -> list[int]:
+        """Per table, its unique keys (``U_t``)."""
+        b = self.table_bounds
+        return [b[t + 1] - b[t] for t in range(len(b) - 1)]
+
     def per_table(self, rows: torch.Tensor) -> list[torch.Tensor]:
         """Per table, the view of ``rows`` (one per unique key, in :attr:`keys`' order) that
         holds that table's keys."""
-        b = self.table_bounds
-        return list(rows.split_with_sizes([b[t + 1] - b[t] for t in range(len(b) - 1)]))
+        return list(rows.split_with_sizes(self.table_sizes()))
 
     def count_per_table(self, mask: torch.Tensor) -> list[int]:
         """How many of each table's unique keys the ``(U,)`` bool ``mask`` holds (one sync; no

@@ -8,12 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from demb_kernels.init_rows import init_new_rows
 from demb_kernels.launched import dedup_launch, launch_info
 from demb_storage import find_or_insert_launched
 
 from demb_torchrec._dedup import DedupedBatch, next_key_bits
-from demb_torchrec.options import DynamicEmbPoolingMode
 
 if TYPE_CHECKING:
     from demb_torchrec.batched_tables import DynamicEmbeddingTables
@@ -33,7 +31,7 @@ def launched_find_or_insert(
     frequency_counters: torch.Tensor | None,
 ) -> Launched | None:
     """Deduplicate the batch and find or insert its keys with one sync, initializing new rows
-    (queued, as :meth:`DynamicEmbeddingTables._find_or_insert` does).
+    (queued: :meth:`DynamicEmbeddingTables._initialize_new`).
 
     Args:
         m: the module (training, on CUDA, its tables unable to grow).
@@ -52,10 +50,7 @@ def launched_find_or_insert(
         indices, offsets, m._feature_tables, num_tables, batch_size, counters, m._key_bits[0]
     )
     scores = m.tables.next_score_args()  # after the dedup's launches: the GPU starts earlier
-    gather = None
-    none = m.pooling_mode is DynamicEmbPoolingMode.NONE
-    if m._fused_gather and none and m._found_whole[0] and m.tables.values[0].device == m.device:
-        gather = (launched.inverse, m.dims[0])
+    gather = (launched.inverse, m.dims[0]) if m._gathers_rows() else None
     outcome, host = find_or_insert_launched(m.tables, launched, scores, gather_rows=gather)
     info = launch_info(host, indices.numel(), num_tables, len(m.feature_table_map))
     m._key_bits[0] = next_key_bits(info.key_bits)
@@ -73,9 +68,4 @@ def launched_find_or_insert(
         launched.starts[:u],
         m._key_bits[0],
     )
-    m._found_whole[0] = outcome.all_hit
-    if outcome.all_hit:  # no row is new and none failed: nothing to initialize or count
-        return batch, outcome.slots, None, outcome.rows
-    slots, status = outcome.slots, outcome.status
-    init_new_rows(m.tables.values, slots, batch.keys, batch.tables, status, m._new_rows)
-    return batch, slots, status, None
+    return batch, *m._initialize_new(batch, outcome)

@@ -24,6 +24,7 @@ from demb_kernels.lookup import (
 )
 from demb_optim import reduce_gradients
 from demb_storage import (
+    InsertOutcome,
     ScoredHashTable,
     TableConfigError,
     new_rows_spec,
@@ -423,11 +424,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
         With NONE pooling from one-launch gathers, a batch whose keys are all found also
         returns its output rows, read by find_or_insert (None otherwise), when the previous
         batch was found whole too (a batch with a new key would waste that read)."""
-        values = self.tables.values
-        gather = None
-        fused = self._fused_gather and self.pooling_mode is _NONE
-        if fused and self._found_whole[0] and values[0].device == self.device:
-            gather = (batch.inverse, self.dims[0])
+        gather = (batch.inverse, self.dims[0]) if self._gathers_rows() else None
         outcome = self.tables.find_or_insert(
             batch.keys,
             batch.tables,
@@ -438,6 +435,21 @@ class DynamicEmbeddingTables(torch.nn.Module):
             score_args=scores,
             gather_rows=gather,
         )
+        return self._initialize_new(batch, outcome)
+
+    def _gathers_rows(self) -> bool:
+        """Whether find_or_insert also reads the NONE output rows (kept only when every key is
+        found): one-launch gathers from tables on the module's device, and the previous batch
+        found whole (a batch with a new key would waste that read)."""
+        fused = self._fused_gather and self.pooling_mode is _NONE
+        return fused and self._found_whole[0] and self.tables.values[0].device == self.device
+
+    def _initialize_new(
+        self, batch: DedupedBatch, outcome: InsertOutcome
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """After a find_or_insert of ``batch``'s unique keys: ``(slots, status, rows)``, the new
+        rows (and their optimizer state) initialized by one launch queued behind the insert;
+        status and rows None as :meth:`_find_or_insert` returns them."""
         self._found_whole[0] = outcome.all_hit
         if outcome.all_hit:  # no row is new and none failed: nothing to initialize or count
             return outcome.slots, None, outcome.rows
