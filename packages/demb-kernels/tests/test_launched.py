@@ -183,6 +183,8 @@ def test_launch_info_reads_the_words():
     bad[2 + 3] = 1  # one -1 key
     with pytest.raises(ValueError, match="empty-key sentinel"):
         launch_info(bad, 9, 2, 1)
+    with pytest.raises(ValueError, match="host: expected"):  # words of another batch shape
+        launch_info(host, 9, 2, 2)
 
 
 def test_fake_kernels_give_shapes_without_data():

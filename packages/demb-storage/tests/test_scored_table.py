@@ -174,6 +174,23 @@ def test_one_element_tuple_is_that_strategy_and_bad_tuples_are_named():
 
 
 # --------------------------------------------------------------------------- growth
+def test_launched_find_or_insert_refuses_tables_that_may_grow():
+    """The one-sync find_or_insert cannot grow a table mid-batch: it raises, naming itself,
+    before anything runs (a table at max_capacity may not grow, so may_grow is False)."""
+    from demb_kernels.launched import LaunchedDedup
+    from demb_storage import find_or_insert_launched
+
+    table = one_table(S.LFU, init_capacity=32, max_capacity=1024)
+    assert table.may_grow
+    before = table.index.sizes.clone()
+    launched = LaunchedDedup(*[torch.tensor([1, 2])] * 7)  # never read: the check comes first
+    with pytest.raises(TableConfigError, match="find_or_insert_launched"):
+        find_or_insert_launched(table, launched, table.next_score_args())
+    assert torch.equal(table.index.sizes, before)
+    assert table.steps == [0]
+    assert not one_table(S.LFU, max_capacity=1024).may_grow
+
+
 def test_expansion_keeps_every_key_with_its_row_and_scores():
     table = one_table(S.LFU, init_capacity=32, max_capacity=1024)
     keys = torch.arange(0, 400)
