@@ -113,7 +113,10 @@ inline void check_per_entry(const std::optional<at::Tensor>& x, const char* name
 inline void check_segment_sum(const at::Tensor& grads, const at::Tensor& order,
                               const at::Tensor& starts, const std::optional<at::Tensor>& plan,
                               const std::optional<at::Tensor>& rows,
-                              const std::optional<at::Tensor>& scale) {
+                              const std::optional<at::Tensor>& scale, bool skip_single) {
+  TORCH_CHECK_VALUE(!skip_single || (!rows && !scale),
+                    "skip_single: only for unscaled sums (no rows or scale): an update reads a "
+                    "skipped key's gradient straight from its grads row");
   TORCH_CHECK_TYPE(grads.scalar_type() == at::kFloat, "grads must be float32, got ",
                    grads.scalar_type());
   TORCH_CHECK_VALUE(grads.dim() == 2, "grads must be (N, D), got ", grads.sizes());
@@ -138,6 +141,17 @@ inline void check_segment_sum(const at::Tensor& grads, const at::Tensor& order,
   TORCH_CHECK_VALUE(plan->dim() == 1 && plan->numel() == lay.size(), "plan must be (",
                     lay.size(), ",): segment_plan(starts, N) of these ", starts.numel(),
                     " starts and N = ", n, " rows; got ", plan->sizes());
+}
+
+// segment_single_rows: order (N,) and starts (U,) int64, 1-D, on one device.
+inline void check_single_rows(const at::Tensor& order, const at::Tensor& starts) {
+  for (const auto& [name, x] : {std::pair<const char*, const at::Tensor&>{"order", order},
+                                {"starts", starts}}) {
+    TORCH_CHECK_TYPE(x.scalar_type() == at::kLong, name, " must be int64, got ", x.scalar_type());
+    TORCH_CHECK_VALUE(x.dim() == 1, name, " must be 1-D, got ", x.sizes());
+  }
+  TORCH_CHECK_VALUE(order.device() == starts.device(), "order is on ", order.device(),
+                    ", starts on ", starts.device());
 }
 
 }  // namespace demb

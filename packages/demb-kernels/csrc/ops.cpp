@@ -79,7 +79,10 @@ TORCH_LIBRARY(demb, m) {
   m.def("segment_plan(Tensor starts, int n) -> Tensor");
   m.def(
       "segment_sum_rows(Tensor grads, Tensor order, Tensor starts, Tensor? plan=None, "
-      "Tensor? rows=None, Tensor? scale=None) -> (Tensor, Tensor)");
+      "Tensor? rows=None, Tensor? scale=None, bool skip_single=False) -> (Tensor, Tensor)");
+  // Each segment's only entry's grads row (order[starts[u]]), -1 where a segment has several:
+  // the rows an update reads straight from the gradient when the sums skip them.
+  m.def("segment_single_rows(Tensor order, Tensor starts) -> Tensor");
   m.def(
       "dedup_batch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size, Tensor? counters, int key_bits=64) -> (Tensor, Tensor, Tensor, Tensor, "
@@ -95,12 +98,15 @@ TORCH_LIBRARY(demb, m) {
       "int batch_size) -> (Tensor, Tensor)");
   m.def("batch_bounds(Tensor host, int n, int num_tables, int features) -> Tensor");
   m.def("status_counts(Tensor status, int[] bounds) -> Tensor");
-  // Optimizer updates of value rows [embedding | state] in place (demb_optim's specs).
+  // Optimizer updates of value rows [embedding | state] in place (demb_optim's specs). With
+  // grad_rows ((sum of n_t,) int64, the tables' entries in order), an entry whose row r is not
+  // -1 reads its gradient from grad_source[r] instead of grads[t].
   m.def(
       "optimizer_update(Tensor(a!)[] values, Tensor[] slots, Tensor[] grads, int[] dims, "
       "int[] steps, str optimizer, float learning_rate, float eps, float beta1, float beta2, "
       "float weight_decay, float learning_rate_power, float ftrl_beta, float l1_reg, "
-      "float l2_reg, Tensor? skip=None) -> ()");
+      "float l2_reg, Tensor? skip=None, Tensor? grad_rows=None, Tensor? grad_source=None) "
+      "-> ()");
   // A table module's rows wired to its update (an Autograd kernel only, summed_update.cpp): the
   // identity on `out`, whose backward sums each unique key's gradient (segment_sum_rows) and
   // runs optimizer_update on the tables in place; `steps` (CPU) advances after each update.

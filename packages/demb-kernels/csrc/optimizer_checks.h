@@ -130,4 +130,37 @@ inline std::vector<int64_t> check_update(OptimizerKind kind, at::TensorList valu
   return widths;
 }
 
+// grad_rows and grad_source: neither, or both: grad_rows (sum of n_t,) int64 over the tables'
+// entries in order, grad_source (R, dim) float32 with every table's dim (an entry whose row r is
+// not -1 reads grad_source[r]), on the values' device.
+inline void check_grad_rows(const std::optional<at::Tensor>& grad_rows,
+                            const std::optional<at::Tensor>& grad_source, at::TensorList values,
+                            at::TensorList slots, at::IntArrayRef dims) {
+  TORCH_CHECK_VALUE(grad_rows.has_value() == grad_source.has_value(),
+                    "grad_rows and grad_source: give both or neither");
+  if (!grad_rows) return;
+  int64_t entries = 0;
+  for (const at::Tensor& s : slots) entries += s.numel();
+  TORCH_CHECK_TYPE(grad_rows->scalar_type() == at::kLong, "grad_rows must be int64, got ",
+                   grad_rows->scalar_type());
+  TORCH_CHECK_VALUE(grad_rows->dim() == 1 && grad_rows->numel() == entries,
+                    "grad_rows must be (", entries, ",): one row per entry of every table, got ",
+                    grad_rows->sizes());
+  TORCH_CHECK_TYPE(grad_source->scalar_type() == at::kFloat, "grad_source must be float32, got ",
+                   grad_source->scalar_type());
+  TORCH_CHECK_VALUE(grad_source->dim() == 2, "grad_source must be (R, dim), got ",
+                    grad_source->sizes());
+  for (size_t t = 0; t < values.size(); ++t) {
+    TORCH_CHECK_VALUE(slots[t].numel() == 0 || grad_source->size(1) == dims[t],
+                      "grad_source has rows of ", grad_source->size(1), " floats; dims[", t,
+                      "]=", dims[t]);
+  }
+  for (const auto& [name, x] :
+       {std::pair<const char*, const at::Tensor&>{"grad_rows", *grad_rows},
+        {"grad_source", *grad_source}}) {
+    TORCH_CHECK_VALUE(values.empty() || x.device() == values[0].device(), name, " is on ",
+                      x.device(), ", the values on ", values[0].device());
+  }
+}
+
 }  // namespace demb

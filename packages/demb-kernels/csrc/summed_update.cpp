@@ -2,7 +2,8 @@
 // C++. The forward is the identity on `out` (`out` itself comes back, as from the Python node it
 // replaces: not a view, so in-place ops on it stay allowed); its backward sums each
 // unique key's gradient rows in the dedup's order (segment_sum_rows), checks them for NaN/inf
-// when asked, and updates the tables in place (optimizer_update). Autograd runs a CUDA backward
+// when asked, and updates the tables in place (optimizer_update). A key of one unscaled entry
+// is only checked: the update reads its gradient row where it is (segment_single_rows). Autograd runs a CUDA backward
 // on its device thread: here that thread runs no Python and takes no GIL, so the update's first
 // launch follows the node's start by a few calls.
 #include <ATen/ATen.h>
@@ -43,22 +44,32 @@ struct SummedUpdateState : torch::CustomClassHolder {
   int64_t dim = 0;                   // the gradient rows' width
 };
 
-using SumOp = std::tuple<at::Tensor, at::Tensor>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&);
+using OptionalTensor = std::optional<at::Tensor>;
+using SumOp = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                 const at::Tensor&, const OptionalTensor&,
+                                                 const OptionalTensor&, const OptionalTensor&,
+                                                 bool);
+using SingleOp = at::Tensor(const at::Tensor&, const at::Tensor&);
 using UpdateOp = void(at::TensorList, at::TensorList, at::TensorList, at::IntArrayRef,
                       at::IntArrayRef, c10::string_view, double, double, double, double, double,
-                      double, double, double, double, const std::optional<at::Tensor>&);
+                      double, double, double, double, const OptionalTensor&,
+                      const OptionalTensor&, const OptionalTensor&);
+
+// The gradient rows the sums skipped: (U,) each one-entry key's row of `grads`, -1 elsewhere.
+struct Direct {
+  OptionalTensor rows;
+  OptionalTensor grads;
+};
 
 void update(const SummedUpdateState& s, const std::vector<at::Tensor>& sums,
             const std::vector<at::Tensor>& slots, const std::vector<int64_t>& steps,
-            const std::optional<at::Tensor>& skip) {
+            const OptionalTensor& skip, const Direct& direct) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("demb::optimizer_update", "")
                              .typed<UpdateOp>();
   const std::vector<double>& h = s.hyper;
   op.call(s.values, slots, sums, s.dims, steps, s.optimizer, h[0], h[1], h[2], h[3], h[4], h[5],
-          h[6], h[7], h[8], skip);
+          h[6], h[7], h[8], skip, direct.rows, direct.grads);
 }
 
 void check_finite(bool bad) {
@@ -83,19 +94,29 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     static const auto sum_op = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("demb::segment_sum_rows", "")
                                    .typed<SumOp>();
+    static const auto single_op = c10::Dispatcher::singleton()
+                                      .findSchemaOrThrow("demb::segment_single_rows", "")
+                                      .typed<SingleOp>();
     at::Tensor grads = grad_out[0].reshape({-1, s->dim});
     if (s->clip) grads = grads.clamp(-*s->clip, *s->clip);
-    const auto [summed, bad] = sum_op.call(grads, s->order, s->starts, s->plan, s->rows, s->scale);
+    // Unscaled sums skip the keys of one entry (most keys of a power-law batch): the update
+    // reads their gradient rows in place, so their sums are neither written nor read back.
+    const bool skip_single = !s->rows && !s->scale;
+    if (skip_single) grads = grads.contiguous();
+    const auto [summed, bad] =
+        sum_op.call(grads, s->order, s->starts, s->plan, s->rows, s->scale, skip_single);
+    Direct direct;
+    if (skip_single) direct = {single_op.call(s->order, s->starts), grads};
     const std::vector<at::Tensor> sums = summed.split_with_sizes(s->table_sizes);
     const std::vector<at::Tensor> slots = s->slots.split_with_sizes(s->table_sizes);
     const at::Tensor next = s->steps.add(1);
     const std::vector<int64_t> steps(next.const_data_ptr<int64_t>(),
                                      next.const_data_ptr<int64_t>() + next.numel());
     if (!s->check) {
-      update(*s, sums, slots, steps, std::nullopt);
+      update(*s, sums, slots, steps, std::nullopt, direct);
     } else if (!bad.is_cuda()) {  // CPU kernels run in order: the flag first
       check_finite(bad.item<bool>());
-      update(*s, sums, slots, steps, std::nullopt);
+      update(*s, sums, slots, steps, std::nullopt, direct);
     } else {
       // The flag goes to the host behind the sums and the update is queued behind it, skipped
       // on the device when set; the host waits for the flag's copy only.
@@ -105,7 +126,7 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
       const c10::impl::VirtualGuardImpl guard(bad.device().type());
       c10::Event copied(bad.device().type());
       copied.record(guard.getStream(bad.device()));
-      update(*s, sums, slots, steps, bad);
+      update(*s, sums, slots, steps, bad, direct);
       copied.synchronize();
       check_finite(*flag.const_data_ptr<bool>());
     }

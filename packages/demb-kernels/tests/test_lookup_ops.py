@@ -10,6 +10,7 @@ from demb_kernels.lookup import (
     gather_table_rows,
     plan_differs,
     segment_plan,
+    segment_single_rows,
     segment_sum_rows,
 )
 from hypothesis import given, settings
@@ -122,6 +123,48 @@ def test_segment_sum_rows_of_scaled_rows_is_the_sum_of_their_products(n, unique,
     got, _ = segment_sum_rows(grads, order, starts, rows=rows, scale=scale)
     want, _ = segment_sum_rows(products, order, starts)
     assert torch.equal(got, want)
+
+
+def singles_case(gen, lengths, d):
+    """Segments of the given lengths (0, 1 and more) over shuffled rows of ``(N, d)`` grads."""
+    n = sum(lengths)
+    lens = torch.tensor(lengths, dtype=torch.long)
+    starts = torch.cumsum(lens, 0) - lens
+    return torch.randn(n, d, generator=gen), torch.randperm(n, generator=gen), starts
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    lengths=st.lists(st.sampled_from([0, 1, 1, 1, 2, 5, 33, 70]), min_size=1, max_size=40),
+    d=st.integers(1, 140),
+    seed=st.integers(0, 2**31),
+)
+def test_skip_single_leaves_the_keys_of_one_entry_to_their_grads_rows(lengths, d, seed):
+    """segment_single_rows names each one-entry segment's grads row (a Python model); with
+    skip_single the other rows are the full sums bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    grads, order, starts = singles_case(gen, lengths, d)
+    singles = segment_single_rows(order, starts)
+    want = [int(order[b]) if k == 1 else -1 for b, k in zip(starts.tolist(), lengths, strict=True)]
+    assert singles.tolist() == want
+    full, _ = segment_sum_rows(grads, order, starts)
+    got, bad = segment_sum_rows(grads, order, starts, skip_single=True)
+    several = singles < 0
+    assert torch.equal(got[several], full[several])
+    assert torch.equal(full[~several], grads[singles[~several]])  # what the update reads
+    assert not bad
+
+
+def test_skip_single_still_flags_a_skipped_row():
+    gen = torch.Generator().manual_seed(3)
+    grads, order, starts = singles_case(gen, [2, 1, 3, 1], 5)
+    grads[order[2], 4] = float("nan")  # key 1's only entry
+    assert segment_sum_rows(grads, order, starts, skip_single=True)[1]
+    grads[order[2], 4] = 0.0
+    grads[order[6], 1] = float("inf")  # key 3's only entry
+    assert segment_sum_rows(grads, order, starts, skip_single=True)[1]
+    grads[order[6], 1] = 0.0
+    assert not segment_sum_rows(grads, order, starts, skip_single=True)[1]
 
 
 def plan_reference(starts: list[int], n: int) -> tuple[list[int], list[tuple[int, int, int]]]:
@@ -252,6 +295,12 @@ def test_bad_arguments_are_named():
         segment_sum_rows(*two, rows=torch.tensor([0, 1, 2]), scale=torch.ones(3).double())
     with pytest.raises(ValueError, match="order must have one entry per grads row"):
         segment_sum_rows(*two, scale=torch.ones(3))
+    with pytest.raises(ValueError, match="skip_single: only for unscaled sums"):
+        segment_sum_rows(*two, rows=torch.tensor([0, 1, 2]), skip_single=True)
+    with pytest.raises(TypeError, match="starts must be int64"):
+        segment_single_rows(torch.arange(3), torch.tensor([0.0]))
+    with pytest.raises(ValueError, match="starts: must begin at 0"):
+        segment_single_rows(torch.arange(3), torch.tensor([1]))
 
 
 @pytest.mark.cuda
@@ -301,6 +350,22 @@ def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
     assert torch.equal(only_rows.cpu(), segment_sum_rows(bag_grads, order, starts, rows=rows)[0])
     with pytest.raises(ValueError, match="rows: out of range for 9001 grads rows"):
         segment_sum_rows(bag_grads.cuda(), order.cuda(), starts.cuda(), rows=rows.cuda() + 9_000)
+    # keys of one entry: named, skipped by the sums (the others bit for bit), still checked
+    singles = torch.tensor([0, 1, 1, 1, 2, 1, 40, 1, 0, 1, 3] * 500)
+    s_grads, s_order, s_starts = singles_case(gen, singles.tolist(), dim)
+    on_gpu = (s_grads.cuda(), s_order.cuda(), s_starts.cuda())
+    gpu_singles = segment_single_rows(on_gpu[1], on_gpu[2])
+    assert torch.equal(gpu_singles.cpu(), segment_single_rows(s_order, s_starts))
+    several = (gpu_singles < 0).cpu()
+    s_cpu, _ = segment_sum_rows(s_grads, s_order, s_starts, skip_single=True)
+    s_plan = segment_plan(on_gpu[2], s_order.numel())
+    for plan in (None, s_plan):
+        s_gpu, s_bad = segment_sum_rows(*on_gpu, plan=plan, skip_single=True)
+        assert torch.equal(s_gpu.cpu()[several], s_cpu[several])
+        assert not s_bad
+    bad = s_grads.clone()
+    bad[s_order[int(s_starts[1])], 0] = float("nan")  # a one-entry key
+    assert bool(segment_sum_rows(bad.cuda(), *on_gpu[1:], skip_single=True)[1])
     # a NaN in a one-chunk segment, an infinity in the hot one: both flagged
     for row in (int(order[20_001]), int(order[5])):
         bad = grads.clone()

@@ -15,10 +15,11 @@ SGD = [LR] + [0.0] * 8  # optimizer_update's nine floats for SGD
 
 
 def case(device, gen, n=40, unique=9, sizes=(4, 5), dim=3, rows=12):
-    """A batch of ``n`` entries over ``unique`` keys (two tables), its order and starts."""
-    inverse = torch.cat(
-        [torch.arange(unique), torch.randint(0, unique, (n - unique,), generator=gen)]
-    )
+    """A batch of ``n`` entries over ``unique`` keys (two tables), its order and starts; keys
+    2, 5, 8... have one entry (their sums are skipped: the update reads their rows)."""
+    several = torch.tensor([u for u in range(unique) if u % 3 != 2])
+    extra = several[torch.randint(0, several.numel(), (n - unique,), generator=gen)]
+    inverse = torch.cat([torch.arange(unique), extra])
     inverse = inverse[torch.randperm(n, generator=gen)]
     order = torch.argsort(inverse, stable=True)
     counts = torch.bincount(inverse, minlength=unique)
@@ -113,14 +114,15 @@ def test_clip_clamps_each_entry_before_the_sum(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad):
+@pytest.mark.parametrize("key", [2, 3], ids=["one-entry-key", "key-of-several"])
+def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key):
     gen = torch.Generator().manual_seed(4)
     c = case(device, gen)
     out = torch.zeros(40, c["dim"], device=device)
     before = [v.clone() for v in c["values"]]
     wired, steps = wire(c, out)
     grad = torch.ones(40, c["dim"], device=device)
-    grad[5, 1] = bad
+    grad[int(c["order"][c["starts"][key]]), 1] = bad
     with pytest.raises(ValueError, match="NaN or infinite"):
         wired.backward(grad)
     for got, b in zip(c["values"], before, strict=True):

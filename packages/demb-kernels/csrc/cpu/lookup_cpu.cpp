@@ -1,11 +1,12 @@
-// CPU kernels of gather_table_rows, segment_plan and segment_sum_rows (lookup_rule.h), parallel
-// over rows.
+// CPU kernels of gather_table_rows, segment_plan, segment_sum_rows and segment_single_rows
+// (lookup_rule.h), parallel over rows.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <optional>
 #include <tuple>
@@ -132,8 +133,8 @@ void check_plan_matches(const at::Tensor& plan_in, const at::Tensor& starts, int
 std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(
     const at::Tensor& grads_in, const at::Tensor& order_in, const at::Tensor& starts_in,
     const std::optional<at::Tensor>& plan, const std::optional<at::Tensor>& rows_in,
-    const std::optional<at::Tensor>& scale_in) {
-  check_segment_sum(grads_in, order_in, starts_in, plan, rows_in, scale_in);
+    const std::optional<at::Tensor>& scale_in, bool skip_single) {
+  check_segment_sum(grads_in, order_in, starts_in, plan, rows_in, scale_in, skip_single);
   const at::Tensor grads = grads_in.contiguous();
   const at::Tensor order = order_in.contiguous();
   const at::Tensor starts = starts_in.contiguous();
@@ -161,10 +162,18 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(
   at::Tensor out = at::zeros({unique, d}, grads.options());
   const float* g = grads.const_data_ptr<float>();
   float* o = out.data_ptr<float>();
+  std::atomic<bool> single_bad{false};  // a skipped single entry's row is NaN or infinite
   at::parallel_for(0, unique, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> partial(static_cast<size_t>(d));
     for (int64_t u = begin; u < end; ++u) {
       const int64_t stop = u + 1 < unique ? st[u + 1] : n;
+      if (skip_single && stop - st[u] == 1) {  // checked, not written: its row stays zeros
+        const float* row = g + ord[st[u]] * d;
+        bool bad = false;
+        for (int64_t j = 0; j < d; ++j) bad = bad || !std::isfinite(row[j]);
+        if (bad) single_bad = true;
+        continue;
+      }
       float* total = o + u * d;
       const bool alone = stop - st[u] <= kSegmentChunk;  // one chunk: its sum is the total
       for (int64_t c = st[u]; c < stop; c += kSegmentChunk) {
@@ -187,9 +196,27 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(
       }
     }
   });
-  bool nonfinite = false;  // one pass over the sums, as the CUDA kernels check what they store
+  bool nonfinite = single_bad;  // one pass over the sums, as the CUDA kernels check them
   for (int64_t e = 0; e < unique * d && !nonfinite; ++e) nonfinite = !std::isfinite(o[e]);
   return {out, at::scalar_tensor(nonfinite, grads.options().dtype(at::kBool))};
+}
+
+at::Tensor segment_single_rows_cpu(const at::Tensor& order_in, const at::Tensor& starts_in) {
+  check_single_rows(order_in, starts_in);
+  const at::Tensor order = order_in.contiguous();
+  const at::Tensor starts = starts_in.contiguous();
+  const int64_t n = order.numel();
+  const int64_t unique = starts.numel();
+  const int64_t* ord = order.const_data_ptr<int64_t>();
+  const int64_t* st = starts.const_data_ptr<int64_t>();
+  check_starts(st, unique, n);
+  at::Tensor out = at::empty({unique}, starts.options());
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t u = 0; u < unique; ++u) {
+    const int64_t stop = u + 1 < unique ? st[u + 1] : n;
+    o[u] = stop - st[u] == 1 ? ord[st[u]] : -1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -198,6 +225,7 @@ TORCH_LIBRARY_IMPL(demb, CPU, m) {
   m.impl("gather_table_rows", &gather_table_rows_cpu);
   m.impl("segment_plan", &segment_plan_cpu);
   m.impl("segment_sum_rows", &segment_sum_rows_cpu);
+  m.impl("segment_single_rows", &segment_single_rows_cpu);
 }
 
 }  // namespace demb

@@ -1,5 +1,6 @@
 // CPU kernel of optimizer_update: the rows of every table updated in place, in parallel over
-// rows, float32 arithmetic whatever the row dtype.
+// rows, float32 arithmetic whatever the row dtype; an entry's gradient is its grads row, or the
+// grad_source row grad_rows names.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -53,7 +54,8 @@ void update_elements(const OptimizerParams& o, float* w, float* s, const float* 
 
 template <OptimizerKind K, typename T>
 void update_rows(const OptimizerParams& o, T* values, int64_t width, int64_t rows,
-                 const int64_t* slots, const float* grads, int64_t n, int64_t dim, int64_t step) {
+                 const int64_t* slots, const float* grads, const int64_t* grad_rows,
+                 const float* source, int64_t n, int64_t dim, int64_t step) {
   const float bias1 = K == OptimizerKind::kAdam ? adam_bias(o.beta1, step) : 1.0f;
   const float bias2 = K == OptimizerKind::kAdam ? adam_bias(o.beta2, step) : 1.0f;
   const int64_t state_width = width - dim;
@@ -72,7 +74,8 @@ void update_rows(const OptimizerParams& o, T* values, int64_t width, int64_t row
       const int64_t slot = slots[i];
       if (slot < 0) continue;
       T* row = values + slot * width;
-      const float* g = grads + i * dim;
+      const int64_t r = grad_rows != nullptr ? grad_rows[i] : -1;
+      const float* g = r >= 0 ? source + r * dim : grads + i * dim;
       for (int64_t j = 0; j < dim; ++j) w[j] = static_cast<float>(row[j]);
       for (int64_t k = 0; k < state_width; ++k) s[k] = static_cast<float>(row[dim + k]);
       float rowwise_rate = 0.0f;
@@ -91,13 +94,24 @@ void optimizer_update_cpu(at::TensorList values, at::TensorList slots, at::Tenso
                           at::IntArrayRef dims, at::IntArrayRef steps, c10::string_view optimizer,
                           double learning_rate, double eps, double beta1, double beta2,
                           double weight_decay, double learning_rate_power, double ftrl_beta,
-                          double l1_reg, double l2_reg, const std::optional<at::Tensor>& skip) {
+                          double l1_reg, double l2_reg, const std::optional<at::Tensor>& skip,
+                          const std::optional<at::Tensor>& grad_rows_in,
+                          const std::optional<at::Tensor>& grad_source_in) {
   const OptimizerParams o = make_params(optimizer, learning_rate, eps, beta1, beta2,
                                         weight_decay, learning_rate_power, ftrl_beta, l1_reg,
                                         l2_reg);
   const std::vector<int64_t> widths = check_update(o.kind, values, slots, grads, dims, steps);
   check_skip(skip, values);
+  check_grad_rows(grad_rows_in, grad_source_in, values, slots, dims);
   if (skip && skip->item<bool>()) return;  // the caller found the gradients unusable
+  const at::Tensor grad_rows = grad_rows_in ? grad_rows_in->contiguous() : at::Tensor();
+  const at::Tensor source = grad_source_in ? grad_source_in->contiguous() : at::Tensor();
+  const int64_t* rows_of = grad_rows.defined() ? grad_rows.const_data_ptr<int64_t>() : nullptr;
+  for (int64_t e = 0; rows_of && e < grad_rows.numel(); ++e) {
+    TORCH_CHECK_VALUE(rows_of[e] >= -1 && rows_of[e] < source.size(0), "grad_rows: ",
+                      rows_of[e], " is out of range for ", source.size(0),
+                      " grad_source rows (-1 reads grads)");
+  }
   for (size_t t = 0; t < values.size(); ++t) {  // every slot in range before any row changes
     const at::Tensor s = slots[t].contiguous();
     const int64_t* p = s.const_data_ptr<int64_t>();
@@ -106,6 +120,7 @@ void optimizer_update_cpu(at::TensorList values, at::TensorList slots, at::Tenso
                         " is out of range for ", values[t].size(0), " rows");
     }
   }
+  int64_t first = 0;  // table t's first entry in grad_rows
   for (size_t t = 0; t < values.size(); ++t) {
     const at::Tensor& table = values[t];
     const int64_t width = widths[t];
@@ -116,9 +131,12 @@ void optimizer_update_cpu(at::TensorList values, at::TensorList slots, at::Tenso
           with_optimizer(o.kind, [&](auto kind) {
             update_rows<decltype(kind)::value, scalar_t>(
                 o, table.data_ptr<scalar_t>(), width, table.size(0), s.const_data_ptr<int64_t>(),
-                g.const_data_ptr<float>(), s.numel(), dims[t], steps[t]);
+                g.const_data_ptr<float>(), rows_of ? rows_of + first : nullptr,
+                source.defined() ? source.const_data_ptr<float>() : nullptr, s.numel(), dims[t],
+                steps[t]);
           });
         });
+    first += s.numel();
   }
 }
 

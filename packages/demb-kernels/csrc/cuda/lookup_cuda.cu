@@ -1,6 +1,7 @@
-// CUDA bindings of gather_table_rows, segment_plan and segment_sum_rows: the checks of
-// lookup_checks.h, then one launch (gather), three (the plan: each segment's chunk count, their
-// scan, each chunk's rows) or two (the chunk sums, then each long segment's chunks in order).
+// CUDA bindings of gather_table_rows, segment_plan, segment_sum_rows and segment_single_rows:
+// the checks of lookup_checks.h, then one launch (gather, single rows), three (the plan: each
+// segment's chunk count, their scan, each chunk's rows) or two (the chunk sums, then each long
+// segment's chunks in order).
 // No sync: the chunk buffers are sized by the bound U + N / kSegmentChunk + 1 on the number of
 // chunks.
 #include <ATen/ATen.h>
@@ -102,8 +103,8 @@ at::Tensor segment_plan_cuda(const at::Tensor& starts_in, int64_t n) {
 std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
     const at::Tensor& grads_in, const at::Tensor& order_in, const at::Tensor& starts_in,
     const std::optional<at::Tensor>& plan_in, const std::optional<at::Tensor>& rows_in,
-    const std::optional<at::Tensor>& scale_in) {
-  check_segment_sum(grads_in, order_in, starts_in, plan_in, rows_in, scale_in);
+    const std::optional<at::Tensor>& scale_in, bool skip_single) {
+  check_segment_sum(grads_in, order_in, starts_in, plan_in, rows_in, scale_in, skip_single);
   const c10::cuda::CUDAGuard guard(grads_in.device());
   const at::Tensor grads = grads_in.contiguous();
   const at::Tensor order = order_in.contiguous();
@@ -126,7 +127,8 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
   if (unique == 0 || n == 0 || d == 0) {
     return {at::zeros({unique, d}, grads.options()), nonfinite};
   }
-  at::Tensor out = at::empty({unique, d}, grads.options());  // pass 1 or 2 writes every row
+  // Pass 1 or 2 writes every row, but those skip_single skips.
+  at::Tensor out = at::empty({unique, d}, grads.options());
   bool* bad = nonfinite.data_ptr<bool>();
   const PlanLayout lay{unique, n};
   at::Tensor plan;
@@ -149,13 +151,13 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
           <<<warp_blocks(warps), cuda::kLookupThreads, 0, stream>>>(
               grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), src,
               co + lay.begin(), co + lay.len(), co + lay.dest(), co + unique, d, max_chunks,
-              partial.data_ptr<float>(), out.data_ptr<float>(), bad);
+              skip_single, partial.data_ptr<float>(), out.data_ptr<float>(), bad);
     } else {
       cuda::segment_chunk_sums_kernel<kVec, kScaled>
           <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
               grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), src,
               co + lay.begin(), co + lay.len(), co + lay.dest(), co + unique, d, max_chunks,
-              partial.data_ptr<float>(), out.data_ptr<float>(), bad);
+              skip_single, partial.data_ptr<float>(), out.data_ptr<float>(), bad);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     cuda::segment_finish_kernel<kVec>
@@ -178,12 +180,31 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
   return {out, nonfinite};
 }
 
+at::Tensor segment_single_rows_cuda(const at::Tensor& order_in, const at::Tensor& starts_in) {
+  check_single_rows(order_in, starts_in);
+  const c10::cuda::CUDAGuard guard(starts_in.device());
+  const at::Tensor order = order_in.contiguous();
+  const at::Tensor starts = starts_in.contiguous();
+  const int64_t unique = starts.numel();
+  at::Tensor out = at::empty({unique}, starts.options());
+  if (unique == 0) return out;
+  const unsigned blocks =
+      static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
+  cuda::segment_single_rows_kernel<<<blocks, cuda::kLookupThreads, 0,
+                                     at::cuda::getCurrentCUDAStream()>>>(
+      order.const_data_ptr<int64_t>(), starts.const_data_ptr<int64_t>(), unique, order.numel(),
+      out.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("gather_table_rows", &gather_table_rows_cuda);
   m.impl("segment_plan", &segment_plan_cuda);
   m.impl("segment_sum_rows", &segment_sum_rows_cuda);
+  m.impl("segment_single_rows", &segment_single_rows_cuda);
 }
 
 }  // namespace demb

@@ -196,8 +196,9 @@ struct RowSource {
 };
 
 // Pass 1: chunk c summed in k order into partial[c], or straight into out[u] when its segment
-// is one chunk (then a NaN or infinity in it sets *nonfinite). One warp per chunk: its row
-// numbers read by the lanes at once, then its rows added in order (passed round by shuffles).
+// is one chunk (then a NaN or infinity in it sets *nonfinite); with skip_single, a segment of
+// one entry is checked but not stored. One warp per chunk: its row numbers read by the lanes
+// at once, then its rows added in order (passed round by shuffles).
 template <bool Vec4, bool Scaled>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_chunk_sums_kernel(const float* __restrict__ grads, const int64_t* __restrict__ order,
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(kLookupThreads)
                               const int64_t* __restrict__ chunk_len,
                               const int64_t* __restrict__ chunk_dest,
                               const int64_t* __restrict__ total_chunks, int64_t d,
-                              int64_t max_chunks, float* __restrict__ partial,
+                              int64_t max_chunks, bool skip_single, float* __restrict__ partial,
                               float* __restrict__ out, bool* __restrict__ nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   const int64_t c = warp_index();
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(kLookupThreads)
       const float s = Scaled ? __shfl_sync(kAll, my_scale, r) : 1.0f;
       acc.template add<Scaled>(grads + row * d, base + lane, d, s);
     }
-    acc.store(dst, base + lane, d);
+    if (!(skip_single && dest >= 0 && len == 1)) acc.store(dst, base + lane, d);
     if (__any_sync(kAll, dest >= 0 && acc.nonfinite(base + lane, d)) && lane == 0) {
       *nonfinite = true;  // every writer stores the same value
     }
@@ -243,7 +244,7 @@ constexpr int kSumChunks = 2;
 
 // Pass 1 when a row is one float4 per lane (d <= 128, 16-byte aligned): a warp sums
 // kSumChunks consecutive chunks together, one row of each in flight at a time, in the same
-// order per chunk as segment_chunk_sums_kernel (so the same floats).
+// order per chunk as segment_chunk_sums_kernel (so the same floats), and skip_single alike.
 template <bool Scaled>
 __global__ void __launch_bounds__(kLookupThreads, 8)
     segment_chunk_sums_packed_kernel(const float* __restrict__ grads,
@@ -252,8 +253,9 @@ __global__ void __launch_bounds__(kLookupThreads, 8)
                                      const int64_t* __restrict__ chunk_len,
                                      const int64_t* __restrict__ chunk_dest,
                                      const int64_t* __restrict__ total_chunks, int64_t d,
-                                     int64_t max_chunks, float* __restrict__ partial,
-                                     float* __restrict__ out, bool* __restrict__ nonfinite) {
+                                     int64_t max_chunks, bool skip_single,
+                                     float* __restrict__ partial, float* __restrict__ out,
+                                     bool* __restrict__ nonfinite) {
   // Row numbers and lengths as 32-bit words (N < 2^31, checked by the binding) and each
   // chunk's destination read again at the end, to fit 8 blocks per SM.
   constexpr unsigned kAll = 0xffffffffu;
@@ -300,12 +302,26 @@ __global__ void __launch_bounds__(kLookupThreads, 8)
     if (len[c] == 0) continue;  // the same for the warp's lanes
     const int64_t dest = chunk_dest[first + c];
     float* dst = dest >= 0 ? out + dest * d : partial + (~dest) * d;
-    if (lane < quads) reinterpret_cast<float4*>(dst)[lane] = acc[c];
+    const bool store = !(skip_single && dest >= 0 && len[c] == 1);
+    if (store && lane < quads) reinterpret_cast<float4*>(dst)[lane] = acc[c];
     const bool bad = dest >= 0 && lane < quads &&
                      (!isfinite(acc[c].x) || !isfinite(acc[c].y) || !isfinite(acc[c].z) ||
                       !isfinite(acc[c].w));
     if (__any_sync(kAll, bad) && lane == 0) *nonfinite = true;
   }
+}
+
+// out[u] = order[starts[u]] when segment u has one entry, else -1 (or when starts[u] is out of
+// [0, n): unchecked here, read safely).
+__global__ void __launch_bounds__(kLookupThreads)
+    segment_single_rows_kernel(const int64_t* __restrict__ order,
+                               const int64_t* __restrict__ starts, int64_t unique, int64_t n,
+                               int64_t* __restrict__ out) {
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= unique) return;
+  const int64_t b = starts[u];
+  const int64_t end = u + 1 < unique ? starts[u + 1] : n;
+  out[u] = b >= 0 && b < n && end - b == 1 ? order[b] : -1;
 }
 
 // Floats per L2 prefetch (one 128-byte line).

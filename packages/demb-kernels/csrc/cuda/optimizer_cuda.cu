@@ -1,5 +1,5 @@
 // CUDA binding of optimizer_update: the checks of optimizer_checks.h, then one launch for up to
-// 32 tables of one dtype.
+// 32 tables of one dtype (grad_rows' entries out of [-1, R) skipped, unchecked).
 // The float arithmetic is the CPU kernel's: nvcc builds with --fmad=false (setup.py), so no
 // multiply-add is contracted differently from the CPU build.
 #include <ATen/ATen.h>
@@ -40,13 +40,21 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
                            double learning_rate, double eps, double beta1, double beta2,
                            double weight_decay, double learning_rate_power, double ftrl_beta,
                            double l1_reg, double l2_reg,
-                           const std::optional<at::Tensor>& skip_in) {
+                           const std::optional<at::Tensor>& skip_in,
+                           const std::optional<at::Tensor>& grad_rows_in,
+                           const std::optional<at::Tensor>& grad_source_in) {
   const OptimizerParams o = make_params(optimizer, learning_rate, eps, beta1, beta2,
                                         weight_decay, learning_rate_power, ftrl_beta, l1_reg,
                                         l2_reg);
   const std::vector<int64_t> widths = check_update(o.kind, values, slots, grads, dims, steps);
   check_skip(skip_in, values);
+  check_grad_rows(grad_rows_in, grad_source_in, values, slots, dims);
   const at::Tensor skip = skip_in ? skip_in->contiguous() : at::Tensor();
+  const at::Tensor grad_rows = grad_rows_in ? grad_rows_in->contiguous() : at::Tensor();
+  const at::Tensor source = grad_source_in ? grad_source_in->contiguous() : at::Tensor();
+  const int64_t* rows_of = grad_rows.defined() ? grad_rows.const_data_ptr<int64_t>() : nullptr;
+  const float* source_data = source.defined() ? source.const_data_ptr<float>() : nullptr;
+  int64_t first = 0;  // table t's first entry in grad_rows
   const bool* skip_flag = skip.defined() ? skip.const_data_ptr<bool>() : nullptr;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool adam = o.kind == OptimizerKind::kAdam;
@@ -59,18 +67,21 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
       using T = decltype(zero);
       cuda::UpdateTables<T> tab{};
       tab.begin[0] = 0;
+      tab.source = source_data;
+      tab.source_rows = source.defined() ? source.size(0) : 0;
       // float4 moves when every table of the launch is float32 with 16-byte aligned rows,
       // state words and gradients.
-      bool vec4 = std::is_same_v<T, float>;
+      bool vec4 = std::is_same_v<T, float> && (!source_data || aligned16(source_data));
       for (; t < values.size() && values[t].scalar_type() == dtype &&
              tab.count < cuda::kMaxUpdateTables;
-           ++t) {
+           first += slots[t].numel(), ++t) {
         if (slots[t].numel() == 0) continue;
         const int c = tab.count++;
         keep.push_back(slots[t].contiguous());
         tab.slots[c] = keep.back().const_data_ptr<int64_t>();
         keep.push_back(grads[t].contiguous());
         tab.grads[c] = keep.back().const_data_ptr<float>();
+        tab.grad_rows[c] = rows_of ? rows_of + first : nullptr;
         tab.values[c] = static_cast<T*>(values[t].data_ptr());
         tab.width[c] = widths[t];
         tab.rows[c] = values[t].size(0);

@@ -67,11 +67,16 @@ struct UpdateTables {
   int64_t rows[kMaxUpdateTables];
   const int64_t* slots[kMaxUpdateTables];
   const float* grads[kMaxUpdateTables];  // (n_t, dim)
+  // (n_t,) or null: an entry whose row r is in [0, source_rows) reads source[r] instead (-1:
+  // grads; any other r skips the entry: the caller checks them beforehand).
+  const int64_t* grad_rows[kMaxUpdateTables];
   int64_t dim[kMaxUpdateTables];
   float bias1[kMaxUpdateTables];
   float bias2[kMaxUpdateTables];
   int64_t begin[kMaxUpdateTables + 1];
   int count;
+  const float* source;  // (source_rows, dim) rows grad_rows name
+  int64_t source_rows;
 };
 
 // Quads (4 floats) per lane loaded together on the float4 path: D=128 is one pass. (Two per
@@ -117,8 +122,9 @@ __device__ __forceinline__ void update_row4(const OptimizerParams& o, float* row
   }
 }
 
-// Row slots[i] of each table updated with grads[i]; slots out of [0, rows) are skipped (the
-// Python caller checks them beforehand); nothing changes when *skip is set. One warp per row, all
+// Row slots[i] of each table updated with grads[i] (or source[grad_rows[i]]); slots out of
+// [0, rows) are skipped (the Python caller checks them beforehand); nothing changes when *skip
+// is set. One warp per row, all
 // tables in one launch. With Vec4 (float32 tables whose rows, state and gradients are 16-byte
 // aligned) the elements move as float4 (update_row4).
 template <OptimizerKind K, typename T, bool Vec4 = false>
@@ -136,7 +142,9 @@ __global__ void __launch_bounds__(kUpdateThreads)
   if (slot < 0 || slot >= tab.rows[t]) return;
   const int64_t dim = tab.dim[t];
   T* row = tab.values[t] + slot * tab.width[t];
-  const float* g = tab.grads[t] + i * dim;
+  const int64_t r = tab.grad_rows[t] ? tab.grad_rows[t][i] : -1;
+  if (r < -1 || r >= tab.source_rows) return;
+  const float* g = r >= 0 ? tab.source + r * dim : tab.grads[t] + i * dim;
   const float bias1 = tab.bias1[t];
   const float bias2 = tab.bias2[t];
   float rate = 0.0f;

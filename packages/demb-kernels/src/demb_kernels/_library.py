@@ -28,6 +28,7 @@ OPS = (
     "gather_table_rows",
     "segment_plan",
     "segment_sum_rows",
+    "segment_single_rows",
     "dedup_batch",
     "index_tables",
     "status_counts",

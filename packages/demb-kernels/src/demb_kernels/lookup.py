@@ -26,6 +26,7 @@ __all__ = [
     "index_tables",
     "plan_differs",
     "segment_plan",
+    "segment_single_rows",
     "segment_sum_rows",
     "status_count_tensor",
     "status_counts",
@@ -238,6 +239,7 @@ def segment_sum_rows(
     check: bool = True,
     rows: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
+    skip_single: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``out[u]`` = the sum of ``grads[order[k]]`` for ``k`` in ``[starts[u], starts[u + 1])``
     (the last segment ends at ``N``), in chunks of :data:`SEGMENT_CHUNK` rows. With ``rows``
@@ -257,10 +259,13 @@ def segment_sum_rows(
             kernel always checks.
         rows: ``(N,)`` int64 the ``grads`` row of each entry (default: the entry's own).
         scale: ``(N,)`` float32 each entry's factor (default 1).
+        skip_single: a segment of one entry is checked for NaN/inf but its row of ``out`` is
+            not written (its content is unspecified): an update reads that gradient row where
+            it is (:func:`segment_single_rows`). Only without ``rows`` and ``scale``.
 
     Returns:
         ``(U, D)`` float32 sums, and a ``()`` bool on their device (no sync): whether any sum
-        is NaN or infinite.
+        (or, with ``skip_single``, skipped row) is NaN or infinite.
     """
     if check and grads.device.type != "cpu" and starts.numel():
         n = order.numel()
@@ -280,8 +285,24 @@ def segment_sum_rows(
             raise ValueError(f"plan: not segment_plan(starts, {n}) of these starts")
         if flags[3]:
             raise ValueError(f"rows: out of range for {grads.shape[0]} grads rows")
-    out, nonfinite = torch.ops.demb.segment_sum_rows(grads, order, starts, plan, rows, scale)
+    out, nonfinite = torch.ops.demb.segment_sum_rows(
+        grads, order, starts, plan, rows, scale, skip_single
+    )
     return out, nonfinite
+
+
+def segment_single_rows(order: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """``(U,)`` int64: ``order[starts[u]]`` where segment ``u`` has one entry, else -1: the
+    ``grads`` rows that :func:`segment_sum_rows` with ``skip_single`` leaves to an update
+    (``demb::optimizer_update``'s ``grad_rows``). The CPU kernel checks ``starts`` as
+    :func:`segment_sum_rows` does; the CUDA kernel writes -1 where a start is out of range.
+
+    Args:
+        order: ``(N,)`` int64 positions grouped by segment.
+        starts: ``(U,)`` int64 segment starts in ``order`` (the last segment ends at ``N``).
+    """
+    rows: torch.Tensor = torch.ops.demb.segment_single_rows(order, starts)
+    return rows
 
 
 @torch.library.register_fake("demb::gather_table_rows")  # type: ignore[untyped-decorator]
@@ -310,9 +331,15 @@ def _segment_sum_rows_fake(
     plan: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
+    skip_single: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     flag = grads.new_empty((), dtype=torch.bool)
     return grads.new_empty((starts.shape[0], grads.shape[1])), flag
+
+
+@torch.library.register_fake("demb::segment_single_rows")  # type: ignore[untyped-decorator]
+def _segment_single_rows_fake(order: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    return starts.new_empty(starts.shape)
 
 
 @torch.library.register_fake("demb::dedup_batch")  # type: ignore[untyped-decorator]
