@@ -6,6 +6,7 @@ installed."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -284,11 +285,26 @@ def _uv() -> str:
     return found
 
 
+def _copy_distribution(name: str, site: Path) -> None:
+    """Copy installed distribution ``name`` (its package files and metadata, as its RECORD
+    lists them; no scripts) into ``site``."""
+    dist = importlib.metadata.distribution(name)
+    for entry in dist.files or []:
+        source = Path(str(dist.locate_file(entry)))
+        if ".." in entry.parts or not source.is_file():
+            continue
+        target = site / entry
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
 def test_the_cli_runs_in_a_venv_with_only_demb_io_installed(tmp_path):
-    """A fresh venv (no pip, no torch) where uv installs, from its cache only, demb-io and the
-    two dependencies it declares (demb-planner, numpy) and nothing else: the installed
-    ``demb-io`` script runs every subcommand's help, a verify and an inspect, and torch is not
-    importable there."""
+    """A fresh venv (no pip, no torch) holding demb-io and the two dependencies it declares
+    (demb-planner, numpy) and nothing else: uv installs the two packages from their sources
+    offline, and numpy is copied from this environment (the same interpreter; a fresh
+    ``uv sync --frozen`` downloads it by the lock's URL, so uv's cache cannot resolve it
+    offline). The installed ``demb-io`` script runs every subcommand's help, a verify and an
+    inspect, and torch is not importable there."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -296,8 +312,10 @@ def test_the_cli_runs_in_a_venv_with_only_demb_io_installed(tmp_path):
     for name in ("demb-planner", "demb-io"):  # copies: the build leaves the checkout alone
         shutil.copytree(PACKAGES / name, sources / name, ignore=shutil.ignore_patterns("build"))
     install = [_uv(), "pip", "install", "--python", str(python), "--offline", "--quiet"]
-    packages = [str(sources / "demb-planner"), str(sources / "demb-io"), f"numpy=={np.__version__}"]
+    packages = [str(sources / "demb-planner"), str(sources / "demb-io")]
     subprocess.run([*install, "--no-deps", *packages], check=True)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    _copy_distribution("numpy", venv / "lib" / version / "site-packages")
     script = venv / "bin" / "demb-io"
 
     def printed(code: str) -> str:
