@@ -142,6 +142,42 @@ def test_gated_find_or_insert_equals_find_or_insert_rows_on_a_twin(policy):
 
 
 @pytest.mark.cuda
+def test_a_gated_lookup_of_more_keys_than_its_grid_has_tiles():
+    """About 160,000 unique keys: the gated lookup's grid of resident blocks (at most 132 SMs x
+    8 blocks x 32 tiles) takes several keys per tile. A first step inserts them, a second finds
+    them all: both equal the two-sync op on a twin."""
+    gen = torch.Generator().manual_seed(8)
+    capacities, widths = [2**16, 2**17, 2**16], [128, 128, 128]
+    policies = [ScorePolicy.STEP] * T
+    index = TableIndex.create(capacities, widths, policies, device="cuda")
+    twin = TableIndex.create(capacities, widths, policies, device="cuda")
+    values = [torch.randn(c, 5, device="cuda") for c in capacities]
+    indices, offsets, ftab = batch_case(gen, 20_000, 4, 2**40)
+    for step in (1, 2):
+        launched = dedup_launch(indices, offsets, ftab, T, 20_000, None, 64)
+        want = dedup_batch(indices, offsets, ftab, T, 20_000)
+        args = torch.full((T,), step, dtype=torch.int64, device="cuda")
+        result, host, rows = find_or_insert_gated(
+            index, launched.keys, launched.tables, args, launched.counts, launched.info,
+            values=values, inverse=launched.inverse, dim=4,
+        )  # fmt: skip
+        expected, hit, expected_rows = ops.find_or_insert_rows(
+            twin, want.keys, want.tables, args, want.counts,
+            values=values, inverse=want.inverse, dim=4,
+        )  # fmt: skip
+        unique, go, missed = gate_words(host)
+        assert go
+        assert unique == want.keys.numel() > 33_792 * 4
+        assert hit == (step == 2)
+        assert missed == (not hit)
+        for a, b in zip(result, expected, strict=True):
+            assert torch.equal(a[..., :unique], b)
+        assert all(torch.equal(a, b) for a, b in zip(snapshot(index), snapshot(twin), strict=True))
+        if hit:
+            assert torch.equal(rows, expected_rows)
+
+
+@pytest.mark.cuda
 def test_a_closed_gate_changes_nothing():
     """Keys differing above key_bits (the sort was short) or a bad batch: no key inserted, no
     score touched, no rows."""

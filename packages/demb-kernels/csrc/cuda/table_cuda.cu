@@ -13,6 +13,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
 #include <cub/device/device_scan.cuh>
+#include <algorithm>
 #include <functional>
 
 #include "cuda/cub_call.cuh"
@@ -314,8 +315,10 @@ GatedOutputs table_find_or_insert_gated_cuda(
                            victim_keys.data_ptr<int64_t>(), victim_scores.data_ptr<int64_t>()};
   auto* missed = reinterpret_cast<int32_t*>(info.data_ptr<int64_t>() + w + 3);  // zeroed
   if (n > 0) {
-    cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(
-        v, in, out, plan.prep(true, stream, missed));
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const unsigned blocks = std::min(cuda::blocks_for_tiles(n), cuda::resident_lookup_blocks(sms));
+    cuda::lookup_gated_kernel<<<blocks, kThreads, 0, stream>>>(v, in, out,
+                                                               plan.prep(true, stream, missed));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   const at::Tensor host = read_back(info.const_data_ptr(), info.numel(), at::kLong, stream, [&] {
