@@ -100,6 +100,41 @@ def test_a_bad_batch_closes_the_gate_and_launch_info_raises():
         launch_info(host, 0, 1, 1)
 
 
+def gated_step_matches_twin(index, twin, values, batch, batch_size, score):
+    """One training step's dedup_launch + find_or_insert_gated on ``index`` against
+    dedup_batch + find_or_insert_rows on ``twin``: the gate open, the same unique count,
+    slots, statuses, victims and index state; rows only when every key was found, then the
+    same as the twin's and the gather of the slots. Returns the unique keys and whether every
+    key was found."""
+    indices, offsets, ftab = batch
+    launched = dedup_launch(indices, offsets, ftab, T, batch_size, None, 64)
+    want = dedup_batch(indices, offsets, ftab, T, batch_size)
+    args = torch.full((T,), score, dtype=torch.int64, device="cuda")
+    result, host, rows = find_or_insert_gated(
+        index, launched.keys, launched.tables, args, launched.counts, launched.info,
+        values=values, inverse=launched.inverse, dim=4,
+    )  # fmt: skip
+    expected, hit, expected_rows = ops.find_or_insert_rows(
+        twin, want.keys, want.tables, args, want.counts,
+        values=values, inverse=want.inverse, dim=4,
+    )  # fmt: skip
+    unique, go, missed = gate_words(host)
+    assert go
+    assert unique == want.keys.numel()
+    assert missed == (not hit)
+    for a, b in zip(result, expected, strict=True):
+        assert torch.equal(a[..., :unique], b)
+    assert all(torch.equal(a, b) for a, b in zip(snapshot(index), snapshot(twin), strict=True))
+    if hit:
+        assert rows is not None
+        assert torch.equal(rows, expected_rows)
+        assert torch.equal(rows, gather_table_rows(values, expected.slots, want.tables,
+                                                   want.inverse, 4))  # fmt: skip
+    else:
+        assert rows is None
+    return unique, hit
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("policy", [ScorePolicy.STEP, ScorePolicy.LFU, ScorePolicy.NO_EVICTION])
 def test_gated_find_or_insert_equals_find_or_insert_rows_on_a_twin(policy):
@@ -113,32 +148,8 @@ def test_gated_find_or_insert_equals_find_or_insert_rows_on_a_twin(policy):
         key_range = 400 if step < 4 else 40  # the last steps reuse keys: all hits
         batches.append(batch_case(gen, 16, 4, key_range))
     batches.append(batches[-1])
-    for step, (indices, offsets, ftab) in enumerate(batches):
-        launched = dedup_launch(indices, offsets, ftab, T, 16, None, 64)
-        want = dedup_batch(indices, offsets, ftab, T, 16)
-        args = torch.full((T,), step + 1, dtype=torch.int64, device="cuda")
-        result, host, rows = find_or_insert_gated(
-            index, launched.keys, launched.tables, args, launched.counts, launched.info,
-            values=values, inverse=launched.inverse, dim=4,
-        )  # fmt: skip
-        expected, hit, expected_rows = ops.find_or_insert_rows(
-            twin, want.keys, want.tables, args, want.counts,
-            values=values, inverse=want.inverse, dim=4,
-        )  # fmt: skip
-        unique, go, missed = gate_words(host)
-        assert go
-        assert unique == want.keys.numel()
-        assert missed == (not hit)
-        for a, b in zip(result, expected, strict=True):
-            assert torch.equal(a[..., :unique], b)
-        assert all(torch.equal(a, b) for a, b in zip(snapshot(index), snapshot(twin), strict=True))
-        if hit:
-            assert rows is not None
-            assert torch.equal(rows, expected_rows)
-            assert torch.equal(rows, gather_table_rows(values, expected.slots, want.tables,
-                                                       want.inverse, 4))  # fmt: skip
-        else:
-            assert rows is None
+    for step, batch in enumerate(batches):
+        gated_step_matches_twin(index, twin, values, batch, 16, step + 1)
 
 
 @pytest.mark.cuda
@@ -152,29 +163,11 @@ def test_a_gated_lookup_of_more_keys_than_its_grid_has_tiles():
     index = TableIndex.create(capacities, widths, policies, device="cuda")
     twin = TableIndex.create(capacities, widths, policies, device="cuda")
     values = [torch.randn(c, 5, device="cuda") for c in capacities]
-    indices, offsets, ftab = batch_case(gen, 20_000, 4, 2**40)
+    batch = batch_case(gen, 20_000, 4, 2**40)
     for step in (1, 2):
-        launched = dedup_launch(indices, offsets, ftab, T, 20_000, None, 64)
-        want = dedup_batch(indices, offsets, ftab, T, 20_000)
-        args = torch.full((T,), step, dtype=torch.int64, device="cuda")
-        result, host, rows = find_or_insert_gated(
-            index, launched.keys, launched.tables, args, launched.counts, launched.info,
-            values=values, inverse=launched.inverse, dim=4,
-        )  # fmt: skip
-        expected, hit, expected_rows = ops.find_or_insert_rows(
-            twin, want.keys, want.tables, args, want.counts,
-            values=values, inverse=want.inverse, dim=4,
-        )  # fmt: skip
-        unique, go, missed = gate_words(host)
-        assert go
-        assert unique == want.keys.numel() > 33_792 * 4
+        unique, hit = gated_step_matches_twin(index, twin, values, batch, 20_000, step)
+        assert unique > 33_792 * 4
         assert hit == (step == 2)
-        assert missed == (not hit)
-        for a, b in zip(result, expected, strict=True):
-            assert torch.equal(a[..., :unique], b)
-        assert all(torch.equal(a, b) for a, b in zip(snapshot(index), snapshot(twin), strict=True))
-        if hit:
-            assert torch.equal(rows, expected_rows)
 
 
 @pytest.mark.cuda
