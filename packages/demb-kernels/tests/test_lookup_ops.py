@@ -317,10 +317,12 @@ def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
     assert torch.equal(gpu.cpu(), cpu)
     one_each = gather_table_rows(*on_gpu, None, dim)
     assert torch.equal(one_each.cpu(), gather_table_rows(values, slots, tables, None, dim))
-    # hot segments: one key with 20,000 of 60,000 rows, many small ones, empty ones
+    # hot segments: one key with 20,000 of 60,000 rows and three of 2,000 beside it (folded by
+    # one block of the finish pass, one after the other), many small ones, empty ones
     grads = torch.randn(60_000, dim, generator=gen)
     order = torch.randperm(60_000, generator=gen)
-    starts = torch.cat([torch.tensor([0, 20_000, 20_000]), torch.arange(20_001, 60_000, 7)])
+    hot = [0, 20_000, 20_000, 20_001, 22_001, 24_001]
+    starts = torch.cat([torch.tensor(hot), torch.arange(26_001, 60_000, 7)])
     cpu_sum, cpu_bad = segment_sum_rows(grads, order, starts)
     gpu_sum, gpu_bad = segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda())
     assert torch.equal(gpu_sum.cpu(), cpu_sum)
@@ -366,9 +368,9 @@ def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
     bad = s_grads.clone()
     bad[s_order[int(s_starts[1])], 0] = float("nan")  # a one-entry key
     assert bool(segment_sum_rows(bad.cuda(), *on_gpu[1:], skip_single=True)[1])
-    # a NaN in a one-chunk segment, an infinity in the hot one: both flagged
-    for row in (int(order[20_001]), int(order[5])):
+    # a NaN in a one-chunk segment, an infinity in a hot one: both flagged
+    for row in (int(order[30_000]), int(order[23_000])):
         bad = grads.clone()
-        bad[row, 3] = float("nan") if row == int(order[20_001]) else float("inf")
+        bad[row, 3] = float("nan") if row == int(order[30_000]) else float("inf")
         assert bool(segment_sum_rows(bad.cuda(), order.cuda(), starts.cuda())[1])
         assert bool(segment_sum_rows(bad, order, starts)[1])

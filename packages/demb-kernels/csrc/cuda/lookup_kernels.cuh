@@ -336,16 +336,90 @@ __device__ __forceinline__ void prefetch_l2(const float* p) {
 template <bool Vec4>
 constexpr int kFinishBatch = Vec4 ? 8 : 2;
 
+// Segments of more chunks than this (a hot key's: kHotChunks * kSegmentChunk entries and more)
+// segment_finish_kernel folds with its whole block (float4 rows): the block's warps stage
+// kHotRows partial rows at a time in shared memory, the next window loading while the first
+// warp adds the last one in chunk order, so a hot key's hundreds of rows are a few dozen L2
+// round trips at most, not one per kFinishBatch rows. The same adds in the same order as one
+// warp's batches: the same floats.
+constexpr int kHotChunks = 32;
+constexpr int kHotRows = 16;
+
+// The block of segment_finish_kernel folds hot segment u (chunks [from, to)) into out[u]: see
+// kHotChunks. Every thread of the block calls it (it synchronizes the block).
+__device__ __forceinline__ void fold_hot_segment(const float* __restrict__ partial, int64_t u,
+                                                 int64_t from, int64_t to, int64_t d,
+                                                 float4 (*stage)[kHotRows][kLookupWarp],
+                                                 float* __restrict__ out,
+                                                 bool* __restrict__ nonfinite) {
+  constexpr unsigned kAll = 0xffffffffu;
+  constexpr int kWarps = kLookupThreads / kLookupWarp;
+  constexpr int kPerWarp = kHotRows / kWarps;
+  static_assert(kPerWarp * kWarps == kHotRows, "each warp stages kPerWarp rows of a window");
+  const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
+  const int warp = static_cast<int>(threadIdx.x / kLookupWarp);
+  const int64_t quads = d / 4;
+  const auto* rows = reinterpret_cast<const float4*>(partial);
+  // Rows [c0, c0 + kHotRows) into stage[buf]: warp w stages rows w, w + kWarps, ...
+  const auto load = [&](int64_t c0, int64_t col, float4 (&r)[kPerWarp]) {
+#pragma unroll
+    for (int k = 0; k < kPerWarp; ++k) {
+      const int64_t c = c0 + warp + k * kWarps;
+      r[k] = c < to && col < quads ? __ldcs(rows + c * quads + col)
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  const auto put = [&](int buf, const float4 (&r)[kPerWarp]) {
+#pragma unroll
+    for (int k = 0; k < kPerWarp; ++k) stage[buf][warp + k * kWarps][lane] = r[k];
+  };
+  for (int64_t base = 0; base < quads; base += kLookupWarp) {
+    const int64_t col = base + lane;
+    RowAcc<true> acc;
+    acc.zero();
+    float4 r[kPerWarp];
+    load(from, col, r);
+    put(0, r);
+    __syncthreads();
+    int buf = 0;
+    for (int64_t c0 = from; c0 < to; c0 += kHotRows) {
+      load(c0 + kHotRows, col, r);  // in flight while the first warp adds this window
+      if (warp == 0) {
+        const int64_t count = to - c0 < kHotRows ? to - c0 : kHotRows;
+        for (int64_t i = 0; i < count; ++i) {
+          RowAcc<true> part;
+          part.v[0] = stage[buf][i][lane];
+          acc.plus(part);
+        }
+      }
+      put(buf ^ 1, r);
+      __syncthreads();
+      buf ^= 1;
+    }
+    if (warp == 0) {
+      acc.store(out + u * d, col, d);
+      if (__any_sync(kAll, acc.nonfinite(col, d)) && lane == 0) *nonfinite = true;
+    }
+  }
+}
+
 // Pass 2: out[u] = the chunk sums of segment u, added in chunk order, for the segments pass 1
 // did not write (more than one chunk; none: zeros); a NaN or infinity sets *nonfinite. A warp
-// scans 32 segments, one per lane.
+// scans 32 segments, one per lane; with float4 rows, the segments of more than kHotChunks
+// chunks are left to the whole block, after (fold_hot_segment).
 template <bool Vec4>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_finish_kernel(const float* __restrict__ partial,
                           const int64_t* __restrict__ chunk_offsets, int64_t unique, int64_t d,
                           float* __restrict__ out, bool* __restrict__ nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
+  __shared__ float4 stage[Vec4 ? 2 : 1][Vec4 ? kHotRows : 1][kLookupWarp];
+  __shared__ int32_t hot[kLookupThreads];  // the block's hot segments, as lane + 32 * warp
+  __shared__ int hot_count;
+  if (threadIdx.x == 0) hot_count = 0;
+  __syncthreads();
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
+  const int64_t block_first = static_cast<int64_t>(blockIdx.x) * kLookupThreads;
   const int64_t first = warp_index() * kLookupWarp;
   const int64_t u = first + lane;
   int64_t c0 = 0;
@@ -354,7 +428,9 @@ __global__ void __launch_bounds__(kLookupThreads)
     c0 = chunk_offsets[u];
     c1 = chunk_offsets[u + 1];
   }
-  unsigned todo = __ballot_sync(kAll, u < unique && c1 - c0 != 1);
+  const bool hot_here = Vec4 && u < unique && c1 - c0 > kHotChunks;
+  if (hot_here) hot[atomicAdd(&hot_count, 1)] = static_cast<int32_t>(u - block_first);
+  unsigned todo = __ballot_sync(kAll, u < unique && c1 - c0 != 1 && !hot_here);
   const int64_t cols = Vec4 ? d / 4 : d;
   while (todo) {
     const int j = __ffs(todo) - 1;
@@ -362,7 +438,7 @@ __global__ void __launch_bounds__(kLookupThreads)
     const int64_t from = __shfl_sync(kAll, c0, j);
     const int64_t to = __shfl_sync(kAll, c1, j);
     // The segment's partial rows asked into L2 at once, each lane some rows: the adds below
-    // are in a fixed order, and a hot key's hundreds of rows would otherwise come from DRAM a
+    // are in a fixed order, and a key's dozens of rows would otherwise come from DRAM a
     // batch at a time.
     for (int64_t c = from + lane; c < to; c += kLookupWarp) {
       for (int64_t col = 0; col < d; col += kPrefetchFloats) prefetch_l2(partial + c * d + col);
@@ -370,8 +446,8 @@ __global__ void __launch_bounds__(kLookupThreads)
     for (int64_t base = 0; base < cols; base += RowAcc<Vec4>::kStep) {
       RowAcc<Vec4> acc;
       acc.zero();
-      // kFinishBatch partial rows loaded together, then added in chunk order: a hot key's
-      // hundreds of chunks are not one dependent L2 round trip each.
+      // kFinishBatch partial rows loaded together, then added in chunk order: a key's dozens
+      // of chunks are not one dependent L2 round trip each.
       for (int64_t c = from; c < to; c += kFinishBatch<Vec4>) {
         RowAcc<Vec4> part[kFinishBatch<Vec4>];
 #pragma unroll
@@ -386,6 +462,15 @@ __global__ void __launch_bounds__(kLookupThreads)
       }
       acc.store(out + (first + j) * d, base + lane, d);
       if (__any_sync(kAll, acc.nonfinite(base + lane, d)) && lane == 0) *nonfinite = true;
+    }
+  }
+  if constexpr (Vec4) {
+    __syncthreads();
+    const int hots = hot_count;
+    for (int h = 0; h < hots; ++h) {
+      const int64_t v = block_first + hot[h];
+      fold_hot_segment(partial, v, chunk_offsets[v], chunk_offsets[v + 1], d, stage, out,
+                       nonfinite);
     }
   }
 }
