@@ -19,6 +19,11 @@
 #include <utility>
 #include <vector>
 
+#include "lookup_rule.h"
+#ifdef DEMB_WITH_CUDA
+#include "cuda/segment_sums.h"
+#endif
+
 namespace demb {
 namespace {
 
@@ -42,6 +47,9 @@ struct SummedUpdateState : torch::CustomClassHolder {
   std::optional<double> clip;        // clamp each entry's gradient to [-clip, clip] first
   bool check = true;                 // reject NaN/inf sums: no row changes, ValueError
   int64_t dim = 0;                   // the gradient rows' width
+  // CUDA, unscaled, with a plan: the sums' NaN/inf flag, zeroed in the forward, for a backward
+  // that launches the sums straight away (segment_sums_launch); used once (undefined after).
+  at::Tensor nonfinite;
 };
 
 using OptionalTensor = std::optional<at::Tensor>;
@@ -72,6 +80,33 @@ void update(const SummedUpdateState& s, const std::vector<at::Tensor>& sums,
           h[6], h[7], h[8], skip, direct.rows, direct.grads);
 }
 
+// Whether the backward launches the sums itself (segment_sums_launch): a CUDA build, the flag
+// zeroed in the forward (state.nonfinite: CUDA, unscaled, a plan of the right size) and
+// gradient rows as segment_sum_rows checks them.
+bool direct_sums(const SummedUpdateState& s, const at::Tensor& grads, const at::Tensor& flag) {
+#ifdef DEMB_WITH_CUDA
+  return flag.defined() && grads.scalar_type() == at::kFloat && grads.dim() == 2 &&
+         grads.device() == flag.device() && grads.size(0) == s.order.numel() &&
+         grads.is_contiguous();
+#else
+  return false;
+#endif
+}
+
+// The forward's half of direct_sums: the sums' flag, zeroed, when the backward may launch the
+// sums itself (CUDA, unscaled, a plan that segment_sum_rows would take), else undefined.
+at::Tensor direct_flag(const SummedUpdateState& s) {
+  const bool cuda = s.order.is_cuda() && !s.rows && !s.scale && s.plan;
+  if (!cuda) return at::Tensor();
+  const at::Tensor& plan = *s.plan;
+  const PlanLayout lay{s.starts.numel(), s.order.numel()};
+  const bool fits = plan.scalar_type() == at::kLong && plan.dim() == 1 &&
+                    plan.numel() == lay.size() && plan.is_contiguous() &&
+                    plan.device() == s.order.device() && s.order.is_contiguous() &&
+                    s.starts.device() == s.order.device();
+  return fits ? at::zeros({}, s.order.options().dtype(at::kBool)) : at::Tensor();
+}
+
 void check_finite(bool bad) {
   TORCH_CHECK_VALUE(!bad,
                     "grads: the embedding gradients contain NaN or infinite values; no row was "
@@ -97,14 +132,24 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     static const auto single_op = c10::Dispatcher::singleton()
                                       .findSchemaOrThrow("demb::segment_single_rows", "")
                                       .typed<SingleOp>();
-    at::Tensor grads = grad_out[0].reshape({-1, s->dim});
+    at::Tensor grads = grad_out[0];
+    if (grads.dim() != 2 || grads.size(1) != s->dim) grads = grads.reshape({-1, s->dim});
     if (s->clip) grads = grads.clamp(-*s->clip, *s->clip);
     // Unscaled sums skip the keys of one entry (most keys of a power-law batch): the update
     // reads their gradient rows in place, so their sums are neither written nor read back.
     const bool skip_single = !s->rows && !s->scale;
     if (skip_single) grads = grads.contiguous();
-    const auto [summed, bad] =
-        sum_op.call(grads, s->order, s->starts, s->plan, s->rows, s->scale, skip_single);
+    at::Tensor summed;
+    at::Tensor bad = std::exchange(s->nonfinite, at::Tensor());
+    if (direct_sums(*s, grads, bad)) {  // the first launch a few calls after the node's start
+#ifdef DEMB_WITH_CUDA
+      summed = segment_sums_launch(grads, s->order, *s->plan, s->starts.numel(), true,
+                                   bad.data_ptr<bool>());
+#endif
+    } else {
+      std::tie(summed, bad) =
+          sum_op.call(grads, s->order, s->starts, s->plan, s->rows, s->scale, skip_single);
+    }
     Direct direct;
     if (skip_single) direct = {single_op.call(s->order, s->starts), grads};
     const std::vector<at::Tensor> sums = summed.split_with_sizes(s->table_sizes);
@@ -198,6 +243,7 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
   state->clip = clip;
   state->check = check;
   state->dim = dim;
+  state->nonfinite = direct_flag(*state);
   return SummedUpdate::apply(trigger, std::move(state));
 }
 

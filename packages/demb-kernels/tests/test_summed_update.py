@@ -38,10 +38,10 @@ def case(device, gen, n=40, unique=9, sizes=(4, 5), dim=3, rows=12):
     }
 
 
-def wire(c, out, *, rows=None, scale=None, clip=None, check=True, steps=None, hyper=SGD):
+def wire(c, out, *, rows=None, scale=None, clip=None, check=True, steps=None, hyper=SGD, plan=True):
     trigger = torch.zeros((), device=out.device, requires_grad=True)
     steps = torch.zeros(len(c["sizes"]), dtype=torch.int64) if steps is None else steps
-    plan = segment_plan(c["starts"], c["order"].numel()) if out.is_cuda else None
+    plan = segment_plan(c["starts"], c["order"].numel()) if out.is_cuda and plan else None
     wired = torch.ops.demb.summed_update(
         trigger, out, c["order"], c["starts"], plan, rows, scale, c["slots"], c["sizes"],
         c["values"], [c["dim"]] * len(c["sizes"]), steps, "sgd", hyper, clip, check, c["dim"],
@@ -132,6 +132,39 @@ def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key):
     wired.backward(grad)
     assert steps.tolist() == [1, 1]
     assert not all(torch.equal(g, b) for g, b in zip(c["values"], before, strict=True))
+
+
+def sum_ops_run(wired, grad, retain_graph=False):
+    """How many demb::segment_sum_rows ops the backward of ``wired`` called (profiled)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        wired.backward(grad, retain_graph=retain_graph)
+        torch.cuda.synchronize()
+    return sum(e.name == "demb::segment_sum_rows" for e in prof.events())
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dim", [3, 8], ids=["scalar", "float4"])
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_a_backward_launching_its_sums_equals_the_op_and_runs_once(dim, clip):
+    """With a plan, a CUDA backward launches the sums itself, not through segment_sum_rows (whose
+    checks and flag its forward did): the same rows, bit for bit, as the op's path (no plan);
+    a second backward of the graph (its flag used) takes the op's path."""
+    gen = torch.Generator().manual_seed(7)
+    direct, through = case("cuda", gen, dim=dim), case("cuda", gen, dim=dim)
+    through["values"] = [v.clone() for v in direct["values"]]
+    for key in ("order", "starts", "slots", "inverse"):
+        through[key] = direct[key]
+    out = torch.zeros(40, dim, device="cuda")
+    grads = [torch.randn(40, dim, generator=gen).cuda() for _ in range(2)]
+    wired, steps = wire(direct, out, clip=clip)
+    twin, twin_steps = wire(through, out.clone(), clip=clip, plan=False)
+    assert sum_ops_run(wired, grads[0], retain_graph=True) == 0
+    assert sum_ops_run(twin, grads[0], retain_graph=True) == 1
+    assert sum_ops_run(wired, grads[1]) == 1  # the flag is spent: the op's path, same result
+    assert sum_ops_run(twin, grads[1]) == 1
+    for a, b in zip(direct["values"], through["values"], strict=True):
+        assert torch.equal(a, b)
+    assert steps.tolist() == twin_steps.tolist() == [2, 2]
 
 
 def test_the_output_may_be_changed_in_place_before_backward():

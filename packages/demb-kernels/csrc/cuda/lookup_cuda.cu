@@ -6,6 +6,7 @@
 // chunks.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -21,6 +22,7 @@
 #include "cuda/cub_call.cuh"
 #include "cuda/lookup_kernels.cuh"
 #include "cuda/row_dispatch.cuh"
+#include "cuda/segment_sums.h"
 #include "lookup_checks.h"
 
 namespace demb {
@@ -35,6 +37,13 @@ unsigned warp_blocks(int64_t warps) {
 int64_t groups(int64_t items) { return (items + cuda::kLookupWarp - 1) / cuda::kLookupWarp; }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+void check_sum_sizes(int64_t grad_rows, int64_t n) {
+  TORCH_CHECK_VALUE(n < std::numeric_limits<int32_t>::max() &&
+                        grad_rows < std::numeric_limits<int32_t>::max(),
+                    "grads: ", grad_rows, " rows for ", n,
+                    " entries; segment_sum_rows on CUDA takes fewer than 2^31 - 1 of each");
+}
 
 at::Tensor gather_table_rows_cuda(at::TensorList values, const at::Tensor& slots_in,
                                   const at::Tensor& tables_in,
@@ -100,47 +109,19 @@ at::Tensor segment_plan_cuda(const at::Tensor& starts_in, int64_t n) {
   return plan;
 }
 
-std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
-    const at::Tensor& grads_in, const at::Tensor& order_in, const at::Tensor& starts_in,
-    const std::optional<at::Tensor>& plan_in, const std::optional<at::Tensor>& rows_in,
-    const std::optional<at::Tensor>& scale_in, bool skip_single) {
-  check_segment_sum(grads_in, order_in, starts_in, plan_in, rows_in, scale_in, skip_single);
-  const c10::cuda::CUDAGuard guard(grads_in.device());
-  const at::Tensor grads = grads_in.contiguous();
-  const at::Tensor order = order_in.contiguous();
-  const at::Tensor starts = starts_in.contiguous();
-  const at::Tensor rows = rows_in ? rows_in->contiguous() : at::Tensor();
-  const at::Tensor scale = scale_in ? scale_in->contiguous() : at::Tensor();
+// The chunk sums and finish pass of segment_sum_rows into `out` ((U, d) float32), NaN/inf
+// flagged in `bad`, with the plan made: the op's launches after its checks (and those of
+// segment_sums_launch). grads (N', d) float32, order (N,) int64 and plan contiguous.
+void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Tensor& plan,
+                 const cuda::RowSource& src, bool scaled, int64_t unique, bool skip_single,
+                 at::Tensor& out, bool* bad, cudaStream_t stream) {
   const int64_t n = order.numel();
   const int64_t d = grads.size(1);
-  const int64_t unique = starts.numel();
-  TORCH_CHECK_VALUE(n < std::numeric_limits<int32_t>::max() &&
-                        grads.size(0) < std::numeric_limits<int32_t>::max(),
-                    "grads: ", grads.size(0), " rows for ", n,
-                    " entries; segment_sum_rows on CUDA takes fewer than 2^31 - 1 of each");
-  const bool scaled = rows_in.has_value() || scale_in.has_value();
-  const cuda::RowSource src{rows_in ? rows.const_data_ptr<int64_t>() : nullptr,
-                            scale_in ? scale.const_data_ptr<float>() : nullptr};
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  at::Tensor nonfinite = at::empty({}, grads.options().dtype(at::kBool));  // kernels set true
-  C10_CUDA_CHECK(cudaMemsetAsync(nonfinite.data_ptr(), 0, sizeof(bool), stream));
-  if (unique == 0 || n == 0 || d == 0) {
-    return {at::zeros({unique, d}, grads.options()), nonfinite};
-  }
-  // Pass 1 or 2 writes every row, but those skip_single skips.
-  at::Tensor out = at::empty({unique, d}, grads.options());
-  bool* bad = nonfinite.data_ptr<bool>();
   const PlanLayout lay{unique, n};
-  at::Tensor plan;
-  if (plan_in) {
-    plan = plan_in->contiguous();
-  } else {
-    plan = at::empty({lay.size()}, starts.options());
-    fill_plan(starts, n, plan, stream);
-  }
   const int64_t* co = plan.const_data_ptr<int64_t>();
   const int64_t max_chunks = lay.max_chunks();
-  at::Tensor partial = at::empty({max_chunks, d}, grads.options());
+  const at::Tensor partial =
+      at::detail::empty_cuda({max_chunks, d}, at::kFloat, grads.device(), std::nullopt);
   const bool vec4 = d % 4 == 0 && aligned16(grads.const_data_ptr());
   const auto launch = [&](auto vec, auto with_scale) {
     constexpr bool kVec = decltype(vec)::value;
@@ -177,6 +158,43 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
   } else {
     with_vec(std::false_type{});
   }
+}
+
+std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
+    const at::Tensor& grads_in, const at::Tensor& order_in, const at::Tensor& starts_in,
+    const std::optional<at::Tensor>& plan_in, const std::optional<at::Tensor>& rows_in,
+    const std::optional<at::Tensor>& scale_in, bool skip_single) {
+  check_segment_sum(grads_in, order_in, starts_in, plan_in, rows_in, scale_in, skip_single);
+  const c10::cuda::CUDAGuard guard(grads_in.device());
+  const at::Tensor grads = grads_in.contiguous();
+  const at::Tensor order = order_in.contiguous();
+  const at::Tensor starts = starts_in.contiguous();
+  const at::Tensor rows = rows_in ? rows_in->contiguous() : at::Tensor();
+  const at::Tensor scale = scale_in ? scale_in->contiguous() : at::Tensor();
+  const int64_t n = order.numel();
+  const int64_t d = grads.size(1);
+  const int64_t unique = starts.numel();
+  check_sum_sizes(grads.size(0), n);
+  const bool scaled = rows_in.has_value() || scale_in.has_value();
+  const cuda::RowSource src{rows_in ? rows.const_data_ptr<int64_t>() : nullptr,
+                            scale_in ? scale.const_data_ptr<float>() : nullptr};
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  at::Tensor nonfinite = at::empty({}, grads.options().dtype(at::kBool));  // kernels set true
+  C10_CUDA_CHECK(cudaMemsetAsync(nonfinite.data_ptr(), 0, sizeof(bool), stream));
+  if (unique == 0 || n == 0 || d == 0) {
+    return {at::zeros({unique, d}, grads.options()), nonfinite};
+  }
+  // Pass 1 or 2 writes every row, but those skip_single skips.
+  at::Tensor out = at::empty({unique, d}, grads.options());
+  at::Tensor plan;
+  if (plan_in) {
+    plan = plan_in->contiguous();
+  } else {
+    plan = at::empty({PlanLayout{unique, n}.size()}, starts.options());
+    fill_plan(starts, n, plan, stream);
+  }
+  launch_sums(grads, order, plan, src, scaled, unique, skip_single, out,
+              nonfinite.data_ptr<bool>(), stream);
   return {out, nonfinite};
 }
 
@@ -199,6 +217,19 @@ at::Tensor segment_single_rows_cuda(const at::Tensor& order_in, const at::Tensor
 }
 
 }  // namespace
+
+at::Tensor segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
+                               const at::Tensor& plan, int64_t unique, bool skip_single,
+                               bool* nonfinite) {
+  check_sum_sizes(grads.size(0), order.numel());
+  const c10::cuda::CUDAGuard guard(grads.device());
+  at::Tensor out = at::detail::empty_cuda({unique, grads.size(1)}, at::kFloat, grads.device(),
+                                          std::nullopt);
+  if (unique == 0 || order.numel() == 0 || grads.size(1) == 0) return out.zero_();
+  launch_sums(grads, order, plan, cuda::RowSource{nullptr, nullptr}, false, unique, skip_single,
+              out, nonfinite, at::cuda::getCurrentCUDAStream());
+  return out;
+}
 
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("gather_table_rows", &gather_table_rows_cuda);

@@ -1,0 +1,21 @@
+// segment_sum_rows' launches on CUDA without the op's dispatch, checks and flag reset
+// (cuda/lookup_cuda.cu), for summed_update's backward: autograd runs it on its device thread,
+// whose core is often cold, and every call before the first launch there delays the GPU.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace demb {
+
+// The unscaled chunk sums of segment_sum_rows(grads, order, starts, plan, skip_single=...) into
+// a new (U, D) float32 tensor, queued on the current stream of grads' device, a NaN/inf setting
+// *nonfinite (zeroed by the caller). The caller has
+// checked what the op checks: grads (N, D) float32 contiguous on CUDA, order (N,) and plan
+// (segment_plan(starts, N)) int64 contiguous on its device, U = starts' length.
+at::Tensor segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
+                               const at::Tensor& plan, int64_t unique, bool skip_single,
+                               bool* nonfinite);
+
+}  // namespace demb
