@@ -104,7 +104,12 @@ at::Tensor direct_flag(const SummedUpdateState& s) {
                     plan.numel() == lay.size() && plan.is_contiguous() &&
                     plan.device() == s.order.device() && s.order.is_contiguous() &&
                     s.starts.device() == s.order.device();
-  return fits ? at::zeros({}, s.order.options().dtype(at::kBool)) : at::Tensor();
+#ifdef DEMB_WITH_CUDA
+  return fits ? zeroed_flag(s.order) : at::Tensor();
+#else
+  (void)fits;  // a CPU build has no CUDA tensors
+  return at::Tensor();
+#endif
 }
 
 void check_finite(bool bad) {

@@ -231,6 +231,14 @@ at::Tensor segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
   return out;
 }
 
+at::Tensor zeroed_flag(const at::Tensor& like) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  at::Tensor flag = at::detail::empty_cuda({}, at::kBool, like.device(), std::nullopt);
+  C10_CUDA_CHECK(
+      cudaMemsetAsync(flag.data_ptr(), 0, sizeof(bool), at::cuda::getCurrentCUDAStream()));
+  return flag;
+}
+
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("gather_table_rows", &gather_table_rows_cuda);
   m.impl("segment_plan", &segment_plan_cuda);

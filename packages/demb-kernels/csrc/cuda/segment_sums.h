@@ -11,11 +11,14 @@ namespace demb {
 
 // The unscaled chunk sums of segment_sum_rows(grads, order, starts, plan, skip_single=...) into
 // a new (U, D) float32 tensor, queued on the current stream of grads' device, a NaN/inf setting
-// *nonfinite (zeroed by the caller). The caller has
-// checked what the op checks: grads (N, D) float32 contiguous on CUDA, order (N,) and plan
-// (segment_plan(starts, N)) int64 contiguous on its device, U = starts' length.
+// *nonfinite (zeroed by the caller: zeroed_flag). The caller has checked what the op checks:
+// grads (N, D) float32 contiguous on CUDA, order (N,) and plan (segment_plan(starts, N)) int64
+// contiguous on its device, U = starts' length.
 at::Tensor segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
                                const at::Tensor& plan, int64_t unique, bool skip_single,
                                bool* nonfinite);
+
+// A bool scalar on like's device, zeroed on its current stream (no dispatch: a memset).
+at::Tensor zeroed_flag(const at::Tensor& like);
 
 }  // namespace demb
