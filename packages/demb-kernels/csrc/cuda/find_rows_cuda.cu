@@ -1,8 +1,9 @@
 // CUDA kernel and bindings of table_find_rows and table_find_batch_rows: each key's slot (a
 // lookup that touches no score) and its row, in one pass: table_lookup then gather_table_rows
 // without the slots between them going through memory and a second launch; the batch form
-// finds each index's table from its feature in the same pass. A warp takes kGatherRows keys: each of its 8-lane
-// tiles finds one key (phase A's tile_find), then the warp copies the rows (the gather's copy).
+// finds each index's table from its feature in the same pass. A warp takes 32 keys: each lane
+// finds one (lane_find_home), then the warp copies their rows, kCopyRows at a time (the gather's
+// copy).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -28,13 +29,10 @@
 namespace demb {
 namespace cuda {
 
-static_assert(kGatherRows * kFindTile == kLookupWarp, "a warp's tiles find kGatherRows keys");
+// Rows a warp loads before storing them when a row is one float4 per lane: the 32 rows of its
+// keys go in four such passes.
+constexpr int kCopyRows = 8;
 
-// slots[i] = the slot of keys[i] in table tables[i] or -1 (an invalid entry too); out[i] = that
-// row's first dim columns as float32, zeros for -1. (Measured on the H200: finding 16 keys per
-// warp with their loads interleaved needs 64 registers and ran slower, 343 us against 290 us
-// for the reference batch, than 4 keys per warp at 48 registers. Bounded to 6 blocks per SM:
-// 40 registers and a 16-byte spill, for more warps in flight on the probes' dependent loads.)
 // Where find_rows_kernel takes each key's table: tables[i], or (tables null) the table of the
 // feature owning index i of a TBE-layout batch (feature f owns [offsets[f * B],
 // offsets[(f + 1) * B]): the last feature whose first bag starts at or before i, feature 0 if
@@ -69,12 +67,13 @@ __device__ __forceinline__ int64_t feature_table(const KeyTables& k, const int64
 }
 
 // slots[i] = the slot of keys[i] in its table or -1 (an invalid entry too); out[i] = that row's
-// first dim columns as float32, zeros for -1. (Measured on the H200: finding 16 keys per warp
-// with their loads interleaved needs 64 registers and ran slower, 343 us against 290 us for the
-// reference batch, than 4 keys per warp at 48 registers. Bounded to 6 blocks per SM: 40
-// registers and a 16-byte spill, for more warps in flight on the probes' dependent loads.)
+// first dim columns as float32, zeros for -1. A warp takes 32 consecutive keys, one per lane:
+// each lane's probe of its key's start slot is in flight with the 31 others, and the slots are
+// stored in one coalesced write. (An earlier form took 4 keys per warp, one per 8-lane tile,
+// 270 us for the reference batch on the H200: the probes' dependent loads were in flight for
+// few keys at a time.)
 template <typename T, bool Vec4, bool FromFeatures>
-__global__ void __launch_bounds__(kLookupThreads, 6)
+__global__ void __launch_bounds__(kLookupThreads)
     find_rows_kernel(TableView v, const __grid_constant__ GatherTables g,
                      const int64_t* __restrict__ keys, KeyTables k, int64_t n, int64_t dim,
                      bool rows4, int64_t* __restrict__ slots, float* __restrict__ out) {
@@ -90,11 +89,10 @@ __global__ void __launch_bounds__(kLookupThreads, 6)
     }
     __syncthreads();
   }
-  const auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
-  const int64_t first = warp_index() * kGatherRows;
+  const int64_t first = warp_index() * kLookupWarp;
   if (first >= n) return;  // the same for the warp's lanes
-  const int64_t i = first + lane / kFindTile;  // the same for a tile's lanes
+  const int64_t i = first + lane;
   int64_t slot = -1;
   int64_t t = 0;
   if (i < n) {
@@ -107,22 +105,25 @@ __global__ void __launch_bounds__(kLookupThreads, 6)
     if (valid_entry(v, key, t)) {
       const int64_t width = v.bucket_widths[t];
       const Home home = home_of(key, v.capacity(t), width);
-      const int64_t base = v.slot_offsets[t] + home.bucket_base;
-      const int64_t found = tile_find_home(tile, v, base, width, key, home);
-      slot = found < 0 ? -1 : found - v.slot_offsets[t];
+      const int64_t offset = v.slot_offsets[t];
+      const int64_t found = lane_find_home(v, offset + home.bucket_base, width, key, home);
+      slot = found < 0 ? -1 : found - offset;
     }
-    if (tile.thread_rank() == 0) slots[i] = slot;
+    slots[i] = slot;
   }
+  const int rows = static_cast<int>(n - first < kLookupWarp ? n - first : kLookupWarp);
   if constexpr (Vec4) {
     if (rows4) {
-      warp_copy_rows4(g, slot, t, kFindTile, first, n, dim, lane, out);
+      for (int r0 = 0; r0 < rows; r0 += kCopyRows) {
+        warp_copy_rows4<kCopyRows>(g, slot, t, r0, 1, first + r0, n, dim, lane, out);
+      }
       return;
     }
   }
-  for (int r = 0; r < kGatherRows; ++r) {
-    const int64_t s = __shfl_sync(kAll, slot, r * kFindTile);
-    const int64_t tr = __shfl_sync(kAll, t, r * kFindTile);
-    if (first + r < n) warp_copy_row<T, Vec4>(g, s, tr, dim, lane, out + (first + r) * dim);
+  for (int r = 0; r < rows; ++r) {
+    const int64_t s = __shfl_sync(kAll, slot, r);
+    const int64_t tr = __shfl_sync(kAll, t, r);
+    warp_copy_row<T, Vec4>(g, s, tr, dim, lane, out + (first + r) * dim);
   }
 }
 
@@ -146,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor> find_rows_launch(const IndexTensors& ix,
   bool vec4 = dtype == at::kFloat && dim % 4 == 0;
   for (int64_t t = 0; t < g.count; ++t) vec4 = vec4 && g.width[t] % 4 == 0 && aligned16(g.base[t]);
   const bool rows4 = vec4 && dim / 4 <= cuda::kLookupWarp;
-  const int64_t warps = (n + cuda::kGatherRows - 1) / cuda::kGatherRows;
+  const int64_t warps = (n + cuda::kLookupWarp - 1) / cuda::kLookupWarp;
   const auto blocks = static_cast<unsigned>((warps * cuda::kLookupWarp + cuda::kLookupThreads - 1) /
                                             cuda::kLookupThreads);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();

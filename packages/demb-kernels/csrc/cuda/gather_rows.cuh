@@ -37,20 +37,21 @@ __device__ __forceinline__ bool no_row(const GatherTables& g, int64_t s, int64_t
   return s < 0 || t < 0 || t >= g.count || s >= g.rows[t];
 }
 
-// Copies kGatherRows rows of one float4 per lane (float32, dim <= 128, Vec4-aligned) into
-// out rows first.. (those below n): row r's slot and table are those of lane r * stride. Their
+// Copies Rows rows of one float4 per lane (float32, dim <= 128, Vec4-aligned) into out rows
+// first.. (those below n): row r's slot and table are those of lane lane0 + r * stride. Their
 // loads are all in flight together before any store.
+template <int Rows = kGatherRows>
 __device__ __forceinline__ void warp_copy_rows4(const GatherTables& g, int64_t my_slot,
-                                                int64_t my_table, int stride, int64_t first,
-                                                int64_t n, int64_t dim, int lane,
+                                                int64_t my_table, int lane0, int stride,
+                                                int64_t first, int64_t n, int64_t dim, int lane,
                                                 float* __restrict__ out) {
   constexpr unsigned kAll = 0xffffffffu;
   const int64_t quads = dim / 4;
-  float4 v[kGatherRows];
+  float4 v[Rows];
 #pragma unroll
-  for (int r = 0; r < kGatherRows; ++r) {
-    const int64_t s = __shfl_sync(kAll, my_slot, r * stride);
-    const int64_t t = __shfl_sync(kAll, my_table, r * stride);
+  for (int r = 0; r < Rows; ++r) {
+    const int64_t s = __shfl_sync(kAll, my_slot, lane0 + r * stride);
+    const int64_t t = __shfl_sync(kAll, my_table, lane0 + r * stride);
     v[r] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (lane < quads && !no_row(g, s, t)) {
       const float* src = static_cast<const float*>(g.base[t]) + s * g.width[t];
@@ -58,7 +59,7 @@ __device__ __forceinline__ void warp_copy_rows4(const GatherTables& g, int64_t m
     }
   }
 #pragma unroll
-  for (int r = 0; r < kGatherRows; ++r) {
+  for (int r = 0; r < Rows; ++r) {
     if (lane < quads && first + r < n) {
       __stcs(reinterpret_cast<float4*>(out + (first + r) * dim) + lane, v[r]);
     }

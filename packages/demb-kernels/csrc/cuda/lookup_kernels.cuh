@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kLookupThreads)
           my_table = tables[u];
         }
       }
-      warp_copy_rows4(g, my_slot, my_table, 1, first, n, dim, lane, out);
+      warp_copy_rows4(g, my_slot, my_table, 0, 1, first, n, dim, lane, out);
       return;
     }
   }

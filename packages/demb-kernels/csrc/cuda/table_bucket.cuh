@@ -12,39 +12,6 @@ namespace demb {
 namespace cuda {
 
 constexpr int kSharedTables = 32;  // tables whose size changes a block sums in shared memory
-constexpr int64_t kDigestChunk = 16;  // digests one 16-byte load covers
-
-__device__ __forceinline__ uint4 load_digests(const TableView& v, int64_t g) {
-  return *reinterpret_cast<const uint4*>(v.digests + g);
-}
-
-// Bit mask of the bytes of a 16-digest chunk that satisfy `match` (bit j = slot j).
-template <typename Match>
-__device__ __forceinline__ uint32_t chunk_mask(uint4 d, Match match) {
-  const uint32_t words[4] = {d.x, d.y, d.z, d.w};
-  uint32_t mask = 0;
-  for (int q = 0; q < 4; ++q) {
-    const uint32_t m = match(words[q]);  // 0xFF per matching byte
-    for (int b = 0; b < 4; ++b) mask |= ((m >> (8 * b)) & 1u) << (4 * q + b);
-  }
-  return mask;
-}
-
-// Global slot of `key` in the bucket at global slot `base`, or -1.
-__device__ int64_t thread_find(const TableView& v, int64_t base, int64_t width, int64_t key,
-                               uint8_t digest) {
-  const uint32_t pattern = 0x01010101u * digest;
-  for (int64_t j0 = 0; j0 < width; j0 += kDigestChunk) {
-    uint32_t m = chunk_mask(load_digests(v, base + j0),
-                            [&](uint32_t w) { return __vcmpeq4(w & 0x7F7F7F7Fu, pattern); });
-    while (m) {
-      const int j = __ffs(m) - 1;
-      if (v.keys[base + j0 + j] == key) return base + j0 + j;
-      m &= m - 1;
-    }
-  }
-  return -1;
-}
 
 // The first empty slot of the bucket in circular order from `start`, or -1.
 __device__ int64_t thread_first_empty(const TableView& v, int64_t base, int64_t width,

@@ -316,7 +316,7 @@ GatedOutputs table_find_or_insert_gated_cuda(
   auto* missed = reinterpret_cast<int32_t*>(info.data_ptr<int64_t>() + w + 3);  // zeroed
   if (n > 0) {
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const unsigned blocks = std::min(cuda::blocks_for_tiles(n), cuda::resident_lookup_blocks(sms));
+    const unsigned blocks = std::min(cuda::blocks_for_lanes(n), cuda::resident_lookup_blocks(sms));
     cuda::lookup_gated_kernel<<<blocks, kThreads, 0, stream>>>(v, in, out,
                                                                plan.prep(true, stream, missed));
     C10_CUDA_KERNEL_LAUNCH_CHECK();

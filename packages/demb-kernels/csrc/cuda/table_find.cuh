@@ -1,6 +1,7 @@
-// Finding a key in its bucket on CUDA (HASH_TABLE.md): a tile of kFindTile lanes per key, each
-// lane covering 16 slots of every 128-slot step through the bucket. Device functions only, so
-// that several .cu files can share them (kernels defined in a header would be defined twice).
+// Finding a key in its bucket on CUDA (HASH_TABLE.md): by one lane alone (thread_find,
+// lane_find_home), or by a tile of kFindTile lanes per key, each lane covering 16 slots of every
+// 128-slot step through the bucket (tile_find). Device functions only, so that several .cu files
+// can share them (kernels defined in a header would be defined twice).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -20,6 +21,52 @@ namespace cg = cooperative_groups;
 
 __device__ __forceinline__ bool valid_entry(const TableView& v, int64_t key, int64_t t) {
   return t >= 0 && t < v.num_tables && key != kEmptyKey;
+}
+
+constexpr int64_t kDigestChunk = 16;  // digests one 16-byte load covers
+
+__device__ __forceinline__ uint4 load_digests(const TableView& v, int64_t g) {
+  return *reinterpret_cast<const uint4*>(v.digests + g);
+}
+
+// Bit mask of the bytes of a 16-digest chunk that satisfy `match` (bit j = slot j).
+template <typename Match>
+__device__ __forceinline__ uint32_t chunk_mask(uint4 d, Match match) {
+  const uint32_t words[4] = {d.x, d.y, d.z, d.w};
+  uint32_t mask = 0;
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t m = match(words[q]);  // 0xFF per matching byte
+    for (int b = 0; b < 4; ++b) mask |= ((m >> (8 * b)) & 1u) << (4 * q + b);
+  }
+  return mask;
+}
+
+// Global slot of `key` in the bucket at global slot `base`, or -1.
+__device__ inline int64_t thread_find(const TableView& v, int64_t base, int64_t width,
+                                      int64_t key, uint8_t digest) {
+  const uint32_t pattern = 0x01010101u * digest;
+  for (int64_t j0 = 0; j0 < width; j0 += kDigestChunk) {
+    uint32_t m = chunk_mask(load_digests(v, base + j0),
+                            [&](uint32_t w) { return __vcmpeq4(w & 0x7F7F7F7Fu, pattern); });
+    while (m) {
+      const int j = __ffs(m) - 1;
+      if (v.keys[base + j0 + j] == key) return base + j0 + j;
+      m &= m - 1;
+    }
+  }
+  return -1;
+}
+
+// thread_find trying the key's start slot first (as tile_find_home does), by one lane alone: the
+// start slot's digest and key word are loaded together, and the bucket is scanned only when the
+// start slot does not hold the key. The same slot as thread_find.
+__device__ __forceinline__ int64_t lane_find_home(const TableView& v, int64_t base, int64_t width,
+                                                  int64_t key, const Home& home) {
+  const int64_t g = base + home.start;
+  const uint8_t digest = v.digests[g];  // both loads issued before either is compared
+  const int64_t held = v.keys[g];
+  if ((digest & 0x7F) == home.digest && held == key) return g;
+  return thread_find(v, base, width, key, home.digest);
 }
 
 // One lane's part of a step through a bucket: among the 16 digests at bucket offset `j0` (none
