@@ -77,6 +77,11 @@ TORCH_LIBRARY(demb, m) {
       "gather_table_rows(Tensor[] values, Tensor slots, Tensor tables, Tensor? inverse, "
       "int dim) -> Tensor");
   m.def("segment_plan(Tensor starts, int n) -> Tensor");
+  // A pooled lookup's bags (SUM, or MEAN) summed straight from the tables' rows by each index's
+  // slot, in index order (pool_checks.h).
+  m.def(
+      "pool_table_rows(Tensor[] values, Tensor slots, Tensor offsets, Tensor feature_tables, "
+      "int batch_size, int dim, bool mean, Tensor? weights) -> Tensor");
   m.def(
       "segment_sum_rows(Tensor grads, Tensor order, Tensor starts, Tensor? plan=None, "
       "Tensor? rows=None, Tensor? scale=None, bool skip_single=False) -> (Tensor, Tensor)");

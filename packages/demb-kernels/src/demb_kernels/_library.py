@@ -26,6 +26,7 @@ OPS = (
     "init_new_rows",
     "optimizer_update",
     "gather_table_rows",
+    "pool_table_rows",
     "segment_plan",
     "segment_sum_rows",
     "segment_single_rows",
