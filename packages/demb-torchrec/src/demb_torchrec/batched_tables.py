@@ -35,7 +35,7 @@ from torch.nn import functional
 from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_spec, resolve_device
 from demb_torchrec._autograd import Reduced, TrainStep, summed_per_key, trained_rows
 from demb_torchrec._dedup import DedupedBatch, dedup
-from demb_torchrec._direct import eval_none, eval_pooled, pooled_from_tables
+from demb_torchrec._direct import eval_none, eval_pooled, pooled_from_tables, pools_in_one_pass
 from demb_torchrec._launched import launched_find_or_insert
 from demb_torchrec._pooling import bag_rows, pool, pool_uniform
 from demb_torchrec._unique_rows import is_zero, unique_rows
@@ -159,6 +159,10 @@ class DynamicEmbeddingTables(torch.nn.Module):
             and not self.optimizer.gradient_clipping
         )
         # One-launch gathers (demb::gather_table_rows) need one dim, one dtype, <= 64 tables.
+        # SUM / MEAN bags pool from the tables in one pass (demb::pool_table_rows) on a GPU.
+        self._pools_in_one_pass = pools_in_one_pass(
+            self.device, self.dims, [c.dtype for c in configs]
+        )
         self._fused_gather = (
             len(set(self.dims)) == 1
             and len({c.dtype for c in configs}) == 1
