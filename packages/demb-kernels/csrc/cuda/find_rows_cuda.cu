@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/dedup_cuda.h"
+#include "cuda/feature_tables.cuh"
 #include "cuda/gather_rows.cuh"
 #include "cuda/row_dispatch.cuh"
 #include "cuda/table_find.cuh"
@@ -32,39 +33,6 @@ namespace cuda {
 // Rows a warp loads before storing them when a row is one float4 per lane: the 32 rows of its
 // keys go in four such passes.
 constexpr int kCopyRows = 8;
-
-// Where find_rows_kernel takes each key's table: tables[i], or (tables null) the table of the
-// feature owning index i of a TBE-layout batch (feature f owns [offsets[f * B],
-// offsets[(f + 1) * B]): the last feature whose first bag starts at or before i, feature 0 if
-// none; index_tables' rule).
-struct KeyTables {
-  const int64_t* tables;
-  const int64_t* offsets;
-  const int64_t* feature_tables;
-  int64_t features;
-  int64_t batch_size;
-};
-
-constexpr int kSharedFeatures = 256;  // features whose starts a block keeps in shared memory
-
-// The table of index i from the features' first offsets (`starts` in shared memory when the
-// batch has at most kSharedFeatures features, else read from `offsets`).
-__device__ __forceinline__ int64_t feature_table(const KeyTables& k, const int64_t* starts,
-                                                 const int64_t* tables_of, int64_t i) {
-  const bool shared = k.features <= kSharedFeatures;
-  int64_t lo = 0;
-  int64_t hi = k.features;
-  while (hi - lo > 1) {
-    const int64_t mid = (lo + hi) / 2;
-    const int64_t start = shared ? starts[mid] : k.offsets[mid * k.batch_size];
-    if (start <= i) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return shared ? tables_of[lo] : k.feature_tables[lo];
-}
 
 // slots[i] = the slot of keys[i] in its table or -1 (an invalid entry too); out[i] = that row's
 // first dim columns as float32, zeros for -1. A warp takes 32 consecutive keys, one per lane:
@@ -80,15 +48,7 @@ __global__ void __launch_bounds__(kLookupThreads)
   constexpr unsigned kAll = 0xffffffffu;
   __shared__ int64_t starts[FromFeatures ? kSharedFeatures : 1];
   __shared__ int64_t tables_of[FromFeatures ? kSharedFeatures : 1];
-  if constexpr (FromFeatures) {
-    if (k.features <= kSharedFeatures) {
-      for (int64_t f = threadIdx.x; f < k.features; f += blockDim.x) {
-        starts[f] = k.offsets[f * k.batch_size];
-        tables_of[f] = k.feature_tables[f];
-      }
-    }
-    __syncthreads();
-  }
+  if constexpr (FromFeatures) stage_features(k, starts, tables_of);
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
   const int64_t first = warp_index() * kLookupWarp;
   if (first >= n) return;  // the same for the warp's lanes

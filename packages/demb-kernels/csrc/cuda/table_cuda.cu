@@ -142,7 +142,7 @@ at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& dig
                          ptr_or_null(args), ptr_or_null(counts), nullptr, n};
   const cuda::BatchOut out{slots.data_ptr<int64_t>(), nullptr, nullptr, nullptr};
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(
+  cuda::lookup_kernel<<<cuda::blocks_for_lanes(n), kThreads, 0, stream>>>(
       make_view(ix, nullptr), in, out, cuda::PhaseBPrep{});
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return slots;
@@ -198,7 +198,7 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     const bool may_skip = capture == cudaStreamCaptureStatusNone;
-    cuda::lookup_kernel<<<cuda::blocks_for_tiles(n), kThreads, 0, stream>>>(
+    cuda::lookup_kernel<<<cuda::blocks_for_lanes(n), kThreads, 0, stream>>>(
         v, in, out, plan.prep(may_skip, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     // `speculate` (given phase A's slots) is queued behind the flag's copy: work that is

@@ -1,10 +1,7 @@
-// Finding a key in its bucket on CUDA (HASH_TABLE.md): by one lane alone (thread_find,
-// lane_find_home), or by a tile of kFindTile lanes per key, each lane covering 16 slots of every
-// 128-slot step through the bucket (tile_find). Device functions only, so that several .cu files
-// can share them (kernels defined in a header would be defined twice).
+// Finding a key in its bucket on CUDA (HASH_TABLE.md), by one lane alone: its digests 16 at a
+// time (thread_find), after its start slot (lane_find_home). Device functions only, so that
+// several .cu files can share them (kernels defined in a header would be defined twice).
 #pragma once
-
-#include <cooperative_groups.h>
 
 #include <cstdint>
 
@@ -15,9 +12,6 @@ namespace cuda {
 
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
-constexpr int kFindTile = 8;  // lanes per key in lookups (16 slots per lane and step)
-
-namespace cg = cooperative_groups;
 
 __device__ __forceinline__ bool valid_entry(const TableView& v, int64_t key, int64_t t) {
   return t >= 0 && t < v.num_tables && key != kEmptyKey;
@@ -57,9 +51,10 @@ __device__ inline int64_t thread_find(const TableView& v, int64_t base, int64_t 
   return -1;
 }
 
-// thread_find trying the key's start slot first (as tile_find_home does), by one lane alone: the
-// start slot's digest and key word are loaded together, and the bucket is scanned only when the
-// start slot does not hold the key. The same slot as thread_find.
+// thread_find trying the key's start slot first: an insert puts a key there when that slot is
+// empty, so most keys are there. The start slot's digest and key word are loaded together, and
+// the bucket is scanned only when the start slot does not hold the key. The same slot as
+// thread_find (a key is in its bucket at most once).
 __device__ __forceinline__ int64_t lane_find_home(const TableView& v, int64_t base, int64_t width,
                                                   int64_t key, const Home& home) {
   const int64_t g = base + home.start;
@@ -67,56 +62,6 @@ __device__ __forceinline__ int64_t lane_find_home(const TableView& v, int64_t ba
   const int64_t held = v.keys[g];
   if ((digest & 0x7F) == home.digest && held == key) return g;
   return thread_find(v, base, width, key, home.digest);
-}
-
-// One lane's part of a step through a bucket: among the 16 digests at bucket offset `j0` (none
-// when j0 >= width), the global slot holding `key`, or -1.
-__device__ __forceinline__ int64_t lane_hit(const TableView& v, int64_t base, int64_t width,
-                                            int64_t key, uint8_t digest, int64_t j0) {
-  if (j0 >= width) return -1;
-  const uint32_t pattern = 0x01010101u * digest;
-  const uint4 d = *reinterpret_cast<const uint4*>(v.digests + base + j0);
-  const uint32_t words[4] = {d.x, d.y, d.z, d.w};
-  int64_t hit = -1;
-  for (int q = 0; q < 4; ++q) {
-    uint32_t m = __vcmpeq4(words[q] & 0x7F7F7F7Fu, pattern);
-    while (m) {
-      const int b = (__ffs(m) - 1) >> 3;
-      const int64_t g = base + j0 + 4 * q + b;
-      if (v.keys[g] == key) hit = g;
-      m &= ~(0xFFu << (8 * b));
-    }
-  }
-  return hit;
-}
-
-// Global slot of `key` in the bucket at global slot `base`, or -1, searching from bucket offset
-// `from` (a multiple of the tile's step); the same in every lane of the tile. Each lane compares
-// 16 digests at once (one 16-byte load) per step.
-template <typename Tile>
-__device__ int64_t tile_find(const Tile& tile, const TableView& v, int64_t base, int64_t width,
-                             int64_t key, uint8_t digest, int64_t from = 0) {
-  const int lane = static_cast<int>(tile.thread_rank());
-  const int64_t step = 16 * static_cast<int64_t>(tile.num_threads());
-  for (int64_t c = from; c < width; c += step) {
-    const int64_t hit = lane_hit(v, base, width, key, digest, c + 16 * lane);
-    const unsigned mask = tile.ballot(hit >= 0);
-    if (mask) return tile.shfl(hit, __ffs(mask) - 1);
-  }
-  return -1;
-}
-
-// tile_find trying the key's start slot first: an insert puts a key there when that slot is
-// empty, so most keys are there. The slot's key word and digest are loaded together, without
-// the bucket scan's digests-then-key dependence; the bucket is scanned only when the start slot
-// does not hold the key. The same slot as tile_find (a key is in its bucket at most once).
-template <typename Tile>
-__device__ int64_t tile_find_home(const Tile& tile, const TableView& v, int64_t base,
-                                  int64_t width, int64_t key, const Home& home) {
-  const int64_t g = base + home.start;
-  const bool here = (v.digests[g] & 0x7F) == home.digest && v.keys[g] == key;
-  if (tile.any(here)) return g;  // every lane read the same words
-  return tile_find(tile, v, base, width, key, home.digest);
 }
 
 }  // namespace cuda

@@ -1,6 +1,6 @@
 // CUDA kernels of the scored hash table (HASH_TABLE.md); plain CUDA, no torch headers.
 //
-// What the ops share, and phase A (one tile of lanes per key, table_find.cuh). Phase B is in
+// What the ops share, and phase A (one lane per key, table_find.cuh). Phase B is in
 // table_bucket.cuh. The choices are those of the CPU kernels (cpu/table_cpu.cpp): same bucket,
 // same empty slot, same victim. Include this header from one .cu file only: it defines kernels.
 #pragma once
@@ -110,27 +110,8 @@ __device__ __forceinline__ void record_invalid(const TableView& v, const BatchIn
   note_miss(prep.missed);
 }
 
-// Lookup / phase A of entry i, by one tile of kFindTile lanes (record_entry, record_invalid).
-template <typename Tile>
-__device__ __forceinline__ void lookup_entry(const Tile& tile, const TableView& v,
-                                             const BatchIn& in, const BatchOut& out,
-                                             const PhaseBPrep& prep, int64_t i) {
-  const bool leader = tile.thread_rank() == 0;
-  const int64_t key = in.keys[i];
-  const int64_t t = in.table_ids[i];
-  if (!valid_entry(v, key, t)) {
-    if (leader) record_invalid(v, in, out, prep, i);
-    return;
-  }
-  const int64_t width = v.bucket_widths[t];
-  const Home home = home_of(key, v.capacity(t), width);
-  const int64_t base = v.slot_offsets[t] + home.bucket_base;
-  const int64_t g = tile_find_home(tile, v, base, width, key, home);
-  if (leader) record_entry(v, in, out, prep, i, t, base, g);
-}
-
-// Lookup / phase A of entry i by one lane alone (lane_find_home): the same slot and records as
-// lookup_entry.
+// Lookup / phase A of entry i by one lane alone (lane_find_home): its slot, and what
+// record_entry / record_invalid write for it.
 __device__ __forceinline__ void lookup_entry_lane(const TableView& v, const BatchIn& in,
                                                   const BatchOut& out, const PhaseBPrep& prep,
                                                   int64_t i) {
@@ -146,14 +127,14 @@ __device__ __forceinline__ void lookup_entry_lane(const TableView& v, const Batc
   record_entry(v, in, out, prep, i, t, base, lane_find_home(v, base, width, key, home));
 }
 
-// Lookup / phase A (lookup_entry) of the first `limit` entries (see BatchIn::gate), one tile
-// per entry (blocks_for_tiles).
+// Lookup / phase A (lookup_entry_lane) of the first `limit` entries (see BatchIn::gate), one
+// lane per entry (blocks_for_lanes). (One 8-lane tile per entry had 4 probes in flight per warp
+// against 32.)
 __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
     lookup_kernel(TableView v, BatchIn in, BatchOut out, PhaseBPrep prep) {
-  const auto tile = cg::tiled_partition<kFindTile>(cg::this_thread_block());
-  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kFindTile;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t limit = in.gate == nullptr ? in.n : (in.gate[1] != 0 ? in.gate[0] : 0);
-  if (i < limit) lookup_entry(tile, v, in, out, prep, i);  // i is the same for a tile's lanes
+  if (i < limit) lookup_entry_lane(v, in, out, prep, i);
 }
 
 // lookup_kernel for a gated launch, whose count is on the device: a grid of resident blocks
@@ -169,11 +150,6 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
        i += stride) {
     lookup_entry_lane(v, in, out, prep, i);
   }
-}
-
-inline unsigned blocks_for_tiles(int64_t tiles) {
-  const int64_t per_block = kWarpsPerBlock * kWarp / kFindTile;
-  return static_cast<unsigned>((tiles + per_block - 1) / per_block);
 }
 
 // Blocks of kWarp * kWarpsPerBlock lanes covering `entries` entries, one lane each.

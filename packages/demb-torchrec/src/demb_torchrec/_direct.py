@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from demb_kernels.lookup import MAX_GATHER_TABLES, index_tables
+from demb_kernels.lookup import MAX_GATHER_TABLES, check_batch, index_tables
 from demb_kernels.pooling import pool_table_rows
 from demb_storage import initialize_rows
 
@@ -52,9 +52,10 @@ def eval_pooled(
     """``(B, sum of dims)`` in ``output_dtype``: an eval SUM / MEAN, every bag pooled straight
     from its table's rows (:func:`_pooled`). Only for float32 tables whose eval initializer is
     zeros: a missing key is then a zero row."""
-    bounds: list[int] = offsets[::batch_size].tolist()
-    sizes = torch.tensor(bounds, device=m.device).diff()
-    slots = m.tables.find(indices, m._feature_tables.repeat_interleave(sizes))
+    features = len(m.feature_table_map)
+    tables, checks = index_tables(indices, offsets, m._feature_tables, m.num_tables, batch_size)
+    bounds = check_batch(checks, indices.numel(), features)  # one sync; raises on a bad batch
+    slots = m.tables.find(indices, tables, check=False)  # its data checks are the batch's
     return _pooled(m, slots, offsets, batch_size, bounds, weights).to(m.output_dtype)
 
 
