@@ -158,11 +158,13 @@ def test_empty_batch_pools_zeros():
 @pytest.mark.parametrize(("dim", "extra"), [(128, 0), (64, 4), (256, 0), (33, 2), (130, 2)])
 @pytest.mark.parametrize("mean", [False, True])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_cuda_pool_equals_cpu(dim, extra, mean, weighted):
+@pytest.mark.parametrize("max_bag", [45, 2])
+def test_cuda_pool_equals_cpu(dim, extra, mean, weighted, max_bag):
     """Every CUDA path (float4 columns, scalar columns, several column blocks), bags longer
-    than a warp, empty bags and missing keys: equal to the CPU bit for bit."""
-    gen = torch.Generator().manual_seed(dim + 7 * extra)
-    values, slots, offsets, ftab, weights = pooled_case(gen, 3, 4, 300, dim, extra, 45)
+    than a warp, many short and empty bags (a warp's walk through more than 32 bags), missing
+    keys: equal to the CPU bit for bit."""
+    gen = torch.Generator().manual_seed(dim + 7 * extra + max_bag)
+    values, slots, offsets, ftab, weights = pooled_case(gen, 3, 4, 300, dim, extra, max_bag)
     w = weights if weighted else None
     cpu = pool_table_rows(values, slots, offsets, ftab, 300, dim, mean=mean, weights=w)
     gpu = pool_table_rows(
