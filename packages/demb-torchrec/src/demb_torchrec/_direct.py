@@ -52,10 +52,15 @@ def eval_pooled(
     """``(B, sum of dims)`` in ``output_dtype``: an eval SUM / MEAN, every bag pooled straight
     from its table's rows (:func:`_pooled`). Only for float32 tables whose eval initializer is
     zeros: a missing key is then a zero row."""
-    features = len(m.feature_table_map)
-    tables, checks = index_tables(indices, offsets, m._feature_tables, m.num_tables, batch_size)
-    bounds = check_batch(checks, indices.numel(), features)  # one sync; raises on a bad batch
-    slots = m.tables.find(indices, tables, check=False)  # its data checks are the batch's
+    if indices.is_cuda:  # each index's table by one kernel, with the batch's checks
+        features = len(m.feature_table_map)
+        tables, checks = index_tables(indices, offsets, m._feature_tables, m.num_tables, batch_size)
+        bounds = check_batch(checks, indices.numel(), features)  # one sync; raises if bad
+        slots = m.tables.find(indices, tables, check=False)  # its data checks are the batch's
+    else:  # cheaper on the CPU than index_tables' searchsorted (the CPU lookup checks its data)
+        bounds = offsets[::batch_size].tolist()
+        sizes = torch.tensor(bounds, device=m.device).diff()
+        slots = m.tables.find(indices, m._feature_tables.repeat_interleave(sizes))
     return _pooled(m, slots, offsets, batch_size, bounds, weights).to(m.output_dtype)
 
 
