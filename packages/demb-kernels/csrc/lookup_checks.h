@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <optional>
 
 #include "lookup_rule.h"
@@ -37,6 +38,16 @@ inline GatherTables check_gather_values(at::TensorList values, int64_t dim) {
     g.width[t] = v.size(1);
   }
   return g;
+}
+
+// Whether rows of `dim` columns move as float4 (the kernels' Vec4 paths): float32, and dim,
+// every table's width and every table's base a multiple of 4 floats / 16 bytes.
+inline bool float4_rows(const GatherTables& g, at::ScalarType dtype, int64_t dim) {
+  bool ok = dtype == at::kFloat && dim % 4 == 0;
+  for (int64_t t = 0; t < g.count; ++t) {
+    ok = ok && g.width[t] % 4 == 0 && reinterpret_cast<uintptr_t>(g.base[t]) % 16 == 0;
+  }
+  return ok;
 }
 
 // values as check_gather_values; slots and tables (U,) int64; inverse (N,) int64 or none (N = U,

@@ -91,8 +91,6 @@ __global__ void __launch_bounds__(kLookupThreads)
 
 namespace {
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 // The launch of find_rows_kernel over keys (N,) with their tables from `k`.
 std::tuple<at::Tensor, at::Tensor> find_rows_launch(const IndexTensors& ix,
                                                     const GatherTables& g, at::TensorList values,
@@ -104,8 +102,7 @@ std::tuple<at::Tensor, at::Tensor> find_rows_launch(const IndexTensors& ix,
   at::Tensor out = at::empty({n, dim}, keys.options().dtype(at::kFloat));
   if (n == 0) return {out, slots};
   const auto dtype = values[0].scalar_type();
-  bool vec4 = dtype == at::kFloat && dim % 4 == 0;
-  for (int64_t t = 0; t < g.count; ++t) vec4 = vec4 && g.width[t] % 4 == 0 && aligned16(g.base[t]);
+  const bool vec4 = float4_rows(g, dtype, dim);
   const bool rows4 = vec4 && dim / 4 <= cuda::kLookupWarp;
   const int64_t warps = (n + cuda::kLookupWarp - 1) / cuda::kLookupWarp;
   const auto blocks = static_cast<unsigned>((warps * cuda::kLookupWarp + cuda::kLookupThreads - 1) /

@@ -59,8 +59,7 @@ at::Tensor gather_table_rows_cuda(at::TensorList values, const at::Tensor& slots
   if (n == 0) return out;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const auto dtype = values[0].scalar_type();
-  bool vec4 = dtype == at::kFloat && dim % 4 == 0;
-  for (int64_t t = 0; t < g.count; ++t) vec4 = vec4 && g.width[t] % 4 == 0 && aligned16(g.base[t]);
+  const bool vec4 = float4_rows(g, dtype, dim);
   const int64_t* inv = inverse ? inverse->const_data_ptr<int64_t>() : nullptr;
   // Several rows per warp when a row is one float4 per lane (see kGatherRows).
   const int rows_per_warp = vec4 && dim / 4 <= cuda::kLookupWarp ? cuda::kGatherRows : 1;

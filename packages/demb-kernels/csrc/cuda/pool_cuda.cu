@@ -196,11 +196,7 @@ at::Tensor pool_table_rows_cuda(at::TensorList values, const at::Tensor& slots_i
   at::Tensor out = at::empty({batch_size, p.features * dim}, slots.options().dtype(at::kFloat));
   const int64_t bags = p.features * batch_size;
   if (bags == 0) return out;
-  bool vec4 = dim % 4 == 0;
-  for (int64_t t = 0; t < p.tables.count; ++t) {
-    vec4 = vec4 && p.tables.width[t] % 4 == 0 &&
-           reinterpret_cast<uintptr_t>(p.tables.base[t]) % 16 == 0;
-  }
+  const bool vec4 = float4_rows(p.tables, at::kFloat, dim);  // float32 rows (checked)
   const int64_t warps = p.n / cuda::kPoolSpan + 1;  // their spans cover [0, N]
   const auto blocks = static_cast<unsigned>((warps * cuda::kLookupWarp + cuda::kLookupThreads - 1) /
                                             cuda::kLookupThreads);
