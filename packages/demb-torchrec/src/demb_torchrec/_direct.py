@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from demb_kernels.lookup import MAX_GATHER_TABLES, check_batch, index_tables
+from demb_kernels.lookup import check_batch, index_tables
 from demb_kernels.pooling import pool_table_rows
 from demb_storage import initialize_rows
 
@@ -20,7 +20,7 @@ from demb_torchrec.options import DynamicEmbPoolingMode
 if TYPE_CHECKING:
     from demb_torchrec.batched_tables import DynamicEmbeddingTables
 
-__all__ = ["eval_none", "eval_pooled", "pooled_from_tables", "pools_in_one_pass"]
+__all__ = ["eval_none", "eval_pooled", "pooled_from_tables"]
 
 
 def eval_none(
@@ -64,15 +64,6 @@ def eval_pooled(
     return _pooled(m, slots, offsets, batch_size, bounds, weights).to(m.output_dtype)
 
 
-def pools_in_one_pass(device: torch.device, dims: list[int], dtypes: list[torch.dtype]) -> bool:
-    """Whether bags pool from the tables in one pass (:func:`_pooled`): on a GPU, every table
-    float32, of one dim, and at most ``MAX_GATHER_TABLES`` of them. (On the CPU torch's
-    ``embedding_bag`` per feature is faster: 7.9 against 15.3 ms for the scaled SUM benchmark's
-    eval on a 2-core VM.)"""
-    one_dim = len(set(dims)) == 1 and len(dims) <= MAX_GATHER_TABLES
-    return device.type == "cuda" and one_dim and all(d == torch.float32 for d in dtypes)
-
-
 def _pooled(
     m: DynamicEmbeddingTables,
     slots: torch.Tensor,
@@ -83,8 +74,8 @@ def _pooled(
 ) -> torch.Tensor:
     """``(B, sum of dims)`` float32: each bag pooled straight from its table's rows by its
     indices' slots (-1: a zero row, counted by a MEAN), in one pass over every feature
-    (:func:`demb_kernels.pooling.pool_table_rows`) when :attr:`_pools_in_one_pass`, else one
-    ``embedding_bag`` per feature (:func:`demb_torchrec._pooling.pool_slots`)."""
+    (:func:`demb_kernels.pooling.pool_table_rows`) when the module's ``_pools_in_one_pass``,
+    else one ``embedding_bag`` per feature (:func:`demb_torchrec._pooling.pool_slots`)."""
     if m._pools_in_one_pass:
         mean = m.pooling_mode is DynamicEmbPoolingMode.MEAN
         return pool_table_rows(
