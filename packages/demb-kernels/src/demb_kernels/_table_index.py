@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import torch
 
+from demb_kernels import memory
+
 __all__ = [
     "BUCKET_WIDTH_ALIGNMENT",
     "EMPTY_KEY",
@@ -177,9 +179,9 @@ class TableIndex:
             offsets.append(offsets[-1] + cap)
         i64 = torch.int64
         return cls(
-            keys=torch.full((total,), EMPTY_KEY, dtype=i64, device=dev),
-            digests=torch.zeros(total, dtype=torch.uint8, device=dev),
-            scores=torch.zeros((words, total), dtype=i64, device=dev),
+            keys=memory.full((total,), EMPTY_KEY, dtype=i64, device=dev),
+            digests=memory.full((total,), 0, dtype=torch.uint8, device=dev),
+            scores=memory.full((words, total), 0, dtype=i64, device=dev),
             slot_offsets=torch.tensor(offsets, dtype=i64, device=dev),
             bucket_widths=torch.tensor(list(bucket_widths), dtype=i64, device=dev),
             policies=torch.tensor([int(p) for p in parsed], dtype=i64, device=dev),

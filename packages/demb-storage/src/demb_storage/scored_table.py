@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import torch
+from demb_kernels import memory
 from demb_kernels import table as ops
 from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
@@ -374,8 +375,10 @@ class ScoredHashTable:
     # ----------------------------------------------------------------------------- internals
     def _allocate(self, rows: int, config: TableConfig) -> torch.Tensor:
         pin = self.value_device.type == "cpu" and self.device.type == "cuda"
-        return torch.zeros(
-            (rows, config.width), dtype=config.dtype, device=self.value_device, pin_memory=pin
+        # On the CPU (not pinned), backed by huge pages where Linux grants them: rows are read
+        # at random (demb_kernels.memory).
+        return memory.full(
+            (rows, config.width), 0, dtype=config.dtype, device=self.value_device, pin_memory=pin
         )
 
     def _score_args(self) -> torch.Tensor:
