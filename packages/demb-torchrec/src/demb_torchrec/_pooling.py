@@ -106,7 +106,8 @@ def bag_rows(
     the factor of that bag's gradient (its weight; ``1 / size`` for MEAN; None: 1).
 
     Args:
-        offsets: ``(F * B + 1,)`` int64 bag offsets.
+        offsets: ``(F * B + 1,)`` int64 bag offsets, checked (``offsets[0] = 0``,
+            non-decreasing, ``offsets[-1] = N``).
         batch_size: ``B``; features: ``F``; n: ``N`` indices.
         mode: SUM or MEAN.
         weights: ``(N,)`` float32 SUM weights or None.
@@ -114,8 +115,10 @@ def bag_rows(
     Returns:
         ``(N,)`` int64 rows and ``(N,)`` float32 factors (or None).
     """
-    at = torch.arange(n, device=offsets.device)
-    bag = (torch.searchsorted(offsets, at, right=True) - 1).clamp_(0, features * batch_size - 1)
+    bags = features * batch_size
+    # offsets are checked (the dedup's checks ran): each bag's indices are its diff. (A
+    # searchsorted of every index took 1.3 ms on the scaled SUM batch on the CPU; this 0.2 ms.)
+    bag = torch.arange(bags, device=offsets.device).repeat_interleave(offsets.diff(), output_size=n)
     rows = (bag % batch_size) * features + bag // batch_size
     if mode is DynamicEmbPoolingMode.MEAN:
         sizes = offsets.diff().clamp_min(1).to(torch.float32)
