@@ -114,12 +114,13 @@ TORCH_LIBRARY(demb, m) {
       "-> ()");
   // A table module's rows wired to its update (an Autograd kernel only, summed_update.cpp): the
   // identity on `out`, whose backward sums each unique key's gradient (segment_sum_rows) and
-  // runs optimizer_update on the tables in place; `steps` (CPU) advances after each update.
+  // runs optimizer_update on the tables in place; `steps` (CPU) advances after each update. On
+  // the CPU the sums go into `workspace` when given (resized; a module keeps it across steps).
   m.def(
       "summed_update(Tensor trigger, Tensor(a) out, Tensor order, Tensor starts, Tensor? plan, "
       "Tensor? rows, Tensor? scale, Tensor slots, int[] table_sizes, Tensor[] values, "
       "int[] dims, Tensor steps, str optimizer, float[] hyper_parameters, float? clip, "
-      "bool check, int dim) -> Tensor(a)");
+      "bool check, int dim, Tensor? workspace=None) -> Tensor(a)");
 }
 
 // `import demb_kernels._C` loads the library (and runs the registrations above).

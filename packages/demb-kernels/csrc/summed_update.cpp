@@ -3,9 +3,10 @@
 // replaces: not a view, so in-place ops on it stay allowed); its backward sums each
 // unique key's gradient rows in the dedup's order (segment_sum_rows), checks them for NaN/inf
 // when asked, and updates the tables in place (optimizer_update). A key of one unscaled entry
-// is only checked: the update reads its gradient row where it is (segment_single_rows). Autograd runs a CUDA backward
-// on its device thread: here that thread runs no Python and takes no GIL, so the update's first
-// launch follows the node's start by a few calls.
+// is only checked: the update reads its gradient row where it is (segment_single_rows).
+// Autograd runs a CUDA backward on its device thread: here that thread runs no Python and takes
+// no GIL, so the update's first launch follows the node's start by a few calls. On the CPU the
+// sums go into a tensor the module keeps (sum_segments_into).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Event.h>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/lookup_cpu.h"
 #include "lookup_rule.h"
 #ifdef DEMB_WITH_CUDA
 #include "cuda/segment_sums.h"
@@ -47,6 +49,8 @@ struct SummedUpdateState : torch::CustomClassHolder {
   std::optional<double> clip;        // clamp each entry's gradient to [-clip, clip] first
   bool check = true;                 // reject NaN/inf sums: no row changes, ValueError
   int64_t dim = 0;                   // the gradient rows' width
+  // CPU: the tensor the sums go into, kept by the module across steps (sum_segments_into).
+  std::optional<at::Tensor> workspace;
   // CUDA, unscaled, with a plan: the sums' NaN/inf flag, zeroed in the forward, for a backward
   // that launches the sums straight away (segment_sums_launch); used once (undefined after).
   at::Tensor nonfinite;
@@ -151,6 +155,11 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
       summed = segment_sums_launch(grads, s->order, *s->plan, s->starts.numel(), true,
                                    bad.data_ptr<bool>());
 #endif
+    } else if (s->workspace && grads.device().is_cpu()) {  // no fresh pages for the sums
+      summed = *s->workspace;
+      const bool nonfinite = sum_segments_into(summed, grads, s->order, s->starts, s->plan,
+                                               s->rows, s->scale, skip_single, false);
+      bad = at::scalar_tensor(nonfinite, at::kBool);
     } else {
       std::tie(summed, bad) =
           sum_op.call(grads, s->order, s->starts, s->plan, s->rows, s->scale, skip_single);
@@ -188,7 +197,7 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
 void check_args(const at::Tensor& out, const at::Tensor& order, const at::Tensor& starts,
                 const at::Tensor& slots, at::IntArrayRef table_sizes, at::TensorList values,
                 at::IntArrayRef dims, const at::Tensor& steps, at::ArrayRef<double> hyper,
-                int64_t dim) {
+                int64_t dim, const std::optional<at::Tensor>& workspace) {
   const auto index = [](const at::Tensor& t, const char* name) {
     TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected int64, got ",
                      t.scalar_type());
@@ -219,6 +228,11 @@ void check_args(const at::Tensor& out, const at::Tensor& order, const at::Tensor
                     steps.scalar_type(), " ", steps.sizes(), " on ", steps.device());
   TORCH_CHECK_VALUE(hyper.size() == kHyperParameters, "hyper_parameters: expected ",
                     kHyperParameters, " floats (optimizer_update's), got ", hyper.size());
+  TORCH_CHECK_VALUE(!workspace || (workspace->device().is_cpu() &&
+                                   workspace->scalar_type() == at::kFloat &&
+                                   !workspace->requires_grad()),
+                    "workspace: expected a float32 CPU tensor that does not require grad, got ",
+                    workspace->scalar_type(), " on ", workspace->device());
 }
 
 at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& out,
@@ -229,8 +243,9 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
                                   at::IntArrayRef table_sizes, at::TensorList values,
                                   at::IntArrayRef dims, const at::Tensor& steps,
                                   c10::string_view optimizer, at::ArrayRef<double> hyper,
-                                  std::optional<double> clip, bool check, int64_t dim) {
-  check_args(out, order, starts, slots, table_sizes, values, dims, steps, hyper, dim);
+                                  std::optional<double> clip, bool check, int64_t dim,
+                                  const std::optional<at::Tensor>& workspace) {
+  check_args(out, order, starts, slots, table_sizes, values, dims, steps, hyper, dim, workspace);
   auto state = c10::make_intrusive<SummedUpdateState>();
   state->out = out;
   state->order = order;
@@ -248,6 +263,7 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
   state->clip = clip;
   state->check = check;
   state->dim = dim;
+  state->workspace = workspace;
   state->nonfinite = direct_flag(*state);
   return SummedUpdate::apply(trigger, std::move(state));
 }

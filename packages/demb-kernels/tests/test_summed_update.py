@@ -38,13 +38,17 @@ def case(device, gen, n=40, unique=9, sizes=(4, 5), dim=3, rows=12):
     }
 
 
-def wire(c, out, *, rows=None, scale=None, clip=None, check=True, steps=None, hyper=SGD, plan=True):
+def wire(
+    c, out, *, rows=None, scale=None, clip=None, check=True, steps=None, hyper=SGD, plan=True,
+    workspace=None,
+):  # fmt: skip
     trigger = torch.zeros((), device=out.device, requires_grad=True)
     steps = torch.zeros(len(c["sizes"]), dtype=torch.int64) if steps is None else steps
     plan = segment_plan(c["starts"], c["order"].numel()) if out.is_cuda and plan else None
     wired = torch.ops.demb.summed_update(
         trigger, out, c["order"], c["starts"], plan, rows, scale, c["slots"], c["sizes"],
         c["values"], [c["dim"]] * len(c["sizes"]), steps, "sgd", hyper, clip, check, c["dim"],
+        workspace,
     )  # fmt: skip
     return wired, steps
 
@@ -115,12 +119,15 @@ def test_clip_clamps_each_entry_before_the_sum(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize("key", [2, 3], ids=["one-entry-key", "key-of-several"])
-def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key):
+@pytest.mark.parametrize("workspace", [False, True], ids=["", "cpu-workspace"])
+def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key, workspace):
+    if workspace and device != "cpu":
+        pytest.skip("the workspace is the CPU backward's")
     gen = torch.Generator().manual_seed(4)
     c = case(device, gen)
     out = torch.zeros(40, c["dim"], device=device)
     before = [v.clone() for v in c["values"]]
-    wired, steps = wire(c, out)
+    wired, steps = wire(c, out, workspace=torch.empty(0) if workspace else None)
     grad = torch.ones(40, c["dim"], device=device)
     grad[int(c["order"][c["starts"][key]]), 1] = bad
     with pytest.raises(ValueError, match="NaN or infinite"):
@@ -132,6 +139,31 @@ def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key):
     wired.backward(grad)
     assert steps.tolist() == [1, 1]
     assert not all(torch.equal(g, b) for g, b in zip(c["values"], before, strict=True))
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["rows", "pooled"])
+def test_a_cpu_workspace_gives_the_same_rows_and_keeps_its_storage(pooled):
+    """The CPU backward's sums into a kept workspace: the same tables, bit for bit, as the op's
+    fresh sums, over two backwards (the second of fewer keys, into the same storage), although
+    the workspace starts full of NaN (stale rows of one-entry keys are never read)."""
+    gen = torch.Generator().manual_seed(7)
+    workspace = torch.full((64, 3), float("nan"))
+    first = workspace.data_ptr()
+    for n, unique in ((40, 9), (25, 6)):
+        c = case("cpu", gen, n=n, unique=unique, sizes=(unique - 4, 4))
+        twin = {**c, "values": [v.clone() for v in c["values"]]}
+        bags = 7 if pooled else n
+        rows = torch.randint(0, bags, (n,), generator=gen) if pooled else None
+        scale = torch.rand(n, generator=gen) if pooled else None
+        grad = torch.randn(bags, c["dim"], generator=gen)
+        kept, _ = wire(c, torch.zeros(bags, c["dim"]), rows=rows, scale=scale, workspace=workspace)
+        fresh, _ = wire(twin, torch.zeros(bags, c["dim"]), rows=rows, scale=scale)
+        kept.backward(grad)
+        fresh.backward(grad)
+        for got, want in zip(c["values"], twin["values"], strict=True):
+            assert torch.equal(got, want)
+        assert workspace.data_ptr() == first  # resized in place: no fresh pages
+        assert workspace.shape == (unique, c["dim"])
 
 
 def sum_ops_run(wired, grad, retain_graph=False):
@@ -188,6 +220,8 @@ def test_the_output_may_be_changed_in_place_before_backward():
         ({"hyper": [LR]}, "hyper_parameters"),
         ({"slots": torch.zeros(8, dtype=torch.int64)}, "slots"),
         ({"dim": 5}, "dim"),
+        ({"workspace": torch.empty(0, dtype=torch.float64)}, "workspace"),
+        ({"workspace": torch.empty(0, requires_grad=True)}, "workspace"),
     ],
 )
 def test_bad_arguments_raise_naming_them(change, match):
@@ -195,6 +229,7 @@ def test_bad_arguments_raise_naming_them(change, match):
     c = case("cpu", gen)
     hyper = change.pop("hyper", SGD)
     steps = change.pop("steps", None)
+    workspace = change.pop("workspace", None)
     c.update(change)
     with pytest.raises(ValueError, match=match):
-        wire(c, torch.zeros(40, 3), steps=steps, hyper=hyper)
+        wire(c, torch.zeros(40, 3), steps=steps, hyper=hyper, workspace=workspace)

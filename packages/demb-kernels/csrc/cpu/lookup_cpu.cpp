@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -19,6 +20,19 @@ namespace demb {
 namespace {
 
 constexpr int64_t kPrefetchAhead = 8;  // rows gather_table_rows asks memory for in advance
+constexpr int64_t kSumPrefetchAhead = 8;  // entries sum_segments_into asks memory for ahead
+
+// Whether every float of x[0, d) is finite: each one's exponent bits are not all ones. (A loop
+// the compiler vectorizes, unlike a std::isfinite test and branch per value.)
+bool all_finite(const float* x, int64_t d) {
+  uint32_t bad = 0;
+  for (int64_t j = 0; j < d; ++j) {
+    uint32_t b = 0;
+    std::memcpy(&b, x + j, sizeof(b));
+    bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
 
 }  // namespace
 
@@ -130,10 +144,17 @@ void check_plan_matches(const at::Tensor& plan_in, const at::Tensor& starts, int
   TORCH_CHECK_VALUE(same, "plan: not segment_plan(starts, ", n, ") of these starts");
 }
 
-std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(
-    const at::Tensor& grads_in, const at::Tensor& order_in, const at::Tensor& starts_in,
-    const std::optional<at::Tensor>& plan, const std::optional<at::Tensor>& rows_in,
-    const std::optional<at::Tensor>& scale_in, bool skip_single) {
+}  // namespace
+
+// The sums of segment_sum_rows into `out` (resized to (U, d) float32; only its storage is
+// reused), after the op's checks; a one-entry segment's row is zeroed with `zero_singles`, else
+// left as it was (skip_single: the update reads that entry's row where it is). Returns whether
+// any sum, or any skipped one-entry row, is NaN or infinite.
+bool sum_segments_into(at::Tensor& out, const at::Tensor& grads_in, const at::Tensor& order_in,
+                       const at::Tensor& starts_in, const std::optional<at::Tensor>& plan,
+                       const std::optional<at::Tensor>& rows_in,
+                       const std::optional<at::Tensor>& scale_in, bool skip_single,
+                       bool zero_singles) {
   check_segment_sum(grads_in, order_in, starts_in, plan, rows_in, scale_in, skip_single);
   const at::Tensor grads = grads_in.contiguous();
   const at::Tensor order = order_in.contiguous();
@@ -159,28 +180,39 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(
   const bool scaled = row_of != nullptr || scale != nullptr;
   check_starts(st, unique, n);
   if (plan) check_plan_matches(*plan, starts, n);  // the chunks below are the plan's
-  at::Tensor out = at::zeros({unique, d}, grads.options());
+  out.resize_({unique, d});
   const float* g = grads.const_data_ptr<float>();
   float* o = out.data_ptr<float>();
-  std::atomic<bool> single_bad{false};  // a skipped single entry's row is NaN or infinite
+  std::atomic<bool> bad_any{false};  // some sum, or a skipped single entry's row, is NaN/inf
+  const int64_t row_bytes = d * static_cast<int64_t>(sizeof(float));
   at::parallel_for(0, unique, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> partial(static_cast<size_t>(d));
+    bool bad = false;
+    const int64_t last = end < unique ? st[end] : n;  // this block's entries end here
+    // The gradient rows are scattered: entry k + kSumPrefetchAhead's row is asked for now.
+    const auto prefetch = [&](int64_t k) {
+      if (k + kSumPrefetchAhead >= last) return;
+      const int64_t p = ord[k + kSumPrefetchAhead];
+      const auto* ahead = reinterpret_cast<const char*>(g + (row_of ? row_of[p] : p) * d);
+      for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(ahead + b);
+    };
     for (int64_t u = begin; u < end; ++u) {
       const int64_t stop = u + 1 < unique ? st[u + 1] : n;
-      if (skip_single && stop - st[u] == 1) {  // checked, not written: its row stays zeros
-        const float* row = g + ord[st[u]] * d;
-        bool bad = false;
-        for (int64_t j = 0; j < d; ++j) bad = bad || !std::isfinite(row[j]);
-        if (bad) single_bad = true;
+      float* total = o + u * d;
+      if (skip_single && stop - st[u] == 1) {  // checked, not written (zeros if asked)
+        prefetch(st[u]);
+        bad = bad || !all_finite(g + ord[st[u]] * d, d);
+        if (zero_singles) std::fill(total, total + d, 0.0f);
         continue;
       }
-      float* total = o + u * d;
       const bool alone = stop - st[u] <= kSegmentChunk;  // one chunk: its sum is the total
+      if (!alone || stop == st[u]) std::fill(total, total + d, 0.0f);  // (an empty one: zeros)
       for (int64_t c = st[u]; c < stop; c += kSegmentChunk) {
         float* acc = alone ? total : partial.data();
         for (int64_t j = 0; j < d; ++j) acc[j] = 0.0f;
         const int64_t chunk_end = c + kSegmentChunk < stop ? c + kSegmentChunk : stop;
         for (int64_t k = c; k < chunk_end; ++k) {
+          prefetch(k);
           const int64_t p = ord[k];
           const float* row = g + (row_of != nullptr ? row_of[p] : p) * d;
           if (scaled) {  // as the CUDA kernels: the product, then the sum (no contraction)
@@ -194,10 +226,22 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(
           for (int64_t j = 0; j < d; ++j) total[j] += partial[j];
         }
       }
+      bad = bad || !all_finite(total, d);
     }
+    if (bad) bad_any = true;
   });
-  bool nonfinite = single_bad;  // one pass over the sums, as the CUDA kernels check them
-  for (int64_t e = 0; e < unique * d && !nonfinite; ++e) nonfinite = !std::isfinite(o[e]);
+  return bad_any;
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cpu(
+    const at::Tensor& grads, const at::Tensor& order, const at::Tensor& starts,
+    const std::optional<at::Tensor>& plan, const std::optional<at::Tensor>& rows,
+    const std::optional<at::Tensor>& scale, bool skip_single) {
+  at::Tensor out = at::empty({0}, grads.options().dtype(at::kFloat));
+  const bool nonfinite =
+      sum_segments_into(out, grads, order, starts, plan, rows, scale, skip_single, true);
   return {out, at::scalar_tensor(nonfinite, grads.options().dtype(at::kBool))};
 }
 

@@ -1,5 +1,6 @@
 // CPU parts shared across files: the gather of a table module step (also the second half of the
-// CPU table_find_rows), and the table of each index of a batch and its checks (dedup.cpp).
+// CPU table_find_rows), its gradient sums (also summed_update's CPU backward), and the table of
+// each index of a batch and its checks (dedup.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -25,5 +26,16 @@ at::Tensor table_of_index(const at::Tensor& offsets, const at::Tensor& feature_t
 at::Tensor batch_checks_cpu(const at::Tensor& indices, const at::Tensor& offsets,
                             const at::Tensor& feature_tables, int64_t num_tables,
                             int64_t batch_size, const std::optional<at::Tensor>& counters);
+
+// segment_sum_rows' sums on the CPU into `out`, a float32 CPU tensor resized to (U, d) (its
+// storage reused when large enough: a table module's backward keeps one, so that a step does
+// not fault in fresh pages for its sums), after the op's checks; `zero_singles`: a one-entry
+// segment's row (skip_single) is zeros, else it is left as it was. Returns whether any sum (or
+// a skipped one-entry row) is NaN or infinite.
+bool sum_segments_into(at::Tensor& out, const at::Tensor& grads, const at::Tensor& order,
+                       const at::Tensor& starts, const std::optional<at::Tensor>& plan,
+                       const std::optional<at::Tensor>& rows,
+                       const std::optional<at::Tensor>& scale, bool skip_single,
+                       bool zero_singles);
 
 }  // namespace demb

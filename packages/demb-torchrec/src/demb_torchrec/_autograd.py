@@ -44,6 +44,8 @@ class Updatable(Protocol):
     step_counts: torch.Tensor
     """``(T,)`` int64 on the CPU: each table's updates so far (Adam's bias correction)."""
     check_gradients: bool
+    sums_workspace: torch.Tensor | None
+    """On the CPU, a float32 tensor the backward's sums go into (resized in place)."""
 
     def value_buffers(self) -> list[torch.Tensor]: ...
 
@@ -190,5 +192,6 @@ def summed_per_key(
         clip,
         module.check_gradients,
         dim,
+        module.sums_workspace,
     )
     return wired
