@@ -111,6 +111,7 @@ void lookup_phase(const TableView& v, const int64_t* keys, const int64_t* table_
         const int64_t base = v.slot_offsets[ta] + ahead.bucket_base;
         __builtin_prefetch(v.digests + base + ahead.start - ahead.start % 8);
         __builtin_prefetch(v.keys + base + ahead.start);  // where an insert put it, if it could
+        if (score_args) __builtin_prefetch(&v.score(0, base + ahead.start), 1);  // its score
       }
       const int64_t t = table_ids[i];
       const Home home = home_of(keys[i], v.capacity(t), v.bucket_widths[t]);
