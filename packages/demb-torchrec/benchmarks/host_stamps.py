@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import demb_torchrec._autograd as ag
+import demb_torchrec._launched as la
 import demb_torchrec.batched_tables as bt
 import torch
 from demb_storage import scored_table as st
@@ -52,7 +53,14 @@ def wrap(owner: object, name: str, label: str, static: bool = False) -> None:
 
 
 def main() -> None:
-    wrap(bt, "dedup", "dedup")
+    wrap(bt, "check_batch_args", "check_args")
+    wrap(bt, "dedup", "dedup")  # the two-sync path (CPU, growable tables, a short key_bits guess)
+    wrap(bt, "launched_find_or_insert", "launched")  # the one-sync path (CUDA training forward)
+    wrap(la, "dedup_launch", "dedup_launch")
+    wrap(la, "find_or_insert_launched", "foi_launched")
+    wrap(la, "launch_info", "launch_info")
+    wrap(bt.DynamicEmbeddingTables, "_initialize_new", "init_new")
+    wrap(bt.DynamicEmbeddingTables, "_forward_none", "fwd_none")
     wrap(st.ScoredHashTable, "find_or_insert", "st.find_or_insert")
     wrap(st.ops, "find_or_insert_rows", "op.find_or_insert_rows")
     wrap(bt, "summed_per_key", "summed_per_key")
