@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "alignment.h"
 #include "lookup_rule.h"
 #include "table_checks.h"
 
@@ -45,7 +46,7 @@ inline GatherTables check_gather_values(at::TensorList values, int64_t dim) {
 inline bool float4_rows(const GatherTables& g, at::ScalarType dtype, int64_t dim) {
   bool ok = dtype == at::kFloat && dim % 4 == 0;
   for (int64_t t = 0; t < g.count; ++t) {
-    ok = ok && g.width[t] % 4 == 0 && reinterpret_cast<uintptr_t>(g.base[t]) % 16 == 0;
+    ok = ok && g.width[t] % 4 == 0 && aligned16(g.base[t]);
   }
   return ok;
 }

@@ -36,8 +36,6 @@ unsigned warp_blocks(int64_t warps) {
 // Warps that take `items` 32 at a time.
 int64_t groups(int64_t items) { return (items + cuda::kLookupWarp - 1) / cuda::kLookupWarp; }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 void check_sum_sizes(int64_t grad_rows, int64_t n) {
   TORCH_CHECK_VALUE(n < std::numeric_limits<int32_t>::max() &&
                         grad_rows < std::numeric_limits<int32_t>::max(),

@@ -15,13 +15,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "alignment.h"
 #include "cuda/optimizer_kernels.cuh"
 #include "optimizer_checks.h"
 
 namespace demb {
 namespace {
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Calls fn(T{}) with the CUDA type of the rows' dtype.
 template <typename Fn>
