@@ -36,7 +36,7 @@ struct SummedUpdateState : torch::CustomClassHolder {
   at::Tensor out;                    // the forward's output, until the forward returns it
   at::Tensor order;                  // (N,) int64 positions sorted by (table, key)
   at::Tensor starts;                 // (U,) int64 each key's first entry in order
-  std::optional<at::Tensor> plan;    // segment_plan(starts, N), made ahead (CUDA)
+  std::optional<at::Tensor> plan;    // segment_plan(starts, N), made ahead (CUDA, D > 128)
   std::optional<at::Tensor> rows;    // (N,) int64 the gradient row of each entry (pooled)
   std::optional<at::Tensor> scale;   // (N,) float32 each entry's factor (pooled)
   at::Tensor slots;                  // (U,) int64 each unique key's slot (-1: none)
@@ -51,8 +51,8 @@ struct SummedUpdateState : torch::CustomClassHolder {
   int64_t dim = 0;                   // the gradient rows' width
   // CPU: the tensor the sums go into, kept by the module across steps (sum_segments_into).
   std::optional<at::Tensor> workspace;
-  // CUDA, unscaled, with a plan: the sums' NaN/inf flag, zeroed in the forward, for a backward
-  // that launches the sums straight away (segment_sums_launch); used once (undefined after).
+  // CUDA, unscaled: the sums' NaN/inf flag, zeroed in the forward, for a backward that
+  // launches the sums straight away (segment_sums_launch); used once (undefined after).
   at::Tensor nonfinite;
 };
 
@@ -85,7 +85,7 @@ void update(const SummedUpdateState& s, const std::vector<at::Tensor>& sums,
 }
 
 // Whether the backward launches the sums itself (segment_sums_launch): a CUDA build, the flag
-// zeroed in the forward (state.nonfinite: CUDA, unscaled, a plan of the right size) and
+// zeroed in the forward (state.nonfinite: CUDA, unscaled, no plan or one of the right size) and
 // gradient rows as segment_sum_rows checks them.
 bool direct_sums(const SummedUpdateState& s, const at::Tensor& grads, const at::Tensor& flag) {
 #ifdef DEMB_WITH_CUDA
@@ -98,16 +98,19 @@ bool direct_sums(const SummedUpdateState& s, const at::Tensor& grads, const at::
 }
 
 // The forward's half of direct_sums: the sums' flag, zeroed, when the backward may launch the
-// sums itself (CUDA, unscaled, a plan that segment_sum_rows would take), else undefined.
+// sums itself (CUDA, unscaled, starts and order contiguous on one device, and no plan or one
+// that segment_sum_rows would take), else undefined.
 at::Tensor direct_flag(const SummedUpdateState& s) {
-  const bool cuda = s.order.is_cuda() && !s.rows && !s.scale && s.plan;
-  if (!cuda) return at::Tensor();
-  const at::Tensor& plan = *s.plan;
-  const PlanLayout lay{s.starts.numel(), s.order.numel()};
-  const bool fits = plan.scalar_type() == at::kLong && plan.dim() == 1 &&
-                    plan.numel() == lay.size() && plan.is_contiguous() &&
-                    plan.device() == s.order.device() && s.order.is_contiguous() &&
-                    s.starts.device() == s.order.device();
+  if (!s.order.is_cuda() || s.rows || s.scale) return at::Tensor();
+  bool fits = s.order.is_contiguous() && s.starts.is_contiguous() &&
+              s.starts.device() == s.order.device();
+  if (s.plan) {
+    const at::Tensor& plan = *s.plan;
+    const PlanLayout lay{s.starts.numel(), s.order.numel()};
+    fits = fits && plan.scalar_type() == at::kLong && plan.dim() == 1 &&
+           plan.numel() == lay.size() && plan.is_contiguous() &&
+           plan.device() == s.order.device();
+  }
 #ifdef DEMB_WITH_CUDA
   return fits ? zeroed_flag(s.order) : at::Tensor();
 #else
@@ -152,7 +155,7 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     at::Tensor bad = std::exchange(s->nonfinite, at::Tensor());
     if (direct_sums(*s, grads, bad)) {  // the first launch a few calls after the node's start
 #ifdef DEMB_WITH_CUDA
-      summed = segment_sums_launch(grads, s->order, *s->plan, s->starts.numel(), true,
+      summed = segment_sums_launch(grads, s->order, s->starts, s->plan, true,
                                    bad.data_ptr<bool>());
 #endif
     } else if (s->workspace && grads.device().is_cpu()) {  // no fresh pages for the sums

@@ -374,3 +374,48 @@ def test_cuda_equals_cpu_bit_for_bit(dtype, dim, extra):
         bad[row, 3] = float("nan") if row == int(order[30_000]) else float("inf")
         assert bool(segment_sum_rows(bad.cuda(), order.cuda(), starts.cuda())[1])
         assert bool(segment_sum_rows(bad, order, starts)[1])
+
+
+@pytest.mark.cuda
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(
+        st.one_of(st.integers(0, 70), st.sampled_from([1, 1, 31, 32, 33, 64, 65, 1025, 1100])),
+        min_size=1,
+        max_size=150,
+    ),
+    dim=st.sampled_from([4, 64, 128]),
+    mode=st.sampled_from(["plain", "skip_single", "scaled"]),
+    seed=st.integers(0, 2**31),
+)
+def test_window_sums_equal_the_cpu_bit_for_bit(lengths, dim, mode, seed):
+    """CUDA rows of at most 128 floats are summed by windows of ``order`` (no plan): segments
+    of every length starting anywhere in a window (chunks crossing windows, several chunks
+    finished from partial rows, hot ones by a block, empty ones zero), scaled or not, give
+    the CPU's floats; a NaN anywhere is flagged."""
+    gen = torch.Generator().manual_seed(seed)
+    grads, order, starts = singles_case(gen, lengths, dim)
+    kw: dict[str, object] = {}
+    if mode == "skip_single":
+        kw["skip_single"] = True
+    elif mode == "scaled":
+        bags = max(order.numel() // 3, 1)
+        grads = torch.randn(bags, dim, generator=gen)
+        kw["rows"] = torch.randint(0, bags, (order.numel(),), generator=gen)
+        kw["scale"] = torch.rand(order.numel(), generator=gen) + 0.5
+    on_gpu = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    cpu, cpu_bad = segment_sum_rows(grads, order, starts, **kw)
+    gpu, gpu_bad = segment_sum_rows(grads.cuda(), order.cuda(), starts.cuda(), **on_gpu)
+    kept = (
+        torch.tensor(lengths) != 1
+        if mode == "skip_single"
+        else torch.ones(len(lengths), dtype=torch.bool)
+    )
+    assert torch.equal(gpu.cpu()[kept], cpu[kept])
+    assert not bool(gpu_bad)
+    assert not bool(cpu_bad)
+    if order.numel():
+        bad = grads.clone()
+        bad[int(torch.randint(0, grads.shape[0], (1,), generator=gen)), dim - 1] = float("nan")
+        flagged = segment_sum_rows(bad.cuda(), order.cuda(), starts.cuda(), **on_gpu)[1]
+        assert bool(flagged) == bool(segment_sum_rows(bad, order, starts, **kw)[1])

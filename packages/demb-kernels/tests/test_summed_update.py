@@ -178,25 +178,36 @@ def sum_ops_run(wired, grad, retain_graph=False):
 @pytest.mark.parametrize("dim", [3, 8], ids=["scalar", "float4"])
 @pytest.mark.parametrize("clip", [None, 0.5])
 def test_a_backward_launching_its_sums_equals_the_op_and_runs_once(dim, clip):
-    """With a plan, a CUDA backward launches the sums itself, not through segment_sum_rows (whose
-    checks and flag its forward did): the same rows, bit for bit, as the op's path (no plan);
-    a second backward of the graph (its flag used) takes the op's path."""
+    """A CUDA backward launches the sums itself, with a plan or without one, not through
+    segment_sum_rows (whose checks and flag its forward did): the same rows, bit for bit, as
+    the op's path (an order that is not contiguous takes it); a second backward of the graph
+    (its flag used) takes the op's path."""
     gen = torch.Generator().manual_seed(7)
     direct, through = case("cuda", gen, dim=dim), case("cuda", gen, dim=dim)
+    planless = {**direct, "values": [v.clone() for v in direct["values"]]}
     through["values"] = [v.clone() for v in direct["values"]]
-    for key in ("order", "starts", "slots", "inverse"):
+    for key in ("starts", "slots", "inverse"):
         through[key] = direct[key]
+    through["order"] = torch.stack([direct["order"], direct["order"]], 1)[:, 0]
+    assert not through["order"].is_contiguous()
     out = torch.zeros(40, dim, device="cuda")
     grads = [torch.randn(40, dim, generator=gen).cuda() for _ in range(2)]
     wired, steps = wire(direct, out, clip=clip)
+    bare, bare_steps = wire(planless, out.clone(), clip=clip, plan=False)
     twin, twin_steps = wire(through, out.clone(), clip=clip, plan=False)
     assert sum_ops_run(wired, grads[0], retain_graph=True) == 0
+    assert sum_ops_run(bare, grads[0], retain_graph=True) == 0
     assert sum_ops_run(twin, grads[0], retain_graph=True) == 1
+    for a, b, c in zip(direct["values"], planless["values"], through["values"], strict=True):
+        assert torch.equal(a, c)
+        assert torch.equal(b, c)
     assert sum_ops_run(wired, grads[1]) == 1  # the flag is spent: the op's path, same result
+    assert sum_ops_run(bare, grads[1]) == 1
     assert sum_ops_run(twin, grads[1]) == 1
-    for a, b in zip(direct["values"], through["values"], strict=True):
-        assert torch.equal(a, b)
-    assert steps.tolist() == twin_steps.tolist() == [2, 2]
+    for a, b, c in zip(direct["values"], planless["values"], through["values"], strict=True):
+        assert torch.equal(a, c)
+        assert torch.equal(b, c)
+    assert steps.tolist() == bare_steps.tolist() == twin_steps.tolist() == [2, 2]
 
 
 def test_the_output_may_be_changed_in_place_before_backward():

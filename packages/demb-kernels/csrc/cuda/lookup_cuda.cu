@@ -22,7 +22,9 @@
 #include "cuda/cub_call.cuh"
 #include "cuda/lookup_kernels.cuh"
 #include "cuda/row_dispatch.cuh"
+#include "cuda/segment_finish.cuh"
 #include "cuda/segment_sums.h"
+#include "cuda/window_sums.cuh"
 #include "lookup_checks.h"
 
 namespace demb {
@@ -106,14 +108,56 @@ at::Tensor segment_plan_cuda(const at::Tensor& starts_in, int64_t n) {
   return plan;
 }
 
+// Whether segment_sum_rows sums by windows (segment_window_sums_kernel: float4 rows of at most
+// one float4 per lane, 16-byte aligned), which needs no plan.
+bool window_sums(const at::Tensor& grads) {
+  const int64_t d = grads.size(1);
+  return d % 4 == 0 && d / 4 <= cuda::kLookupWarp && aligned16(grads.const_data_ptr());
+}
+
 // The chunk sums and finish pass of segment_sum_rows into `out` ((U, d) float32), NaN/inf
-// flagged in `bad`, with the plan made: the op's launches after its checks (and those of
-// segment_sums_launch). grads (N', d) float32, order (N,) int64 and plan contiguous.
-void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Tensor& plan,
-                 const cuda::RowSource& src, bool scaled, int64_t unique, bool skip_single,
-                 at::Tensor& out, bool* bad, cudaStream_t stream) {
+// flagged in `bad`: the op's launches after its checks (and those of segment_sums_launch).
+// grads (N', d) float32, order (N,) int64, starts (U,) int64 and plan (when given) contiguous.
+// By windows when window_sums(grads) (a plan is not needed, nor read), else by the plan's
+// chunks (made here when none is given).
+void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Tensor& starts,
+                 const std::optional<at::Tensor>& plan_in, const cuda::RowSource& src,
+                 bool scaled, bool skip_single, at::Tensor& out, bool* bad,
+                 cudaStream_t stream) {
   const int64_t n = order.numel();
   const int64_t d = grads.size(1);
+  const int64_t unique = starts.numel();
+  if (window_sums(grads)) {
+    const int64_t windows = groups(n);
+    const at::Tensor partial =
+        at::detail::empty_cuda({2 * windows, d}, at::kFloat, grads.device(), std::nullopt);
+    const auto launch = [&](auto with_scale) {
+      cuda::segment_window_sums_kernel<decltype(with_scale)::value>
+          <<<warp_blocks(windows), cuda::kLookupThreads, 0, stream>>>(
+              grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), src,
+              starts.const_data_ptr<int64_t>(), unique, n, d, skip_single,
+              partial.data_ptr<float>(), out.data_ptr<float>(), bad);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (scaled) {
+      launch(std::true_type{});
+    } else {
+      launch(std::false_type{});
+    }
+    const cuda::WindowChunks chunks{starts.const_data_ptr<int64_t>(), unique, n};
+    cuda::segment_finish_kernel<true, cuda::WindowChunks>
+        <<<warp_blocks(groups(unique)), cuda::kLookupThreads, 0, stream>>>(
+            partial.const_data_ptr<float>(), chunks, unique, d, out.data_ptr<float>(), bad);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  at::Tensor plan;
+  if (plan_in) {
+    plan = plan_in->contiguous();
+  } else {
+    plan = at::empty({PlanLayout{unique, n}.size()}, starts.options());
+    fill_plan(starts, n, plan, stream);
+  }
   const PlanLayout lay{unique, n};
   const int64_t* co = plan.const_data_ptr<int64_t>();
   const int64_t max_chunks = lay.max_chunks();
@@ -123,24 +167,16 @@ void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Ten
   const auto launch = [&](auto vec, auto with_scale) {
     constexpr bool kVec = decltype(vec)::value;
     constexpr bool kScaled = decltype(with_scale)::value;
-    if (kVec && d / 4 <= cuda::kLookupWarp) {  // rows of one float4 per lane: packed chunks
-      const int64_t warps = (max_chunks + cuda::kSumChunks - 1) / cuda::kSumChunks;
-      cuda::segment_chunk_sums_packed_kernel<kScaled>
-          <<<warp_blocks(warps), cuda::kLookupThreads, 0, stream>>>(
-              grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), src,
-              co + lay.begin(), co + lay.len(), co + lay.dest(), co + unique, d, max_chunks,
-              skip_single, partial.data_ptr<float>(), out.data_ptr<float>(), bad);
-    } else {
-      cuda::segment_chunk_sums_kernel<kVec, kScaled>
-          <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
-              grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), src,
-              co + lay.begin(), co + lay.len(), co + lay.dest(), co + unique, d, max_chunks,
-              skip_single, partial.data_ptr<float>(), out.data_ptr<float>(), bad);
-    }
+    cuda::segment_chunk_sums_kernel<kVec, kScaled>
+        <<<warp_blocks(max_chunks), cuda::kLookupThreads, 0, stream>>>(
+            grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), src,
+            co + lay.begin(), co + lay.len(), co + lay.dest(), co + unique, d, max_chunks,
+            skip_single, partial.data_ptr<float>(), out.data_ptr<float>(), bad);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    cuda::segment_finish_kernel<kVec>
+    cuda::segment_finish_kernel<kVec, cuda::PlanChunks>
         <<<warp_blocks(groups(unique)), cuda::kLookupThreads, 0, stream>>>(
-        partial.const_data_ptr<float>(), co, unique, d, out.data_ptr<float>(), bad);
+            partial.const_data_ptr<float>(), cuda::PlanChunks{co}, unique, d,
+            out.data_ptr<float>(), bad);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   const auto with_vec = [&](auto with_scale) {
@@ -183,14 +219,7 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
   }
   // Pass 1 or 2 writes every row, but those skip_single skips.
   at::Tensor out = at::empty({unique, d}, grads.options());
-  at::Tensor plan;
-  if (plan_in) {
-    plan = plan_in->contiguous();
-  } else {
-    plan = at::empty({PlanLayout{unique, n}.size()}, starts.options());
-    fill_plan(starts, n, plan, stream);
-  }
-  launch_sums(grads, order, plan, src, scaled, unique, skip_single, out,
+  launch_sums(grads, order, starts, plan_in, src, scaled, skip_single, out,
               nonfinite.data_ptr<bool>(), stream);
   return {out, nonfinite};
 }
@@ -216,14 +245,15 @@ at::Tensor segment_single_rows_cuda(const at::Tensor& order_in, const at::Tensor
 }  // namespace
 
 at::Tensor segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
-                               const at::Tensor& plan, int64_t unique, bool skip_single,
-                               bool* nonfinite) {
+                               const at::Tensor& starts, const std::optional<at::Tensor>& plan,
+                               bool skip_single, bool* nonfinite) {
   check_sum_sizes(grads.size(0), order.numel());
   const c10::cuda::CUDAGuard guard(grads.device());
+  const int64_t unique = starts.numel();
   at::Tensor out = at::detail::empty_cuda({unique, grads.size(1)}, at::kFloat, grads.device(),
                                           std::nullopt);
   if (unique == 0 || order.numel() == 0 || grads.size(1) == 0) return out.zero_();
-  launch_sums(grads, order, plan, cuda::RowSource{nullptr, nullptr}, false, unique, skip_single,
+  launch_sums(grads, order, starts, plan, cuda::RowSource{nullptr, nullptr}, false, skip_single,
               out, nonfinite, at::cuda::getCurrentCUDAStream());
   return out;
 }

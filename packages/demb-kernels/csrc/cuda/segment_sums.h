@@ -6,17 +6,20 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace demb {
 
-// The unscaled chunk sums of segment_sum_rows(grads, order, starts, plan, skip_single=...) into
-// a new (U, D) float32 tensor, queued on the current stream of grads' device, a NaN/inf setting
+// The unscaled sums of segment_sum_rows(grads, order, starts, plan, skip_single=...) into a
+// new (U, D) float32 tensor, queued on the current stream of grads' device, a NaN/inf setting
 // *nonfinite (zeroed by the caller: zeroed_flag). The caller has checked what the op checks:
-// grads (N, D) float32 contiguous on CUDA, order (N,) and plan (segment_plan(starts, N)) int64
-// contiguous on its device, U = starts' length.
+// grads (N, D) float32 contiguous on CUDA, order (N,) and starts (U,) int64 contiguous on its
+// device, plan (when given) segment_plan(starts, N), contiguous there. Rows of D <= 128 floats
+// (16-byte aligned) are summed by windows and need no plan; others are made one when none is
+// given.
 at::Tensor segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
-                               const at::Tensor& plan, int64_t unique, bool skip_single,
-                               bool* nonfinite);
+                               const at::Tensor& starts, const std::optional<at::Tensor>& plan,
+                               bool skip_single, bool* nonfinite);
 
 // A bool scalar on like's device, zeroed on its current stream (no dispatch: a memset).
 at::Tensor zeroed_flag(const at::Tensor& like);

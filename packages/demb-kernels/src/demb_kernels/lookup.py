@@ -19,6 +19,7 @@ from demb_kernels import _library  # noqa: F401  (loads the native ops)
 __all__ = [
     "MAX_GATHER_TABLES",
     "SEGMENT_CHUNK",
+    "WINDOW_MAX_DIM",
     "DedupOutput",
     "check_batch",
     "dedup_batch",
@@ -30,6 +31,7 @@ __all__ = [
     "segment_sum_rows",
     "status_count_tensor",
     "status_counts",
+    "sums_need_plan",
 ]
 
 MAX_GATHER_TABLES = 64
@@ -40,6 +42,18 @@ _BATCH_CHECK_WORDS = 6
 
 SEGMENT_CHUNK = 32
 """Rows a chunk of ``segment_sum_rows`` sums before the chunks are added."""
+
+WINDOW_MAX_DIM = 128
+"""The widest gradient rows that ``segment_sum_rows`` on CUDA sums by windows of ``order`` (one
+warp per 32 entries, the chunks that start there), with no plan."""
+
+
+def sums_need_plan(dim: int) -> bool:
+    """Whether ``segment_sum_rows`` on CUDA cuts gradient rows of ``dim`` floats by a
+    :func:`segment_plan`; False: by windows of ``order`` (``dim`` a multiple of 4 up to
+    :data:`WINDOW_MAX_DIM`, the gradients 16-byte aligned, as a fresh tensor is), a plan given
+    to it unread. The sums are the same floats either way."""
+    return dim % 4 != 0 or dim > WINDOW_MAX_DIM
 
 
 class DedupOutput(NamedTuple):
@@ -252,9 +266,9 @@ def segment_sum_rows(
         grads: ``(N, D)`` float32, or ``(R, D)`` with ``rows``.
         order: ``(N,)`` int64 a permutation of ``[0, N)`` (grouped by segment).
         starts: ``(U,)`` int64 segment starts in ``order``: 0 first, never decreasing.
-        plan: :func:`segment_plan` ``(starts, N)`` made ahead (default: made here). The CPU
-            kernel checks that it is; on CUDA ``check`` does (:func:`plan_differs`), and
-            unchecked only its size is.
+        plan: :func:`segment_plan` ``(starts, N)`` made ahead (default: made here when
+            needed: :func:`sums_need_plan`). The CPU kernel checks that it is; on CUDA
+            ``check`` does (:func:`plan_differs`), and unchecked only its size is.
         check: on CUDA, check ``order``, ``starts`` and ``rows`` first (one sync); the CPU
             kernel always checks.
         rows: ``(N,)`` int64 the ``grads`` row of each entry (default: the entry's own).

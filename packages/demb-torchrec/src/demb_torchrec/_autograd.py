@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
-from demb_kernels.lookup import segment_plan
+from demb_kernels.lookup import segment_plan, sums_need_plan
 from demb_optim import OptimizerSpec, apply_update, nonfinite, update_parameters
 from torch.autograd.function import FunctionCtx
 
@@ -158,8 +158,9 @@ def summed_per_key(
     one per occurrence (clipped first when the optimizer clips), or, with ``rows`` / ``scale``,
     the rows of a pooled ``out`` seen as ``(B * F, dim)``, each occurrence's bag times its
     factor; then checks the sums (``check_gradients``) and updates the tables in place. On a GPU
-    the sum's chunks are planned now, queued behind the forward's work (the CPU kernel would
-    only check a plan: it cuts the chunks as it sums). The tables' value buffers are those of
+    rows wider than 128 floats have the sum's chunks planned now, queued behind the forward's
+    work (narrower ones are summed by windows, with no plan; the CPU kernel would only check a
+    plan: it cuts the chunks as it sums). The tables' value buffers are those of
     now: a table that grows before the backward would miss this step's update.
 
     Args:
@@ -171,7 +172,8 @@ def summed_per_key(
     Returns:
         A view of ``out`` whose backward runs the update.
     """
-    plan = segment_plan(batch.starts, batch.order.numel()) if batch.starts.is_cuda else None
+    planned = batch.starts.is_cuda and sums_need_plan(dim)
+    plan = segment_plan(batch.starts, batch.order.numel()) if planned else None
     spec = module.optimizer
     clip = spec.max_gradient if spec.gradient_clipping and rows is None else None
     wired: torch.Tensor = torch.ops.demb.summed_update(
