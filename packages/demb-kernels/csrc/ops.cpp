@@ -96,8 +96,8 @@ TORCH_LIBRARY(demb, m) {
   // returned info words on the device (cuda/dedup_cuda.cu).
   m.def(
       "dedup_launch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
-      "int batch_size, Tensor? counters, int key_bits=64) -> (Tensor, Tensor, Tensor, Tensor, "
-      "Tensor, Tensor, Tensor)");
+      "int batch_size, Tensor? counters, int key_bits=64, int key_radix=0) -> (Tensor, Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "index_tables(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size) -> (Tensor, Tensor)");

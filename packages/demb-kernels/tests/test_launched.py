@@ -13,6 +13,7 @@ from demb_kernels.launched import (
     find_or_insert_gated,
     gate_words,
     launch_info,
+    packed_radix,
 )
 from demb_kernels.lookup import dedup_batch, gather_table_rows
 from demb_kernels.table import ScorePolicy, TableIndex
@@ -47,18 +48,30 @@ def snapshot(index):
     key_range=st.sampled_from([5, 300, 2**40]),
     counters=st.booleans(),
     key_bits=st.sampled_from([8, 16, 64]),
+    radix=st.sampled_from([0, 0, 5, 85, 300, 2**16]),
     seed=st.integers(0, 2**31),
 )
-def test_dedup_launch_matches_dedup_batch(batch, max_bag, key_range, counters, key_bits, seed):
+def test_dedup_launch_matches_dedup_batch(
+    batch, max_bag, key_range, counters, key_bits, radix, seed
+):
+    """Sorted on the low key_bits bits, with or without a radix: dedup_batch's outputs when
+    the gate opens, which it does when the keys differ in no higher bit and, with a radix
+    (key_bits < 64), their low bits are all below it."""
     gen = torch.Generator().manual_seed(seed)
     indices, offsets, ftab = batch_case(gen, batch, max_bag, key_range)
     weights = torch.randint(0, 4, indices.shape, generator=gen).cuda() if counters else None
     want = dedup_batch(indices, offsets, ftab, T, batch, weights)
-    got = dedup_launch(indices, offsets, ftab, T, batch, weights, key_bits)
+    got = dedup_launch(indices, offsets, ftab, T, batch, weights, key_bits, radix)
     host = got.info.cpu()
     info = launch_info(host, indices.numel(), T, F)
     assert info.key_bits == want.key_bits
-    assert info.ready == (want.key_bits <= key_bits)
+    lows = indices.cpu() if key_bits == 64 else indices.cpu() & (2**key_bits - 1)
+    if key_bits == 64:
+        lows = lows ^ -(2**63)  # the sign bit flipped
+    low_max = int(lows.max()) & (2**64 - 1) if indices.numel() else 0
+    assert info.low_max == low_max
+    fits = radix == 0 or key_bits == 64 or low_max < radix
+    assert info.ready == (want.key_bits <= key_bits and fits)
     f = want.bounds.numel() - (F + 1)
     assert info.bounds[f:] == want.bounds.tolist()[f:]  # offsets[::B]: right either way
     assert not info.missed
@@ -196,18 +209,22 @@ def test_a_closed_gate_changes_nothing():
 
 
 def test_launch_info_reads_the_words():
-    """Words made by hand: T = 2 tables, F = 1 feature; then varying bits, U, go, missed."""
+    """Words made by hand: T = 2 tables, F = 1 feature; then varying bits, the largest low
+    bits, the scatter's finished blocks, U, go, missed."""
     tables = [3, 5]
     checks = [0] * 6
     feature_starts = [0, 9]
-    host = torch.tensor(tables + checks + feature_starts + [0x1FF, 5, 1, 1])
+    host = torch.tensor(tables + checks + feature_starts + [0x1FF, 300, 4, 5, 1, 1])
     info = launch_info(host, 9, 2, 1)
     assert info.bounds == [0, 3, 5, 0, 9]
     assert (info.unique, info.ready, info.missed, info.key_bits) == (5, True, True, 9)
+    assert info.low_max == 300
     assert gate_words(host) == (5, True, True)
     top = host.clone()
-    top[-4] = -(2**63)  # keys differing in the top bit
+    top[-6] = -(2**63)  # keys differing in the top bit
+    top[-5] = -1  # the largest low bits, unsigned
     assert launch_info(top, 9, 2, 1).key_bits == 64
+    assert launch_info(top, 9, 2, 1).low_max == 2**64 - 1
     bad = host.clone()
     bad[2 + 3] = 1  # one -1 key
     with pytest.raises(ValueError, match="empty-key sentinel"):
@@ -225,4 +242,44 @@ def test_fake_kernels_give_shapes_without_data():
         ftab = torch.empty(F, dtype=torch.int64)
         out = dedup_launch(indices, offsets, ftab, T, 2)
         assert all(t.shape == (40,) for t in out[:6])
-        assert out.info.shape == (T + 6 + F + 1 + 4,)
+        assert out.info.shape == (T + 6 + F + 1 + 6,)
+
+
+def test_packed_radix_saves_a_pass_when_the_last_keys_fit():
+    """T * R one byte below (table << key_bits) | low: 10 tables of ids < 1,677,721 sort on
+    24 bits, not 28; none when the last batch's low bits reached R, or for full 64-bit keys."""
+    assert packed_radix(24, 1_677_720, 10) == 2**24 // 10
+    assert packed_radix(24, 1_677_721, 10) == 0
+    assert packed_radix(64, 0, 10) == 0
+    assert packed_radix(16, 100, 1) == 2**16  # one table: 16 bits, not 17
+    assert packed_radix(8, 3, 3) == 256 // 3
+    assert packed_radix(8, 200, 3) == 0
+    assert packed_radix(56, 5, 2**20) == 0  # the table would not fit above the key bits
+    assert packed_radix(40, 5, 4) == 2**40 // 4
+
+
+@pytest.mark.cuda
+def test_a_key_radix_out_of_range_is_refused():
+    indices = torch.tensor([1, 2], device="cuda")
+    offsets = torch.tensor([0, 1, 2], device="cuda")
+    ftab = torch.tensor([0, 1], device="cuda")
+    with pytest.raises(ValueError, match="key_radix=-1"):
+        dedup_launch(indices, offsets, ftab, 2, 1, None, 16, -1)
+    with pytest.raises(ValueError, match="key_radix="):
+        dedup_launch(indices, offsets, ftab, 2, 1, None, 16, 2**62)
+
+
+@pytest.mark.cuda
+def test_keys_a_radix_does_not_fit_shut_the_gate_and_nothing_else():
+    """Low bits at or above the radix pack into quotients past the tables: the gate stays
+    shut, the batch's checks stay clean (launch_info does not raise), the words say why."""
+    gen = torch.Generator().manual_seed(3)
+    indices, offsets, ftab = batch_case(gen, 8, 6, 300)
+    indices[0] = 299
+    for radix in (5, 299):
+        got = dedup_launch(indices, offsets, ftab, T, 8, None, 16, radix)
+        info = launch_info(got.info.cpu(), indices.numel(), T, F)
+        assert not info.ready
+        assert info.low_max == int(indices.max())
+    fits = dedup_launch(indices, offsets, ftab, T, 8, None, 16, 300)
+    assert launch_info(fits.info.cpu(), indices.numel(), T, F).ready

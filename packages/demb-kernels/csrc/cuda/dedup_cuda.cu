@@ -1,8 +1,10 @@
 // dedup_batch, index_tables (and batch_checks) on CUDA: the CPU's outputs
 // (dedup.cpp) from a few kernels and two cub radix sorts: the batch's positions sorted by key
 // (sign bit flipped: signed order), then stably by table (only the bits T needs), which is the
-// one stable order by (table, key, position). Each unique key is the first of its run; the
-// checks ride the kernels into one read-back buffer.
+// one stable order by (table, key, position); or, when the keys differ only in their low bits,
+// one sort of (table, low bits) packed into one key (by a shift, or for dedup_launch by a radix
+// the caller picks: fewer radix passes). Each unique key is the first of its run; the checks
+// ride the kernels into one read-back buffer.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -48,7 +50,7 @@ using LaunchOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at:
 
 // One dedup of a batch on the device: its buffers, and the launches that fill them (no sync).
 // `info` holds the words read back (dedup_bounds', see kDedupFlags), then the keys' varying
-// bits, then `extra` more words (zeroed).
+// bits and the largest low bits (dedup_prepare_kernel), then `extra` more words (zeroed).
 struct DedupRun {
   at::Tensor indices, offsets, feature_tables, counters;
   const int64_t* cnt;
@@ -62,11 +64,12 @@ struct DedupRun {
   // (views of one buffer: inverse, order, keys, tables, starts).
   at::Tensor scratch64, scratch32, outputs, counters_sorted;
   int table_bits;
-  int prepared = -1;  // the table shift the sort keys were made with
+  uint64_t radix;  // > 0: sort keys table * radix + low bits (dedup_launch's key_radix)
+  int prepared = -1;  // the low bits the sort keys were made with
 
   DedupRun(const at::Tensor& indices_in, const at::Tensor& offsets_in,
            const at::Tensor& feature_tables_in, int64_t num_tables_, int64_t batch_size_,
-           const std::optional<at::Tensor>& counters_in, int64_t extra)
+           const std::optional<at::Tensor>& counters_in, int64_t extra, int64_t radix_)
       : indices(indices_in.contiguous()),
         offsets(offsets_in.contiguous()),
         feature_tables(feature_tables_in.contiguous()),
@@ -80,44 +83,70 @@ struct DedupRun {
         words(num_tables_ + kDedupFlags + feature_tables.numel() + 1),
         opts(indices.options()),
         stream(at::cuda::getCurrentCUDAStream()),
-        info(zeroed(words + 1 + extra, indices.options(), stream)),
+        info(zeroed(words + 2 + extra, indices.options(), stream)),
         scratch64(at::empty({4, n}, opts)),
         scratch32(at::empty({6, n}, opts.dtype(at::kInt))),
         outputs(at::empty({5, n}, opts)),
         counters_sorted(cnt ? at::empty({n}, opts) : at::Tensor()),
-        table_bits(bits_for(num_tables_ - 1)) {}
+        table_bits(bits_for(num_tables_ - 1)),
+        radix(static_cast<uint64_t>(radix_)) {}
 
   int64_t* s64(int64_t k) const { return scratch64.data_ptr<int64_t>() + k * n; }
   int32_t* s32(int64_t k) const { return scratch32.data_ptr<int32_t>() + k * n; }
   int64_t* out(int64_t k) const { return outputs.data_ptr<int64_t>() + k * n; }
   at::Tensor output(int64_t k) const { return outputs[k]; }  // inverse order keys tables starts
 
-  // With room for the table above the key bits sorted, one sort orders by (table, key): the
-  // table goes above them (shift = those bits), else shift = 0 (two sorts).
-  int shift_for(int end_bit) const { return end_bit + table_bits <= 64 ? end_bit : 0; }
+  // How the sort keys pack (table, key) when the keys agree above their low end_bit bits:
+  // with a radix, table * radix + low bits (`bits` wide); else, with room for the table above
+  // those bits, one sort orders by (table, key): the table goes above them (shift = end_bit),
+  // or shift = 0 (two sorts, bits = 0).
+  struct Packing {
+    int shift;
+    uint64_t radix;
+    int bits;
+  };
+  Packing packing(int end_bit) const {
+    if (radix != 0 && end_bit < 64) {
+      const int bits =
+          static_cast<int>(bit_length(static_cast<uint64_t>(num_tables) * radix - 1));
+      return {0, radix, std::max(bits, 1)};
+    }
+    const int shift = end_bit + table_bits <= 64 ? end_bit : 0;
+    return {shift, 0, shift > 0 ? shift + table_bits : 0};
+  }
   // Combined keys of at most 32 bits are sorted as uint32 (in the first half of the buffers).
-  bool narrow(int shift) const { return shift > 0 && shift + table_bits <= 32; }
+  static bool narrow(const Packing& p) { return p.bits > 0 && p.bits <= 32; }
 
   // Makes the sort keys (and the batch's checks: run again, they count the same flags).
-  void prepare(int shift) {
-    prepared = shift;
+  void prepare(int end_bit) {
+    prepared = end_bit;
+    const Packing p = packing(end_bit);
     auto* k_in = reinterpret_cast<uint64_t*>(s64(0));
+    int64_t* const words_out = info.data_ptr<int64_t>();
     dedup_prepare_kernel<<<dedup_blocks(std::max(n, bags + 1)), kDedupThreads, 0, stream>>>(
         indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
         feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables,
-        shift, k_in, narrow(shift) ? reinterpret_cast<uint32_t*>(k_in) : nullptr,
-        reinterpret_cast<uint32_t*>(s32(0)), s32(3), info.data_ptr<int64_t>(),
-        info.data_ptr<int64_t>() + words);
+        end_bit, p.shift, p.radix, k_in,
+        narrow(p) ? reinterpret_cast<uint32_t*>(k_in) : nullptr,
+        reinterpret_cast<uint32_t*>(s32(0)), s32(3), words_out, words_out + words,
+        words_out + words + 1);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
   // The sort by key looks at bits [0, end_bit) only: right when every key agrees with the
   // first above them (a caller's guess `key_bits`: a few radix passes instead of eight for
   // small ids; the varying bits read back tell whether the keys fit).
-  void sort_and_scatter(int end_bit) {
-    const int shift = shift_for(end_bit);
-    if (shift != prepared) prepare(shift);  // also with no index: the checks of the offsets
-    if (n == 0) return;
+  // With a gate (dedup_launch), the scatter's last block writes it (no index: a kernel does).
+  void sort_and_scatter(int end_bit, const DedupGate& gate) {
+    const Packing p = packing(end_bit);
+    if (end_bit != prepared) prepare(end_bit);  // also with no index: the checks of the offsets
+    if (n == 0) {
+      if (gate.info != nullptr) {
+        dedup_gate_kernel<<<1, 1, 0, stream>>>(gate);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      return;
+    }
     const auto n32 = static_cast<int>(n);
     auto* k_in = reinterpret_cast<uint64_t*>(s64(0));
     auto* k_out = reinterpret_cast<uint64_t*>(s64(1));
@@ -129,19 +158,19 @@ struct DedupRun {
     int32_t* const positions = s32(3);
     int32_t* const by_key = s32(4);
     int32_t* const order32 = s32(5);
-    SortedTables sorted{t_out, nullptr, nullptr, 0};
-    if (narrow(shift)) {  // one sort of the combined 32-bit keys
+    SortedTables sorted{t_out, nullptr, nullptr, 0, 0};
+    if (narrow(p)) {  // one sort of the combined 32-bit keys
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, k32_in, k32_out, positions, order32,
-                                               n32, 0, shift + table_bits, stream);
+                                               n32, 0, p.bits, stream);
       });
-      sorted = SortedTables{nullptr, nullptr, k32_out, shift};
-    } else if (shift > 0) {  // one sort of the combined keys
+      sorted = SortedTables{nullptr, nullptr, k32_out, p.shift, p.radix};
+    } else if (p.bits > 0) {  // one sort of the combined keys
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out, positions, order32, n32,
-                                               0, shift + table_bits, stream);
+                                               0, p.bits, stream);
       });
-      sorted = SortedTables{nullptr, k_out, nullptr, shift};
+      sorted = SortedTables{nullptr, k_out, nullptr, p.shift, p.radix};
     } else {  // by key, then (stably) by table
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out, positions, by_key, n32,
@@ -173,8 +202,13 @@ struct DedupRun {
     dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
         indices.const_data_ptr<int64_t>(), order32, sorted, flags, rank, cnt, n, out(0), out(1),
         out(2), out(3), out(4), cnt ? counters_sorted.data_ptr<int64_t>() : nullptr,
-        info.data_ptr<int64_t>());
+        info.data_ptr<int64_t>(), num_tables, gate);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+
+  // dedup_launch's gate words (see DedupGate), for the sort on the low key_bits bits.
+  DedupGate gate_for(int64_t key_bits) const {
+    return DedupGate{info.data_ptr<int64_t>(), num_tables, words, key_bits, radix};
   }
 
   // (size,) counts of the first `unique` keys (see dedup_counts_kernel), or with `gate` (the
@@ -212,12 +246,13 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
   check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits);
   check_dedup_size(indices.numel());
   const c10::cuda::CUDAGuard guard(indices.device());
-  DedupRun d(indices, offsets, feature_tables, num_tables, batch_size, counters, 0);
-  d.sort_and_scatter(static_cast<int>(key_bits));
+  DedupRun d(indices, offsets, feature_tables, num_tables, batch_size, counters, 0, 0);
+  const DedupGate none{nullptr, 0, 0, 0, 0};
+  d.sort_and_scatter(static_cast<int>(key_bits), none);
   at::Tensor host = d.info.cpu();  // the one sync
   const int64_t needed = bit_length(static_cast<uint64_t>(host.const_data_ptr<int64_t>()[d.words]));
   if (d.n > 0 && needed > key_bits) {  // the guess was short: sort again, read back again
-    d.sort_and_scatter(64);
+    d.sort_and_scatter(64, none);
     host = d.info.cpu();
   }
   const at::Tensor bounds =
@@ -230,26 +265,33 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
 }
 
 // dedup_batch's outputs at full size N (the first U rows hold the unique keys; U, like the
-// rest, is on the device), with no sync: `info` (W + 4,) int64 on the device holds the words
+// rest, is on the device), with no sync: `info` (W + 6,) int64 on the device holds the words
 // dedup_batch reads back (W = T + kDedupFlags + F + 1: see kDedupFlags) and then: the keys'
-// varying bits, U, the go flag (1: every check passed and the keys differ in no bit above
-// key_bits, so the first U rows are right; else the caller reads info back and raises, or
-// dedups again on all 64 bits), and a zeroed word a consumer may use as a flag (find_or_insert
-// sets its low half when phase A missed a key). A consumer reads U and the go flag on the device
-// (table_find_or_insert_gated).
+// varying bits, their largest low key_bits bits, a count of the scatter's finished blocks, U,
+// the go flag (1: every check passed, the keys differ in no bit above key_bits and, with a
+// key_radix, their low bits are all below it, so the first U rows are right; else the caller
+// reads info back and raises, or dedups again on all 64 bits), and a zeroed word a consumer
+// may use as a flag (find_or_insert sets its low half when phase A missed a key): the last
+// three are U, go and that flag. A consumer reads U and the go flag on the device
+// (table_find_or_insert_gated). key_radix > 0 sorts (table, key) as table * key_radix + the
+// key's low key_bits bits: fewer radix passes than the table above those bits, when T *
+// key_radix fits fewer bytes.
 LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
                             const at::Tensor& feature_tables, int64_t num_tables,
                             int64_t batch_size, const std::optional<at::Tensor>& counters,
-                            int64_t key_bits) {
+                            int64_t key_bits, int64_t key_radix) {
   check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits);
   check_dedup_size(indices.numel());
+  TORCH_CHECK_VALUE(key_radix >= 0 && (key_radix == 0 || key_radix <= (int64_t{1} << 62) /
+                                                                           num_tables),
+                    "key_radix=", key_radix, ": must be 0 (no radix) or in [1, 2^62 / ",
+                    num_tables, "] (num_tables * key_radix must fit the sort keys)");
   const c10::cuda::CUDAGuard guard(indices.device());
-  DedupRun d(indices, offsets, feature_tables, num_tables, batch_size, counters, 3);
-  d.sort_and_scatter(static_cast<int>(key_bits));
+  DedupRun d(indices, offsets, feature_tables, num_tables, batch_size, counters, 4,
+             key_bits < 64 ? key_radix : 0);
+  d.sort_and_scatter(static_cast<int>(key_bits), d.gate_for(key_bits));
   int64_t* const info = d.info.data_ptr<int64_t>();
-  dedup_gate_kernel<<<1, 1, 0, d.stream>>>(info, num_tables, d.words, key_bits);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const at::Tensor counts = d.counts(d.n, d.n, info + d.words + 1);
+  const at::Tensor counts = d.counts(d.n, d.n, info + d.words + 3);
   return {d.output(2), d.output(3), d.output(0), counts, d.output(1), d.output(4), d.info};
 }
 

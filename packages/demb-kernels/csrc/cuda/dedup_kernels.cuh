@@ -58,35 +58,46 @@ __device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
   return feature_tables[lo];
 }
 
-// Per index: its table, its sort key (sign bit flipped: signed order; with table_shift > 0, its
-// low table_shift bits under the table: the (table, key) sort in one; into keys32 instead of
-// keys when that fits 32 bits, halving the sort's key traffic), its position; the
-// batch's checks into info (after the T per-table words); and into *varying the bits in which
-// some key differs from the first (OR of key ^ key 0, reduced per block first).
+// Per index: its table, its sort key (sign bit flipped: signed order; its low `low_bits` bits,
+// `low`, under the table when packed: with radix > 0 as table * radix + low, valid when every
+// low < radix (the gate checks *low_max), else with table_shift > 0 as (table << table_shift) |
+// low (table_shift = low_bits); into keys32 instead of keys when that fits 32 bits, halving
+// the sort's key traffic), its position; the batch's checks into info (after the T per-table
+// words); into *varying the bits in which some key differs from the first (OR of key ^ key 0)
+// and into *low_max the largest low (both reduced per block first).
 __global__ void __launch_bounds__(kDedupThreads)
     dedup_prepare_kernel(const int64_t* __restrict__ indices,
                          const int64_t* __restrict__ offsets, int64_t bags,
                          const int64_t* __restrict__ feature_tables, int64_t features,
                          int64_t batch_size, const int64_t* __restrict__ counters, int64_t n,
-                         int64_t num_tables, int table_shift, uint64_t* __restrict__ keys,
-                         uint32_t* __restrict__ keys32, uint32_t* __restrict__ tables,
-                         int32_t* __restrict__ positions,
-                         int64_t* __restrict__ info, int64_t* __restrict__ varying) {
+                         int64_t num_tables, int low_bits, int table_shift, uint64_t radix,
+                         uint64_t* __restrict__ keys, uint32_t* __restrict__ keys32,
+                         uint32_t* __restrict__ tables, int32_t* __restrict__ positions,
+                         int64_t* __restrict__ info, int64_t* __restrict__ varying,
+                         int64_t* __restrict__ low_max) {
   __shared__ unsigned long long block_varying;
-  if (threadIdx.x == 0) block_varying = 0;
+  __shared__ unsigned long long block_low;
+  if (threadIdx.x == 0) {
+    block_varying = 0;
+    block_low = 0;
+  }
   __syncthreads();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, counters, n,
                     num_tables, info + num_tables);
   unsigned long long diff = 0;
+  unsigned long long low = 0;
   if (i < n) {
     const uint64_t key = static_cast<uint64_t>(indices[i]) ^ kSignBit;
     const auto table =
         static_cast<uint32_t>(table_of(i, offsets, feature_tables, features, batch_size));
-    const uint64_t sort_key = table_shift == 0
-                                  ? key
-                                  : (static_cast<uint64_t>(table) << table_shift) |
-                                        (key & ((uint64_t{1} << table_shift) - 1));
+    low = low_bits >= 64 ? key : key & ((uint64_t{1} << low_bits) - 1);
+    uint64_t sort_key = key;
+    if (radix != 0) {
+      sort_key = static_cast<uint64_t>(table) * radix + low;
+    } else if (table_shift != 0) {
+      sort_key = (static_cast<uint64_t>(table) << table_shift) | low;
+    }
     if (keys32 != nullptr) {
       keys32[i] = static_cast<uint32_t>(sort_key);
     } else {
@@ -96,15 +107,23 @@ __global__ void __launch_bounds__(kDedupThreads)
     positions[i] = static_cast<int32_t>(i);
     diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
   }
-  // OR-reduced per warp first: one shared atomic per warp, not per thread.
+  // Reduced per warp first: one shared atomic per warp, not per thread.
   const unsigned lo = __reduce_or_sync(0xFFFFFFFFu, static_cast<unsigned>(diff));
   const unsigned hi = __reduce_or_sync(0xFFFFFFFFu, static_cast<unsigned>(diff >> 32));
-  if ((threadIdx.x % 32) == 0 && (lo | hi)) {
-    atomicOr(&block_varying, (static_cast<unsigned long long>(hi) << 32) | lo);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const unsigned long long other = __shfl_xor_sync(0xFFFFFFFFu, low, offset);
+    low = other > low ? other : low;
+  }
+  if ((threadIdx.x % 32) == 0) {
+    if (lo | hi) atomicOr(&block_varying, (static_cast<unsigned long long>(hi) << 32) | lo);
+    if (low) atomicMax(&block_low, low);
   }
   __syncthreads();
   if (threadIdx.x == 0 && block_varying) {
     atomicOr(reinterpret_cast<unsigned long long*>(varying), block_varying);
+  }
+  if (threadIdx.x == 0 && block_low) {
+    atomicMax(reinterpret_cast<unsigned long long*>(low_max), block_low);
   }
 }
 
@@ -131,17 +150,21 @@ __global__ void dedup_permute_tables_kernel(const uint32_t* __restrict__ tables,
   if (k < n) out[k] = tables[by_key[k]];
 }
 
-// The table of entry k of the (table, key) order: sorted tables, or the top bits of the sorted
-// combined keys (dedup_prepare_kernel's table_shift), 64- or 32-bit.
+// The table of entry k of the (table, key) order: sorted tables, or from the sorted combined
+// keys (dedup_prepare_kernel's packing), 64- or 32-bit: their quotient by `radix` when it is
+// set, else their bits from `shift` up.
 struct SortedTables {
   const uint32_t* tables;
   const uint64_t* combined;
   const uint32_t* combined32;
   int shift;
+  uint64_t radix;
   __device__ __forceinline__ uint32_t operator[](int64_t k) const {
     if (tables != nullptr) return tables[k];
-    return combined32 != nullptr ? combined32[k] >> shift
-                                 : static_cast<uint32_t>(combined[k] >> shift);
+    if (combined32 != nullptr) {
+      return radix != 0 ? combined32[k] / static_cast<uint32_t>(radix) : combined32[k] >> shift;
+    }
+    return static_cast<uint32_t>(radix != 0 ? combined[k] / radix : combined[k] >> shift);
   }
 };
 
@@ -172,9 +195,34 @@ __global__ void dedup_first_kernel(const int64_t* __restrict__ indices,
   first[k] = k == 0 || tables[k] != tables[k - 1] || indices[order[k]] != indices[order[k - 1]];
 }
 
+// dedup_launch's gate (see DedupGate) from the words the dedup left in info: U (the last
+// table bound) and the go flag.
+struct DedupGate {
+  int64_t* info;       // null: no gate (dedup_batch)
+  int64_t num_tables;  // T
+  int64_t words;       // W: info[W] varying bits, [W + 1] low max, [W + 2] blocks done,
+                       // [W + 3] U, [W + 4] go (written here)
+  int64_t key_bits;
+  uint64_t radix;
+  // info[W + 3] = U, info[W + 4] = 1 when every check passed, no key differs from the first
+  // above key_bits (the sort looked at enough bits) and, with a radix, every low < radix.
+  __device__ void write() const {
+    volatile int64_t* w = info;
+    int64_t unique = 0;
+    for (int64_t t = 0; t < num_tables; ++t) unique = w[t] > unique ? w[t] : unique;
+    bool go = key_bits >= 64 || (static_cast<uint64_t>(w[words]) >> key_bits) == 0;
+    go = go && (radix == 0 || static_cast<uint64_t>(w[words + 1]) < radix);
+    for (int64_t f = 0; f < kDedupFlags; ++f) go = go && w[num_tables + f] == 0;
+    w[words + 3] = unique;
+    w[words + 4] = go ? 1 : 0;
+  }
+};
+
 // Scatters entry k: its index's unique key (inverse), the order, and for the first entry of a
 // key that key, its table and start; the last entry of each table writes the table's end
-// (info[t], the number of unique keys up to it). Also gathers the counters in order.
+// (info[t], the number of unique keys up to it; only for t < T: keys packed with a radix they
+// do not fit give other quotients, and the gate then stays shut). Also gathers the counters in
+// order. With a gate, the block that finishes last writes it (the table ends fenced first).
 __global__ void dedup_scatter_kernel(const int64_t* __restrict__ indices,
                                      const int32_t* __restrict__ order32, SortedTables tables,
                                      FirstFlags first,
@@ -185,21 +233,38 @@ __global__ void dedup_scatter_kernel(const int64_t* __restrict__ indices,
                                      int64_t* __restrict__ tables_out,
                                      int64_t* __restrict__ starts,
                                      int64_t* __restrict__ counters_sorted,
-                                     int64_t* __restrict__ info) {
+                                     int64_t* __restrict__ info, int64_t num_tables,
+                                     DedupGate gate) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= n) return;
-  const int64_t p = order32[k];
-  const int64_t starts_key = first(k);
-  const int64_t u = rank_excl[k] + starts_key - 1;
-  inverse[p] = u;
-  order[k] = p;
-  if (counters) counters_sorted[k] = counters[p];
-  if (starts_key) {
-    keys_out[u] = indices[p];
-    tables_out[u] = tables[k];
-    starts[u] = k;
+  if (k < n) {
+    const int64_t p = order32[k];
+    const int64_t starts_key = first(k);
+    const int64_t u = rank_excl[k] + starts_key - 1;
+    inverse[p] = u;
+    order[k] = p;
+    if (counters) counters_sorted[k] = counters[p];
+    if (starts_key) {
+      keys_out[u] = indices[p];
+      tables_out[u] = tables[k];
+      starts[u] = k;
+    }
+    if (k == n - 1 || first(k + 1)) {  // a table ends where a key does: its table read there
+      const uint32_t t = tables[k];
+      if ((k == n - 1 || tables[k + 1] != t) && t < num_tables) {
+        info[t] = u + 1;
+        if (gate.info != nullptr) __threadfence();  // before this block counts itself done
+      }
+    }
   }
-  if (k == n - 1 || tables[k + 1] != tables[k]) info[tables[k]] = u + 1;
+  if (gate.info == nullptr) return;  // the same for the whole grid
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    auto* done = reinterpret_cast<unsigned long long*>(gate.info + gate.words + 2);
+    if (atomicAdd(done, 1ull) == gridDim.x - 1) {  // the last block: every table end is out
+      __threadfence();
+      gate.write();
+    }
+  }
 }
 
 // counts[u]: the occurrences of key u, or the sum of its counters (summed: inclusive prefix sums
@@ -218,18 +283,8 @@ __global__ void dedup_counts_kernel(const int64_t* __restrict__ starts,
                      : end - starts[u];
 }
 
-// dedup_launch's gate, after info's W words and the varying bits (info[W]): info[W + 1] = U (the
-// last table bound), info[W + 2] = 1 when every check passed and no key differs from the first
-// above key_bits (the sort looked at enough bits), else 0.
-__global__ void dedup_gate_kernel(int64_t* __restrict__ info, int64_t num_tables, int64_t words,
-                                  int64_t key_bits) {
-  int64_t unique = 0;
-  for (int64_t t = 0; t < num_tables; ++t) unique = info[t] > unique ? info[t] : unique;
-  bool go = key_bits >= 64 || (static_cast<uint64_t>(info[words]) >> key_bits) == 0;
-  for (int64_t f = 0; f < kDedupFlags; ++f) go = go && info[num_tables + f] == 0;
-  info[words + 1] = unique;
-  info[words + 2] = go ? 1 : 0;
-}
+// dedup_launch's gate when no scatter ran (no index).
+__global__ void dedup_gate_kernel(DedupGate gate) { gate.write(); }
 
 }  // namespace
 }  // namespace demb

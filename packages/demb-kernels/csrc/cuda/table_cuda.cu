@@ -289,7 +289,7 @@ GatedOutputs table_find_or_insert_gated_cuda(
   TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");
   check_index_tensor(info, "info", at::kLong, ix.keys);
   TORCH_CHECK_VALUE(info.dim() == 1 && info.numel() >= 5 && info.is_contiguous(),
-                    "info: expected dedup_launch's contiguous (W + 4,) words, got shape ",
+                    "info: expected dedup_launch's contiguous words (U, go, missed last), got shape ",
                     info.sizes());
   if (inverse) check_rows_request(ix, values, keys_in, table_ids_in, *inverse, dim);
   const c10::cuda::CUDAGuard guard(keys_in.device());
@@ -298,7 +298,7 @@ GatedOutputs table_find_or_insert_gated_cuda(
   const at::Tensor counts = contiguous_or_undefined(counts_in);
   const at::Tensor args = score_args_in.contiguous();
   const int64_t n = keys.numel();
-  const int64_t w = info.numel() - 4;  // info[w + 1] = U, [w + 2] = go, [w + 3] = missed
+  const int64_t w = info.numel() - 4;  // the last three: [w + 1] = U, [w + 2] = go, [w + 3] missed
   at::Tensor slots = at::empty({n}, keys.options());
   at::Tensor status = at::empty({n}, keys.options());
   at::Tensor victim_keys = at::empty({n}, keys.options());

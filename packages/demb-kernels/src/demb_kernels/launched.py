@@ -23,10 +23,12 @@ __all__ = [
     "find_or_insert_gated",
     "gate_words",
     "launch_info",
+    "packed_radix",
 ]
 
-_EXTRA_WORDS = 4
-"""What dedup_launch's info holds after dedup_batch's words: varying bits, U, go, missed."""
+_EXTRA_WORDS = 6
+"""What dedup_launch's info holds after dedup_batch's words: varying bits, the largest low
+bits, the scatter's finished blocks, U, go, missed."""
 
 
 class LaunchedDedup(NamedTuple):
@@ -46,7 +48,7 @@ class LaunchedDedup(NamedTuple):
     starts: torch.Tensor
     """``(N,)`` int64 where each unique key's occurrences start in ``order`` (rows ``[0, U)``)."""
     info: torch.Tensor
-    """``(T + 6 + F + 1 + 4,)`` int64 on the device: the words :func:`launch_info` reads."""
+    """``(T + 6 + F + 1 + 6,)`` int64 on the device: the words :func:`launch_info` reads."""
 
 
 class LaunchInfo(NamedTuple):
@@ -57,12 +59,16 @@ class LaunchInfo(NamedTuple):
     unique: int
     """``U``."""
     ready: bool
-    """The go flag: the dedup's sort looked at enough key bits, so its first ``U`` rows are
-    right (and the gated find ran). False: sort again on all 64 bits (nothing ran)."""
+    """The go flag: the dedup's sort looked at enough key bits (and with a ``key_radix``, every
+    key's low bits were below it), so its first ``U`` rows are right (and the gated find ran).
+    False: sort again on all 64 bits (nothing ran)."""
     missed: bool
     """Some key was not found by the gated find's first pass (it then inserted them)."""
     key_bits: int
     """The low bits the keys differ in."""
+    low_max: int
+    """The largest of the keys' low ``key_bits`` bits (as :func:`dedup_launch` took them),
+    unsigned, sign bit flipped (a key ``k >= 0`` below ``2**key_bits`` is ``k`` itself)."""
 
 
 def dedup_launch(
@@ -73,16 +79,23 @@ def dedup_launch(
     batch_size: int,
     counters: torch.Tensor | None = None,
     key_bits: int = 64,
+    key_radix: int = 0,
 ) -> LaunchedDedup:
     """:func:`demb_kernels.lookup.dedup_batch` with no sync (CUDA only): the same kernels, the
     sort by key on the low ``key_bits`` bits only, outputs at full size, and on the device the
     unique count ``U`` and a go flag, set when every batch check passed and no key differs
     from the first above ``key_bits``. Read back and checked by :func:`launch_info`.
 
-    Args: as :func:`demb_kernels.lookup.dedup_batch`.
+    Args:
+        key_radix: 0, or ``R > 0`` (``key_bits < 64``): sort ``(table, key)`` as one key
+            ``table * R + low``, ``low`` the key's low ``key_bits`` bits (sign bit flipped),
+            which takes ``ceil(log2(T * R) / 8)`` radix passes instead of
+            ``ceil((key_bits + log2 T) / 8)``; the go flag then also needs every ``low < R``
+            (:func:`packed_radix` picks one).
+        others: as :func:`demb_kernels.lookup.dedup_batch`.
     """
     out = torch.ops.demb.dedup_launch(
-        indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits
+        indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits, key_radix
     )
     return LaunchedDedup(*out)
 
@@ -91,7 +104,7 @@ def launch_info(host: torch.Tensor, n: int, num_tables: int, features: int) -> L
     """Read a launched dedup's info words brought to the host (by :func:`find_or_insert_gated`).
 
     Args:
-        host: ``(T + 6 + F + 1 + 4,)`` int64 on the CPU.
+        host: ``(T + 6 + F + 1 + 6,)`` int64 on the CPU.
         n: ``N``, the batch's indices; num_tables: ``T``; features: ``F``.
 
     Raises:
@@ -101,7 +114,26 @@ def launch_info(host: torch.Tensor, n: int, num_tables: int, features: int) -> L
     bounds: list[int] = torch.ops.demb.batch_bounds(host[:words], n, num_tables, features).tolist()
     unique, go, missed = gate_words(host)
     varying = int(host[words]) & (2**64 - 1)  # the bits as unsigned
-    return LaunchInfo(bounds, unique, go, missed, varying.bit_length())
+    low_max = int(host[words + 1]) & (2**64 - 1)
+    return LaunchInfo(bounds, unique, go, missed, varying.bit_length(), low_max)
+
+
+def packed_radix(key_bits: int, low_max: int, num_tables: int) -> int:
+    """A ``key_radix`` for :func:`dedup_launch`: the largest ``R`` with ``T * R`` one radix
+    pass (8 bits) below the ``(table << key_bits) | low`` packing, when the last batch's
+    largest low bits ``low_max`` were below it; else 0 (no radix). For ids below 1,677,721 in
+    10 tables (``key_bits`` 24): ``R = 2**24 // 10``, 3 passes instead of 4.
+
+    Args:
+        key_bits: the next sort's low key bits; low_max: :attr:`LaunchInfo.low_max`;
+        num_tables: ``T``.
+    """
+    table_bits = max((num_tables - 1).bit_length(), 1)
+    packed = key_bits + table_bits
+    if key_bits >= 64 or packed > 64 or packed <= 8:
+        return 0
+    radix = (1 << (8 * ((packed - 1) // 8))) // num_tables
+    return radix if low_max < radix <= (1 << key_bits) else 0
 
 
 def find_or_insert_gated(
@@ -161,6 +193,7 @@ def _dedup_launch_fake(
     batch_size: int,
     counters: torch.Tensor | None,
     key_bits: int = 64,
+    key_radix: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     n = indices.shape[0]
     words = num_tables + 6 + feature_tables.shape[0] + 1 + _EXTRA_WORDS

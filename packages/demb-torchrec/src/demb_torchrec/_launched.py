@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from demb_kernels.launched import dedup_launch, launch_info
+from demb_kernels.launched import dedup_launch, launch_info, packed_radix
 from demb_storage import find_or_insert_launched
 
 from demb_torchrec._dedup import DedupedBatch, next_key_bits
@@ -46,14 +46,17 @@ def launched_find_or_insert(
     """
     counters = None if frequency_counters is None else frequency_counters.to(torch.int64)
     num_tables = m.num_tables
+    key_bits, key_radix = m._key_bits
     launched = dedup_launch(
-        indices, offsets, m._feature_tables, num_tables, batch_size, counters, m._key_bits[0]
+        indices, offsets, m._feature_tables, num_tables, batch_size, counters, key_bits, key_radix
     )
     scores = m.tables.next_score_args()  # after the dedup's launches: the GPU starts earlier
     gather = (launched.inverse, m.dims[0]) if m._gathers_rows() else None
     outcome, host = find_or_insert_launched(m.tables, launched, scores, gather_rows=gather)
     info = launch_info(host, indices.numel(), num_tables, len(m.feature_table_map))
     m._key_bits[0] = next_key_bits(info.key_bits)
+    same_bits = m._key_bits[0] == key_bits  # low_max is of this sort's low bits
+    m._key_bits[1] = packed_radix(key_bits, info.low_max, num_tables) if same_bits else 0
     if outcome is None:
         return None
     u, bounds = info.unique, info.bounds

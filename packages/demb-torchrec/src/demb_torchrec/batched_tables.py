@@ -177,8 +177,10 @@ class DynamicEmbeddingTables(torch.nn.Module):
         a fresh one faults in new pages every step (on a 2-core VM, 5-15 ms of a 20 ms SUM
         backward went to zero-filling the sums)."""
         self._trigger = torch.zeros((), device=self.device, requires_grad=True)
-        self._key_bits = [64]  # dedup's first guess of the bits the keys differ in (a list:
-        # set in place on the hot path, no nn.Module attribute set)
+        # The dedup's guesses: the low bits the keys differ in, and a radix that packs (table,
+        # key) in fewer sort passes (demb_kernels.launched.packed_radix; 0: none). A list: set
+        # in place on the hot path, no nn.Module attribute set.
+        self._key_bits = [64, 0]
         # Whether the last training batch had every key in the table: then the next one asks
         # find_or_insert for its rows (read before the all-found read-back, wasted on a miss).
         self._found_whole = [False]
