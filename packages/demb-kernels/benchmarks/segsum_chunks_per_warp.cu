@@ -1,7 +1,8 @@
 // Standalone (no torch): segment_chunk_sums_packed_kernel's loop with C chunks per warp, A rows
 // of a chunk loaded ahead and B blocks per SM, on a synthetic copy of the reference workload's
 // backward (ninth session). Build: nvcc -std=c++17 -O3 -arch=sm_90 --fmad=false. Its times did
-// not carry over to the module (see results/segsum_chunks_per_warp_h200.txt).
+// not carry over to the module (see results/segsum_chunks_per_warp_h200.txt). The packed kernel
+// itself was replaced by the window sums (csrc/cuda/window_sums.cuh) in the tenth session.
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cmath>

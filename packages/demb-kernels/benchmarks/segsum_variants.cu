@@ -1,4 +1,5 @@
-// Variants of segment_chunk_sums_packed_kernel for segsum_variants.py (an H200 experiment).
+// Variants of segment_chunk_sums_packed_kernel for segsum_variants.py (an H200 experiment; the
+// packed kernel was replaced by the window sums, csrc/cuda/window_sums.cuh, in the tenth session).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 constexpr int W = 32;

@@ -1,6 +1,7 @@
 """Variants of segment_sum_rows' CUDA chunk-sum kernel on the reference workload's batch (the
 experiment behind ``kSumChunks`` and the kernel's launch bounds in
-``csrc/cuda/lookup_kernels.cuh``).
+``csrc/cuda/lookup_kernels.cuh``; that packed kernel was replaced by the window sums of
+``csrc/cuda/window_sums.cuh`` in the tenth session: these copies are the record).
 
 Each variant (``segsum_variants.cu``) is a copy of ``segment_chunk_sums_packed_kernel`` with
 ``G`` chunks per warp and at least ``MINB`` blocks per SM (``staged``: a step's ``G`` row loads
