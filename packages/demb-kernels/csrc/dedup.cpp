@@ -5,6 +5,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -47,6 +49,24 @@ namespace {
 using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                             at::Tensor, at::Tensor>;
 
+// A unique (table, key) pair and its first-seen id.
+struct UniqueKey {
+  int64_t table;
+  int64_t key;
+  int32_t id;
+};
+
+// dedup_batch's hash slots and per-index ids, reused by the calls of one thread.
+struct DedupScratch {
+  std::vector<int32_t> slot_id;
+  std::vector<int32_t> local;
+};
+
+DedupScratch& dedup_scratch() {
+  thread_local DedupScratch scratch;
+  return scratch;
+}
+
 std::tuple<at::Tensor, at::Tensor> index_tables(const at::Tensor& indices,
                                                 const at::Tensor& offsets,
                                                 const at::Tensor& feature_tables,
@@ -64,13 +84,16 @@ std::tuple<at::Tensor, at::Tensor> index_tables(const at::Tensor& indices,
 //
 // O(N) passes and a sort of the U unique keys only: the batch's checks first (nothing is read
 // through a bad offset), then each (table, key) pair gets its unique id in first-seen order from
-// an open-addressing hash map, the unique pairs are sorted, and a counting sort of the positions
-// by their key's sorted rank gives `order` (stable: positions are visited in order).
+// an open-addressing hash map (each probe's home slot prefetched a few indices ahead), the unique
+// pairs are sorted, and a counting sort of the positions by their key's sorted rank gives
+// `order` (stable: positions are visited in order).
 DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
                      const at::Tensor& feature_tables_in, int64_t num_tables, int64_t batch_size,
                      const std::optional<at::Tensor>& counters_in, int64_t key_bits) {
   check_dedup_args(indices_in, offsets, feature_tables_in, num_tables, batch_size, counters_in,
                    key_bits);
+  TORCH_CHECK_VALUE(indices_in.numel() <= std::numeric_limits<int32_t>::max(), "indices: ",
+                    indices_in.numel(), " entries; dedup_batch takes at most 2^31 - 1");
   const at::Tensor indices = indices_in.contiguous();
   const at::Tensor feature_tables = feature_tables_in.contiguous();
   const int64_t n = indices.numel();
@@ -92,34 +115,46 @@ DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
   uint64_t varying = 0;
   for (int64_t i = 0; i < n; ++i) varying |= static_cast<uint64_t>(key[i] ^ key[0]);
 
-  // (table, key) -> unique id (first seen), open addressing at load <= 1/2.
+  // (table, key) -> unique id (first seen), open addressing at load <= 1/2, int32 ids: the
+  // slot table of a 58K-index batch is 512 KiB, not 1 MiB. It and the per-index ids live in
+  // this thread's scratch, kept across calls: fresh memory every call cost page faults.
   int64_t slots = 2;
   while (slots < 2 * n) slots <<= 1;
-  std::vector<int64_t> slot_id(static_cast<size_t>(slots), -1);
-  std::vector<int64_t> u_key, u_table, u_occ, u_sum;
-  std::vector<int64_t> local(static_cast<size_t>(n));
+  DedupScratch& scratch = dedup_scratch();
+  std::vector<int32_t>& slot_id = scratch.slot_id;
+  std::vector<int32_t>& local = scratch.local;
+  if (static_cast<int64_t>(slot_id.size()) < slots) slot_id.resize(static_cast<size_t>(slots));
+  if (static_cast<int64_t>(local.size()) < n) local.resize(static_cast<size_t>(n));
+  std::fill(slot_id.begin(), slot_id.begin() + slots, -1);
+  std::vector<UniqueKey> uniq;
+  std::vector<int64_t> u_occ, u_sum;
   const uint64_t mask = static_cast<uint64_t>(slots - 1);
+  const auto home = [&](int64_t k, int64_t t) {
+    uint64_t h = static_cast<uint64_t>(k) ^ (static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL);
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDULL;
+    h ^= h >> 33;
+    return h & mask;
+  };
+  constexpr int64_t kAhead = 8;  // probes whose home slot is asked into cache ahead
   for (int64_t f = 0; f < features; ++f) {
     const int64_t t = ftab[f];
-    for (int64_t i = feature_start[f]; i < feature_start[f + 1]; ++i) {
-      uint64_t h = static_cast<uint64_t>(key[i]) ^ (static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ULL);
-      h ^= h >> 33;
-      h *= 0xFF51AFD7ED558CCDULL;
-      h ^= h >> 33;
-      uint64_t s = h & mask;
-      int64_t id;
+    const int64_t end = feature_start[f + 1];
+    for (int64_t i = feature_start[f]; i < end; ++i) {
+      if (i + kAhead < end) __builtin_prefetch(slot_id.data() + home(key[i + kAhead], t));
+      uint64_t s = home(key[i], t);
+      int32_t id;
       while (true) {
         id = slot_id[s];
         if (id < 0) {
-          id = static_cast<int64_t>(u_key.size());
+          id = static_cast<int32_t>(uniq.size());
           slot_id[s] = id;
-          u_key.push_back(key[i]);
-          u_table.push_back(t);
+          uniq.push_back({t, key[i], id});
           u_occ.push_back(0);
           u_sum.push_back(0);
           break;
         }
-        if (u_key[id] == key[i] && u_table[id] == t) break;
+        if (uniq[id].key == key[i] && uniq[id].table == t) break;
         s = (s + 1) & mask;
       }
       local[i] = id;
@@ -127,11 +162,9 @@ DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
       u_sum[id] += counter ? counter[i] : 1;
     }
   }
-  const auto unique = static_cast<int64_t>(u_key.size());
-  std::vector<int64_t> by_rank(static_cast<size_t>(unique));
-  for (int64_t u = 0; u < unique; ++u) by_rank[u] = u;
-  std::sort(by_rank.begin(), by_rank.end(), [&](int64_t a, int64_t b) {
-    return u_table[a] != u_table[b] ? u_table[a] < u_table[b] : u_key[a] < u_key[b];
+  const auto unique = static_cast<int64_t>(uniq.size());
+  std::sort(uniq.begin(), uniq.end(), [](const UniqueKey& a, const UniqueKey& b) {
+    return a.table != b.table ? a.table < b.table : a.key < b.key;
   });
   const auto opts = indices.options();
   at::Tensor keys = at::empty({unique}, opts);
@@ -150,14 +183,14 @@ DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
   std::vector<int64_t> through(static_cast<size_t>(num_tables), 0);  // unique keys of tables <= t
   int64_t start = 0;
   for (int64_t r = 0; r < unique; ++r) {
-    const int64_t u = by_rank[r];
-    rank_of[u] = r;
-    k_out[r] = u_key[u];
-    t_out[r] = u_table[u];
-    c_out[r] = u_sum[u];
+    const UniqueKey& q = uniq[r];
+    rank_of[q.id] = r;
+    k_out[r] = q.key;
+    t_out[r] = q.table;
+    c_out[r] = u_sum[q.id];
     s_out[r] = start;
-    start += u_occ[u];
-    through[u_table[u]] = r + 1;
+    start += u_occ[q.id];
+    through[q.table] = r + 1;
   }
   std::vector<int64_t> cursor(s_out, s_out + unique);
   for (int64_t i = 0; i < n; ++i) {
