@@ -40,23 +40,25 @@ def graphed_dedup(
     batch_size: int,
     counters: torch.Tensor | None = None,
     key_bits: int = 64,
+    key_radix: int = 0,
 ) -> LaunchedDedup:
     """``dedup_launch`` replayed from a CUDA graph of this batch shape (eager for its first two
     calls)."""
-    key = (indices.numel(), offsets.numel(), key_bits, counters is None, num_tables, batch_size)
+
+    def eager(i: torch.Tensor, o: torch.Tensor, c: torch.Tensor | None) -> LaunchedDedup:
+        return _eager_dedup(i, o, feature_tables, num_tables, batch_size, c, key_bits, key_radix)
+
+    shape = (indices.numel(), offsets.numel(), counters is None, num_tables, batch_size)
+    key = (*shape, key_bits, key_radix)
     entry = _graphs.setdefault(key, {"seen": 0})
     entry["seen"] += 1
     if entry["seen"] < 3:
-        return _eager_dedup(
-            indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits
-        )
+        return eager(indices, offsets, counters)
     if "graph" not in entry:
         inputs = (indices.clone(), offsets.clone(), None if counters is None else counters.clone())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            out = _eager_dedup(
-                inputs[0], inputs[1], feature_tables, num_tables, batch_size, inputs[2], key_bits
-            )
+            out = eager(*inputs)
         entry.update(graph=graph, inputs=inputs, out=out)
     static_indices, static_offsets, static_counters = entry["inputs"]
     static_indices.copy_(indices)
