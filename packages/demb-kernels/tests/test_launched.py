@@ -256,6 +256,10 @@ def test_packed_radix_saves_a_pass_when_the_last_keys_fit():
     assert packed_radix(8, 200, 3) == 0
     assert packed_radix(56, 5, 2**20) == 0  # the table would not fit above the key bits
     assert packed_radix(40, 5, 4) == 2**40 // 4
+    with pytest.raises(ValueError, match="num_tables=0"):
+        packed_radix(24, 5, 0)
+    with pytest.raises(ValueError, match="key_bits=0"):
+        packed_radix(0, 5, 3)
 
 
 @pytest.mark.cuda

@@ -127,7 +127,15 @@ def packed_radix(key_bits: int, low_max: int, num_tables: int) -> int:
     Args:
         key_bits: the next sort's low key bits; low_max: :attr:`LaunchInfo.low_max`;
         num_tables: ``T``.
+
+    Raises:
+        ValueError: ``key_bits`` outside ``[1, 64]`` or ``num_tables < 1``.
     """
+    if not 1 <= key_bits <= 64 or num_tables < 1:
+        raise ValueError(
+            f"key_bits={key_bits}, num_tables={num_tables}: need key_bits in [1, 64] and "
+            "num_tables >= 1"
+        )
     table_bits = max((num_tables - 1).bit_length(), 1)
     packed = key_bits + table_bits
     if key_bits >= 64 or packed > 64 or packed <= 8:
