@@ -29,6 +29,8 @@ __all__ = [
 _EXTRA_WORDS = 6
 """What dedup_launch's info holds after dedup_batch's words: varying bits, the largest low
 bits, the scatter's finished blocks, U, go, missed."""
+_CHECK_WORDS = 6
+"""The batch's check words after the table ends (``kDedupFlags`` in ``dedup_checks.h``)."""
 
 
 class LaunchedDedup(NamedTuple):
@@ -84,7 +86,8 @@ def dedup_launch(
     """:func:`demb_kernels.lookup.dedup_batch` with no sync (CUDA only): the same kernels, the
     sort by key on the low ``key_bits`` bits only, outputs at full size, and on the device the
     unique count ``U`` and a go flag, set when every batch check passed and no key differs
-    from the first above ``key_bits``. Read back and checked by :func:`launch_info`.
+    from the first above ``key_bits``. Read back and checked by :func:`launch_info`. The sort
+    keeps its scratch and replays from a graph as :func:`demb_kernels.lookup.dedup_batch`'s.
 
     Args:
         key_radix: 0, or ``R > 0`` (``key_bits < 64``): sort ``(table, key)`` as one key
@@ -110,11 +113,21 @@ def launch_info(host: torch.Tensor, n: int, num_tables: int, features: int) -> L
     Raises:
         ValueError: a failed batch check (as :func:`demb_kernels.lookup.dedup_batch` raises it).
     """
-    words = host.numel() - _EXTRA_WORDS
-    bounds: list[int] = torch.ops.demb.batch_bounds(host[:words], n, num_tables, features).tolist()
-    unique, go, missed = gate_words(host)
-    varying = int(host[words]) & (2**64 - 1)  # the bits as unsigned
-    low_max = int(host[words + 1]) & (2**64 - 1)
+    words: list[int] = host.tolist()  # one read: this runs on the forward's critical path
+    w = len(words) - _EXTRA_WORDS
+    unique, go, missed = words[-3], words[-2] != 0, words[-1] != 0
+    checks = words[num_tables : num_tables + _CHECK_WORDS]
+    if go and w == num_tables + _CHECK_WORDS + features + 1 and not any(checks):
+        # Every check passed (the go flag needs it too): the bounds as batch_bounds makes them
+        # (table ends made non-decreasing, then offsets[::B]), without its call.
+        bounds = [0]
+        for end in words[:num_tables]:
+            bounds.append(max(end, bounds[-1]))
+        bounds += words[num_tables + _CHECK_WORDS : w]
+    else:  # raises the error a failed check earns
+        bounds = torch.ops.demb.batch_bounds(host[:w], n, num_tables, features).tolist()
+    varying = words[w] & (2**64 - 1)  # the bits as unsigned
+    low_max = words[w + 1] & (2**64 - 1)
     return LaunchInfo(bounds, unique, go, missed, varying.bit_length(), low_max)
 
 
@@ -188,7 +201,7 @@ def find_or_insert_gated(
 def gate_words(host: torch.Tensor) -> tuple[int, bool, bool]:
     """``(U, go, missed)`` from a launched dedup's info words brought to the host: the unique
     count, the go flag (the gated find ran) and whether its first pass missed a key."""
-    unique, go, missed = host[-3:].tolist()
+    unique, go, missed = host.tolist()[-3:]  # a slice first costs a tensor
     return unique, go != 0, missed != 0
 
 

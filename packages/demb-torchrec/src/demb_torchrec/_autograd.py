@@ -11,6 +11,7 @@ gradient of a table ever exists.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -142,6 +143,15 @@ def trained_rows(trigger: torch.Tensor, step: TrainStep) -> tuple[torch.Tensor, 
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _update_settings(spec: OptimizerSpec) -> tuple[str, list[float], float | None]:
+    """``demb::summed_update``'s optimizer name, its nine floats and the clip of each entry's
+    gradient (None: no clipping), made once per spec (a forward's host time runs past its GPU
+    work). The list is never mutated."""
+    clip = spec.max_gradient if spec.gradient_clipping else None
+    return str(spec.kind), update_parameters(spec), clip
+
+
 def summed_per_key(
     module: Updatable,
     trigger: torch.Tensor,
@@ -172,11 +182,12 @@ def summed_per_key(
     Returns:
         A view of ``out`` whose backward runs the update.
     """
-    planned = batch.starts.is_cuda and sums_need_plan(dim)
-    plan = segment_plan(batch.starts, batch.order.numel()) if planned else None
+    plan = None
+    if batch.starts.is_cuda and sums_need_plan(dim):
+        plan = segment_plan(batch.starts, batch.order.numel())
     spec = module.optimizer
-    clip = spec.max_gradient if spec.gradient_clipping and rows is None else None
-    wired: torch.Tensor = torch.ops.demb.summed_update(
+    kind, hyper, max_gradient = _update_settings(spec)
+    wired: torch.Tensor = torch.ops.demb.summed_update.default(
         trigger,
         out,
         batch.order,
@@ -189,9 +200,9 @@ def summed_per_key(
         module.value_buffers(),
         module.dims,
         module.step_counts,
-        str(spec.kind),
-        update_parameters(spec),
-        clip,
+        kind,
+        hyper,
+        max_gradient if rows is None else None,
         module.check_gradients,
         dim,
         module.sums_workspace,
