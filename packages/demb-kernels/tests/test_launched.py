@@ -287,3 +287,86 @@ def test_keys_a_radix_does_not_fit_shut_the_gate_and_nothing_else():
         assert info.low_max == int(indices.max())
     fits = dedup_launch(indices, offsets, ftab, T, 8, None, 16, 300)
     assert launch_info(fits.info.cpu(), indices.numel(), T, F).ready
+
+
+@pytest.mark.cuda
+def test_repeated_dedups_of_one_size_replay_the_sort_and_match_dedup_batch():
+    """The sort and scan of a batch size seen before replay from a graph over scratch kept per
+    stream and size: batches of one size, of two sizes alternating, and on a second stream,
+    each equal to dedup_batch; earlier outputs stay as they were (they are not the scratch)."""
+    gen = torch.Generator().manual_seed(11)
+    side = torch.cuda.Stream()
+    kept = []
+    for step in range(8):
+        batch = 6 if step % 3 else 9  # two sizes of n (with the same bag lengths per size)
+        lengths = torch.full((F * batch,), 3)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).cuda()
+        indices = torch.randint(0, 2**40 if step % 2 else 300, (int(offsets[-1]),), generator=gen)
+        indices, ftab = indices.cuda(), torch.tensor([0, 1, 2, 1]).cuda()
+        # Two sorts (64 bits), one sort of 64-bit keys (40), of 32-bit keys (16, with a radix).
+        for bits, radix in ((64, 0), (40, 0), (16, 0), (16, packed_radix(16, 0, T))):
+            want = dedup_batch(indices.cpu(), offsets.cpu(), ftab.cpu(), T, batch)
+            stream = side if step % 4 == 3 else torch.cuda.current_stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                got = dedup_launch(indices, offsets, ftab, T, batch, None, bits, radix)
+                host = got.info.cpu()
+            torch.cuda.current_stream().wait_stream(stream)
+            info = launch_info(host, indices.numel(), T, F)
+            if not info.ready:  # the keys do not fit the low bits: nothing to compare
+                continue
+            u = info.unique
+            outs = [got.keys[:u], got.tables[:u], got.inverse, got.counts[:u], got.order]
+            wanted = [want.keys, want.tables, want.inverse, want.counts, want.order]
+            assert all(torch.equal(a.cpu(), b) for a, b in zip(outs, wanted, strict=True))
+            kept.append((outs, [t.clone() for t in outs]))
+    assert len(kept) >= 20
+    for outs, copies in kept:
+        assert all(torch.equal(a, b) for a, b in zip(outs, copies, strict=True))
+
+
+@pytest.mark.cuda
+def test_a_dedup_captured_in_a_caller_graph_replays_new_batches():
+    """dedup_launch captured in a caller's torch.cuda.graph (its sort then uses scratch of its
+    own, not the kept scratch later calls reuse) gives each new batch copied into its input
+    dedup_batch's outputs when replayed, with eager calls of the same size in between."""
+    gen = torch.Generator().manual_seed(5)
+    batch = 8
+    lengths = torch.full((F * batch,), 3)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).cuda()
+    n = int(offsets[-1])
+    ftab = torch.tensor([0, 1, 2, 1]).cuda()
+
+    def keys() -> torch.Tensor:
+        return torch.randint(0, 300, (n,), generator=gen).cuda()
+
+    def launch(indices: torch.Tensor):
+        return dedup_launch(indices, offsets, ftab, T, batch, None, 16, 0)
+
+    for _ in range(3):  # the kept scratch of this size, and its sort graph
+        launch(keys())
+    static = keys()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch(static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = launch(static)
+    for _ in range(3):
+        fresh = keys()
+        static.copy_(fresh)
+        graph.replay()
+        between = keys()
+        eager = launch(between)
+        torch.cuda.synchronize()
+        for out, batch_keys in ((got, fresh), (eager, between)):
+            want = dedup_batch(batch_keys.cpu(), offsets.cpu(), ftab.cpu(), T, batch)
+            info = launch_info(out.info.cpu(), n, T, F)
+            assert info.ready
+            u = info.unique
+            assert torch.equal(out.keys[:u].cpu(), want.keys)
+            assert torch.equal(out.inverse.cpu(), want.inverse)
+            assert torch.equal(out.order.cpu(), want.order)
+            assert torch.equal(out.counts[:u].cpu(), want.counts)

@@ -16,6 +16,8 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <optional>
@@ -24,6 +26,7 @@
 #include "cuda/cub_call.cuh"
 #include "cuda/dedup_cuda.h"
 #include "cuda/dedup_kernels.cuh"
+#include "cuda/dedup_sort_cache.cuh"
 #include "dedup_checks.h"
 #include "table_rule.h"
 
@@ -58,10 +61,13 @@ struct DedupRun {
   at::TensorOptions opts;
   cudaStream_t stream;
   at::Tensor info;
-  // Three allocations back the arrays (each costs host time on the forward's path): the int64
-  // scratch (sort keys in and out, first flags, their ranks), the int32 scratch (tables, tables
-  // by key, sorted tables, positions, positions by key, sorted positions) and the outputs
-  // (views of one buffer: inverse, order, keys, tables, starts).
+  // The int64 scratch (sort keys in and out, first flags, their ranks) and the int32 scratch
+  // (tables, tables by key, sorted tables, positions, positions by key, sorted positions) are
+  // the stream's, kept across calls (held locked until the run's work is queued; new ones,
+  // `kept` null, while the stream is being captured); the outputs are views of one new buffer
+  // (inverse, order, keys, tables, starts).
+  std::shared_ptr<SortScratch> kept;
+  std::unique_lock<std::mutex> hold;
   at::Tensor scratch64, scratch32, outputs, counters_sorted;
   int table_bits;
   uint64_t radix;  // > 0: sort keys table * radix + low bits (dedup_launch's key_radix)
@@ -84,12 +90,16 @@ struct DedupRun {
         opts(indices.options()),
         stream(at::cuda::getCurrentCUDAStream()),
         info(zeroed(words + 2 + extra, indices.options(), stream)),
-        scratch64(at::empty({4, n}, opts)),
-        scratch32(at::empty({6, n}, opts.dtype(at::kInt))),
+        kept(stream_capturing(stream) ? nullptr : SortScratchCache::get(opts, stream, n)),
+        hold(kept ? std::unique_lock<std::mutex>(kept->mutex) : std::unique_lock<std::mutex>()),
+        scratch64(kept ? kept->scratch64 : at::empty({4, n}, opts)),
+        scratch32(kept ? kept->scratch32 : at::empty({6, n}, opts.dtype(at::kInt))),
         outputs(at::empty({5, n}, opts)),
         counters_sorted(cnt ? at::empty({n}, opts) : at::Tensor()),
         table_bits(bits_for(num_tables_ - 1)),
-        radix(static_cast<uint64_t>(radix_)) {}
+        radix(static_cast<uint64_t>(radix_)) {
+    if (kept) ++kept->uses;
+  }
 
   int64_t* s64(int64_t k) const { return scratch64.data_ptr<int64_t>() + k * n; }
   int32_t* s32(int64_t k) const { return scratch32.data_ptr<int32_t>() + k * n; }
@@ -159,19 +169,44 @@ struct DedupRun {
     int32_t* const by_key = s32(4);
     int32_t* const order32 = s32(5);
     SortedTables sorted{t_out, nullptr, nullptr, 0, 0};
-    if (narrow(p)) {  // one sort of the combined 32-bit keys
-      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-        return cub::DeviceRadixSort::SortPairs(temp, bytes, k32_in, k32_out, positions, order32,
-                                               n32, 0, p.bits, stream);
-      });
-      sorted = SortedTables{nullptr, nullptr, k32_out, p.shift, p.radix};
-    } else if (p.bits > 0) {  // one sort of the combined keys
-      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-        return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out, positions, order32, n32,
-                                               0, p.bits, stream);
-      });
-      sorted = SortedTables{nullptr, k_out, nullptr, p.shift, p.radix};
-    } else {  // by key, then (stably) by table
+    FirstFlags flags{s64(2), nullptr, nullptr};  // the two-sort path's flags, by a kernel
+    int64_t* const rank = s64(3);
+    if (p.bits > 0) {  // one sort of the combined keys (as uint32 when they fit), then the scan
+      const bool keys32 = narrow(p);
+      sorted = keys32 ? SortedTables{nullptr, nullptr, k32_out, p.shift, p.radix}
+                      : SortedTables{nullptr, k_out, nullptr, p.shift, p.radix};
+      // Combined sort keys give the first flags on the fly (in the scan and the scatter).
+      flags = FirstFlags{nullptr, sorted.combined, sorted.combined32};
+      const auto first_in =
+          thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), flags);
+      const auto sort = [&](void* temp, size_t& bytes, cudaStream_t s) {
+        return keys32 ? cub::DeviceRadixSort::SortPairs(temp, bytes, k32_in, k32_out, positions,
+                                                        order32, n32, 0, p.bits, s)
+                      : cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out, positions,
+                                                        order32, n32, 0, p.bits, s);
+      };
+      const auto scan = [&](void* temp, size_t& bytes, cudaStream_t s) {
+        return cub::DeviceScan::ExclusiveSum(temp, bytes, first_in, rank, n32, s);
+      };
+      const auto sizes = [&](size_t& most) {
+        size_t sort_bytes = 0;
+        size_t scan_bytes = 0;
+        C10_CUDA_CHECK(sort(nullptr, sort_bytes, stream));
+        C10_CUDA_CHECK(scan(nullptr, scan_bytes, stream));
+        most = std::max(sort_bytes, scan_bytes);
+      };
+      const auto sort_and_scan = [&](void* temp, size_t bytes, cudaStream_t s) {
+        size_t sort_bytes = bytes;
+        size_t scan_bytes = bytes;
+        const cudaError_t err = sort(temp, sort_bytes, s);
+        return err != cudaSuccess ? err : scan(temp, scan_bytes, s);
+      };
+      if (kept) {
+        kept->run(p.bits, keys32, stream, opts, sizes, sort_and_scan);
+      } else {
+        sort_and_scan_eagerly(stream, opts, sizes, sort_and_scan);
+      }
+    } else {  // by key, then (stably) by table, then a kernel writes the first flags
       cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, k_in, k_out, positions, by_key, n32,
                                                0, end_bit, stream);
@@ -183,22 +218,15 @@ struct DedupRun {
         return cub::DeviceRadixSort::SortPairs(temp, bytes, t_key, t_out, by_key, order32, n32, 0,
                                                table_bits, stream);
       });
-    }
-    // Combined sort keys give the first flags on the fly (in the scan and the scatter);
-    // otherwise one kernel writes them.
-    FirstFlags flags{nullptr, sorted.combined, sorted.combined32};
-    if (sorted.tables != nullptr) {
       dedup_first_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
           indices.const_data_ptr<int64_t>(), order32, sorted, n, s64(2));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      flags = FirstFlags{s64(2), nullptr, nullptr};
+      const auto first_in =
+          thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), flags);
+      cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
+        return cub::DeviceScan::ExclusiveSum(temp, bytes, first_in, rank, n32, stream);
+      });
     }
-    const auto first_in =
-        thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), flags);
-    int64_t* const rank = s64(3);
-    cuda::cub_call(indices, [&](void* temp, size_t& bytes) {
-      return cub::DeviceScan::ExclusiveSum(temp, bytes, first_in, rank, n32, stream);
-    });
     dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
         indices.const_data_ptr<int64_t>(), order32, sorted, flags, rank, cnt, n, out(0), out(1),
         out(2), out(3), out(4), cnt ? counters_sorted.data_ptr<int64_t>() : nullptr,

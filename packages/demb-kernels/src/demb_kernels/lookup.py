@@ -102,6 +102,10 @@ def dedup_batch(
             turn out to differ in more it sorts again on all 64 (a second sync). The outputs
             never depend on it. Pass the previous batch's :attr:`DedupOutput.key_bits`.
 
+    On CUDA the sort's scratch (56 bytes per index) is kept per stream for the last four batch
+    sizes, and from a size's second batch on, its radix sort and scan replay from a CUDA graph
+    (one launch instead of eight); not while the stream is being captured into a graph.
+
     Raises:
         ValueError: a -1 key, a negative counter, or offsets that do not start at 0, decrease,
             or do not end at ``N`` (checked before anything is returned).
