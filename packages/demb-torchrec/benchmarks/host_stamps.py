@@ -8,8 +8,10 @@ absolute offsets run late. Medians of 20 steps after 5, with autograd's default 
 with the backward on the calling thread. The backward is one C++ node (``demb::summed_update``):
 only its start and end are marked.
 
-Usage: ``python host_stamps.py [tiny]`` (after ``source .device/setup.sh`` on the H200);
-``tiny``: a batch of one key per feature on the scaled-down workload (fixed costs only).
+Usage: ``python host_stamps.py [tiny] [host]`` (after ``source .device/setup.sh`` on the H200);
+``tiny``: a batch of one key per feature on the scaled-down workload (fixed costs only);
+``host``: host clocks only (no event per mark, about 1 us each: the host offsets are close to
+true; the GPU column is NaN), but for the marks named by an argument ``events=a,b``.
 """
 
 from __future__ import annotations
@@ -25,16 +27,23 @@ import demb_torchrec._autograd as ag
 import demb_torchrec._launched as la
 import demb_torchrec.batched_tables as bt
 import torch
+from demb_storage import _gated as gated
 from demb_storage import scored_table as st
 from demb_torchrec.bench.module_bench import build, ready
 from demb_torchrec.bench.workload import Workload
 
-marks: list[tuple[str, float, torch.cuda.Event]] = []
+marks: list[tuple[str, float, torch.cuda.Event | None]] = []
+HOST_ONLY = "host" in sys.argv[1:]
+EVENTS = {"start"}.union(
+    *(a.removeprefix("events=").split(",") for a in sys.argv[1:] if a.startswith("events="))
+)
 
 
 def mark(label: str) -> None:
-    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    event.record()
+    event = None
+    if not HOST_ONLY or label in EVENTS:
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
     marks.append((label, time.perf_counter(), event))
 
 
@@ -59,6 +68,10 @@ def main() -> None:
     wrap(la, "dedup_launch", "dedup_launch")
     wrap(la, "find_or_insert_launched", "foi_launched")
     wrap(la, "launch_info", "launch_info")
+    wrap(la, "packed_radix", "packed_radix")
+    wrap(la, "DedupedBatch", "deduped_batch")
+    wrap(gated, "find_or_insert_gated", "foi_gated")
+    wrap(gated, "gate_words", "gate_words")
     wrap(bt.DynamicEmbeddingTables, "_initialize_new", "init_new")
     wrap(bt.DynamicEmbeddingTables, "_forward_none", "fwd_none")
     wrap(st.ScoredHashTable, "find_or_insert", "st.find_or_insert")
@@ -67,7 +80,7 @@ def main() -> None:
     wrap(ag, "segment_plan", "segment_plan")
     wrap(bt, "eval_none", "eval_none")
     dev = torch.device("cuda")
-    if sys.argv[1:] == ["tiny"]:
+    if "tiny" in sys.argv[1:]:
         m = build(Workload().scaled(0.01), dev)
         features = len(m.feature_table_map)
         tiny = (torch.arange(features, device=dev) + 1, torch.arange(features + 1, device=dev))
@@ -103,7 +116,8 @@ def main() -> None:
                 for label, t, e in marks:
                     seen[label] += 1
                     key = label if seen[label] == 1 else f"{label}#{seen[label]}"
-                    rows[(phase, key)].append(((t - h0) * 1e6, e0.elapsed_time(e) * 1e3))
+                    g = float("nan") if e is None or e0 is None else e0.elapsed_time(e) * 1e3
+                    rows[(phase, key)].append(((t - h0) * 1e6, g))
                 rows[(phase, "synced")].append(((end - h0) * 1e6, float("nan")))
         print(f"== {mode}")
         for k in sorted(
