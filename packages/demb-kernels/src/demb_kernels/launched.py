@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from demb_kernels import _library  # noqa: F401  (loads the native ops)
+from demb_kernels.lookup import _BATCH_CHECK_WORDS
 from demb_kernels.table import InsertResult, TableIndex, as_batch
 
 __all__ = [
@@ -29,8 +30,6 @@ __all__ = [
 _EXTRA_WORDS = 6
 """What dedup_launch's info holds after dedup_batch's words: varying bits, the largest low
 bits, the scatter's finished blocks, U, go, missed."""
-_CHECK_WORDS = 6
-"""The batch's check words after the table ends (``kDedupFlags`` in ``dedup_checks.h``)."""
 
 
 class LaunchedDedup(NamedTuple):
@@ -116,14 +115,14 @@ def launch_info(host: torch.Tensor, n: int, num_tables: int, features: int) -> L
     words: list[int] = host.tolist()  # one read: this runs on the forward's critical path
     w = len(words) - _EXTRA_WORDS
     unique, go, missed = words[-3], words[-2] != 0, words[-1] != 0
-    checks = words[num_tables : num_tables + _CHECK_WORDS]
-    if go and w == num_tables + _CHECK_WORDS + features + 1 and not any(checks):
+    checks = words[num_tables : num_tables + _BATCH_CHECK_WORDS]
+    if go and w == num_tables + _BATCH_CHECK_WORDS + features + 1 and not any(checks):
         # Every check passed (the go flag needs it too): the bounds as batch_bounds makes them
         # (table ends made non-decreasing, then offsets[::B]), without its call.
         bounds = [0]
         for end in words[:num_tables]:
             bounds.append(max(end, bounds[-1]))
-        bounds += words[num_tables + _CHECK_WORDS : w]
+        bounds += words[num_tables + _BATCH_CHECK_WORDS : w]
     else:  # raises the error a failed check earns
         bounds = torch.ops.demb.batch_bounds(host[:w], n, num_tables, features).tolist()
     varying = words[w] & (2**64 - 1)  # the bits as unsigned
@@ -217,7 +216,7 @@ def _dedup_launch_fake(
     key_radix: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     n = indices.shape[0]
-    words = num_tables + 6 + feature_tables.shape[0] + 1 + _EXTRA_WORDS
+    words = num_tables + _BATCH_CHECK_WORDS + feature_tables.shape[0] + 1 + _EXTRA_WORDS
     return (*(indices.new_empty((n,)) for _ in range(6)), indices.new_empty((words,)))
 
 
