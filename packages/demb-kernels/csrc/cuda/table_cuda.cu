@@ -17,6 +17,7 @@
 #include <functional>
 
 #include "cuda/cub_call.cuh"
+#include "cuda/host_copy.h"
 #include "cuda/table_bucket.cuh"
 #include "cuda/table_kernels.cuh"
 #include "gather_call.h"
@@ -47,17 +48,22 @@ int end_bit_for(uint64_t skip) {
   return bits;
 }
 
-// `count` elements of `dtype` at device address `src`, copied to pinned host memory on `stream`;
+// `count` elements of `dtype` at device address `src`, copied to pinned host memory on `stream`
+// (copy_to_pinned_async: a kernel, no copy-engine hand-over before the work `between` queues);
 // the host waits for the copy only (and the work before it), after `between` has queued its
 // work behind the copy.
 at::Tensor read_back(const void* src, int64_t count, at::ScalarType dtype,
                      const at::cuda::CUDAStream& stream, const std::function<void()>& between) {
   const at::Tensor host = at::empty({count}, at::TensorOptions().dtype(dtype).pinned_memory(true));
-  C10_CUDA_CHECK(cudaMemcpyAsync(host.data_ptr(), src, count * host.element_size(),
-                                 cudaMemcpyDeviceToHost, stream.stream()));
+  copy_to_pinned_async(host.data_ptr(), src, count * host.element_size(), stream.stream());
   at::cuda::CUDAEvent copied;
   copied.record(stream);
-  if (between) between();
+  try {
+    if (between) between();
+  } catch (...) {
+    copied.synchronize();  // `host` goes back to the pinned cache only once the copy is done
+    throw;
+  }
   copied.synchronize();
   return host;
 }
