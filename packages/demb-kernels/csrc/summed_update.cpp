@@ -5,8 +5,10 @@
 // when asked, and updates the tables in place (optimizer_update). A key of one unscaled entry
 // is only checked: the update reads its gradient row where it is (segment_single_rows).
 // Autograd runs a CUDA backward on its device thread: here that thread runs no Python and takes
-// no GIL, so the update's first launch follows the node's start by a few calls. On the CPU the
-// sums go into a tensor the module keeps (sum_segments_into).
+// no GIL, so the update's first launch follows the node's start by a few calls, and what does
+// not need the gradients (the slots split per table, the pinned byte the NaN/inf flag comes
+// back in) is made in the forward. On the CPU the sums go into a tensor the module keeps
+// (sum_segments_into).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Event.h>
@@ -14,6 +16,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -24,6 +27,7 @@
 #include "lookup_rule.h"
 #ifdef DEMB_WITH_CUDA
 #include "cuda/segment_sums.h"
+#include "cuda/host_copy.h"
 #endif
 
 namespace demb {
@@ -39,8 +43,9 @@ struct SummedUpdateState : torch::CustomClassHolder {
   std::optional<at::Tensor> plan;    // segment_plan(starts, N), made ahead (CUDA, D > 128)
   std::optional<at::Tensor> rows;    // (N,) int64 the gradient row of each entry (pooled)
   std::optional<at::Tensor> scale;   // (N,) float32 each entry's factor (pooled)
-  at::Tensor slots;                  // (U,) int64 each unique key's slot (-1: none)
   std::vector<int64_t> table_sizes;  // T: unique keys per table, in order
+  std::vector<at::Tensor> table_slots;  // T: (U_t,) int64 slot of each unique key (-1: none),
+                                        // split in the forward (see host_flag)
   std::vector<at::Tensor> values;    // T value buffers (updated in place)
   std::vector<int64_t> dims;         // T embedding widths
   at::Tensor steps;                  // (T,) int64 CPU updates so far, advanced on success
@@ -54,6 +59,10 @@ struct SummedUpdateState : torch::CustomClassHolder {
   // CUDA, unscaled: the sums' NaN/inf flag, zeroed in the forward, for a backward that
   // launches the sums straight away (segment_sums_launch); used once (undefined after).
   at::Tensor nonfinite;
+  // With `nonfinite` and `check`: the pinned byte the flag is copied to. Made in the forward,
+  // like table_slots: autograd runs a CUDA backward on its device thread, whose core is often
+  // cold, and each call there before the update's launch can leave the GPU idle.
+  at::Tensor host_flag;
 };
 
 using OptionalTensor = std::optional<at::Tensor>;
@@ -74,14 +83,41 @@ struct Direct {
 };
 
 void update(const SummedUpdateState& s, const std::vector<at::Tensor>& sums,
-            const std::vector<at::Tensor>& slots, const std::vector<int64_t>& steps,
-            const OptionalTensor& skip, const Direct& direct) {
+            const std::vector<int64_t>& steps, const OptionalTensor& skip,
+            const Direct& direct) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("demb::optimizer_update", "")
                              .typed<UpdateOp>();
   const std::vector<double>& h = s.hyper;
-  op.call(s.values, slots, sums, s.dims, steps, s.optimizer, h[0], h[1], h[2], h[3], h[4], h[5],
-          h[6], h[7], h[8], skip, direct.rows, direct.grads);
+  op.call(s.values, s.table_slots, sums, s.dims, steps, s.optimizer, h[0], h[1], h[2], h[3], h[4],
+          h[5], h[6], h[7], h[8], skip, direct.rows, direct.grads);
+}
+
+// (U,) each one-entry key's row of the gradients, -1 elsewhere (segment_single_rows): on the
+// direct path (order and starts checked as that op checks them) launched without its dispatch.
+at::Tensor single_rows(const SummedUpdateState& s, bool direct_path) {
+#ifdef DEMB_WITH_CUDA
+  if (direct_path) return single_rows_launch(s.order, s.starts);
+#else
+  (void)direct_path;  // a CPU build has no direct path
+#endif
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("demb::segment_single_rows", "")
+                             .typed<SingleOp>();
+  return op.call(s.order, s.starts);
+}
+
+at::Tensor pinned_flag() {
+  return at::empty({}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
+}
+
+// The CUDA flag `bad` into the pinned byte `flag`, queued on bad's current stream.
+void copy_flag(const at::Tensor& flag, const at::Tensor& bad) {
+#ifdef DEMB_WITH_CUDA
+  copy_to_pinned_async(flag, bad);
+#else
+  flag.copy_(bad, /*non_blocking=*/true);
+#endif
 }
 
 // Whether the backward launches the sums itself (segment_sums_launch): a CUDA build, the flag
@@ -141,9 +177,6 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     static const auto sum_op = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("demb::segment_sum_rows", "")
                                    .typed<SumOp>();
-    static const auto single_op = c10::Dispatcher::singleton()
-                                      .findSchemaOrThrow("demb::segment_single_rows", "")
-                                      .typed<SingleOp>();
     at::Tensor grads = grad_out[0];
     if (grads.dim() != 2 || grads.size(1) != s->dim) grads = grads.reshape({-1, s->dim});
     if (s->clip) grads = grads.clamp(-*s->clip, *s->clip);
@@ -153,7 +186,8 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     if (skip_single) grads = grads.contiguous();
     at::Tensor summed;
     at::Tensor bad = std::exchange(s->nonfinite, at::Tensor());
-    if (direct_sums(*s, grads, bad)) {  // the first launch a few calls after the node's start
+    const bool direct_path = direct_sums(*s, grads, bad);
+    if (direct_path) {  // the first launch a few calls after the node's start
 #ifdef DEMB_WITH_CUDA
       summed = segment_sums_launch(grads, s->order, s->starts, s->plan, true,
                                    bad.data_ptr<bool>());
@@ -168,31 +202,35 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
           sum_op.call(grads, s->order, s->starts, s->plan, s->rows, s->scale, skip_single);
     }
     Direct direct;
-    if (skip_single) direct = {single_op.call(s->order, s->starts), grads};
+    if (skip_single) direct = {single_rows(*s, direct_path), grads};
     const std::vector<at::Tensor> sums = summed.split_with_sizes(s->table_sizes);
-    const std::vector<at::Tensor> slots = s->slots.split_with_sizes(s->table_sizes);
-    const at::Tensor next = s->steps.add(1);
-    const std::vector<int64_t> steps(next.const_data_ptr<int64_t>(),
-                                     next.const_data_ptr<int64_t>() + next.numel());
+    std::vector<int64_t> steps(s->steps.const_data_ptr<int64_t>(),
+                               s->steps.const_data_ptr<int64_t>() + s->steps.numel());
+    for (int64_t& step : steps) ++step;
     if (!s->check) {
-      update(*s, sums, slots, steps, std::nullopt, direct);
+      update(*s, sums, steps, std::nullopt, direct);
     } else if (!bad.is_cuda()) {  // CPU kernels run in order: the flag first
       check_finite(bad.item<bool>());
-      update(*s, sums, slots, steps, std::nullopt, direct);
+      update(*s, sums, steps, std::nullopt, direct);
     } else {
       // The flag goes to the host behind the sums and the update is queued behind it, skipped
       // on the device when set; the host waits for the flag's copy only.
-      const at::Tensor flag =
-          at::empty({}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
-      flag.copy_(bad, /*non_blocking=*/true);
+      const at::Tensor flag = s->host_flag.defined() ? std::exchange(s->host_flag, at::Tensor())
+                                                     : pinned_flag();
+      copy_flag(flag, bad);
       const c10::impl::VirtualGuardImpl guard(bad.device().type());
       c10::Event copied(bad.device().type());
       copied.record(guard.getStream(bad.device()));
-      update(*s, sums, slots, steps, bad, direct);
+      try {
+        update(*s, sums, steps, bad, direct);
+      } catch (...) {
+        copied.synchronize();  // `flag` goes back to the pinned cache only once it is written
+        throw;
+      }
       copied.synchronize();
       check_finite(*flag.const_data_ptr<bool>());
     }
-    s->steps.copy_(next);
+    std::copy(steps.begin(), steps.end(), s->steps.data_ptr<int64_t>());
     return {at::Tensor(), at::Tensor()};
   }
 };
@@ -256,7 +294,6 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
   state->plan = plan;
   state->rows = rows;
   state->scale = scale;
-  state->slots = slots;
   state->table_sizes = table_sizes.vec();
   state->values = values.vec();
   state->dims = dims.vec();
@@ -268,6 +305,8 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
   state->dim = dim;
   state->workspace = workspace;
   state->nonfinite = direct_flag(*state);
+  state->table_slots = slots.split_with_sizes(table_sizes);
+  if (state->nonfinite.defined() && check) state->host_flag = pinned_flag();
   return SummedUpdate::apply(trigger, std::move(state));
 }
 

@@ -226,20 +226,7 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
 
 at::Tensor segment_single_rows_cuda(const at::Tensor& order_in, const at::Tensor& starts_in) {
   check_single_rows(order_in, starts_in);
-  const c10::cuda::CUDAGuard guard(starts_in.device());
-  const at::Tensor order = order_in.contiguous();
-  const at::Tensor starts = starts_in.contiguous();
-  const int64_t unique = starts.numel();
-  at::Tensor out = at::empty({unique}, starts.options());
-  if (unique == 0) return out;
-  const unsigned blocks =
-      static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
-  cuda::segment_single_rows_kernel<<<blocks, cuda::kLookupThreads, 0,
-                                     at::cuda::getCurrentCUDAStream()>>>(
-      order.const_data_ptr<int64_t>(), starts.const_data_ptr<int64_t>(), unique, order.numel(),
-      out.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
+  return single_rows_launch(order_in.contiguous(), starts_in.contiguous());
 }
 
 }  // namespace
@@ -255,6 +242,21 @@ at::Tensor segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
   if (unique == 0 || order.numel() == 0 || grads.size(1) == 0) return out.zero_();
   launch_sums(grads, order, starts, plan, cuda::RowSource{nullptr, nullptr}, false, skip_single,
               out, nonfinite, at::cuda::getCurrentCUDAStream());
+  return out;
+}
+
+at::Tensor single_rows_launch(const at::Tensor& order, const at::Tensor& starts) {
+  const c10::cuda::CUDAGuard guard(starts.device());
+  const int64_t unique = starts.numel();
+  at::Tensor out = at::detail::empty_cuda({unique}, at::kLong, starts.device(), std::nullopt);
+  if (unique == 0) return out;
+  const unsigned blocks =
+      static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
+  cuda::segment_single_rows_kernel<<<blocks, cuda::kLookupThreads, 0,
+                                     at::cuda::getCurrentCUDAStream()>>>(
+      order.const_data_ptr<int64_t>(), starts.const_data_ptr<int64_t>(), unique, order.numel(),
+      out.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
