@@ -2,9 +2,15 @@
 the device, one read-back after the lookup) against the same module forced onto the two-sync
 path (dedup_batch, then find_or_insert): bit-identical outputs, tables and steps over steps with
 new keys, evictions, a batch whose keys outgrow the dedup's key-bits guess (the one-sync path
-then falls back) and all-hit batches; a bad batch raises and changes nothing (marker ``cuda``)."""
+then falls back) and all-hit batches; a bad batch raises and changes nothing; the read-backs
+with PyTorch's pinned memory registered instead of allocated (marker ``cuda``)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import demb_torchrec.batched_tables as bt
 import pytest
@@ -102,3 +108,24 @@ def test_a_bad_batch_raises_and_changes_nothing():
     assert m.tables.steps == steps
     for a, b in zip(table_state(m), before, strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_read_backs_work_with_registered_pinned_memory():
+    """The forward's read-back of its sizes and the backward's NaN/inf flag are copied into
+    pinned memory by a kernel storing through the buffer's device mapping (demb-kernels'
+    copy_to_pinned_async). With PyTorch's pinned memory made by cudaHostRegister instead of
+    cudaHostAlloc (``pinned_use_cuda_host_register``), the one-sync forward and the NaN check
+    still pass their tests: in a child process, as the allocator reads its settings once."""
+    behaviour = Path(__file__).with_name("test_module_behaviour.py")
+    tests = [
+        f"{__file__}::test_one_sync_forward_equals_the_two_sync_forward",
+        f"{behaviour}::test_a_nan_gradient_is_rejected_and_no_row_changes",
+    ]
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": "pinned_use_cuda_host_register:True"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda"]
+    done = subprocess.run(
+        [*command, *tests], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout, done.stdout[-2000:]
+    assert "skipped" not in done.stdout, done.stdout[-2000:]
