@@ -26,8 +26,8 @@
 #include "cpu/lookup_cpu.h"
 #include "lookup_rule.h"
 #ifdef DEMB_WITH_CUDA
-#include "cuda/segment_sums.h"
 #include "cuda/host_copy.h"
+#include "cuda/segment_sums.h"
 #endif
 
 namespace demb {
