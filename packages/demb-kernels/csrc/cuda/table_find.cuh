@@ -52,15 +52,15 @@ __device__ inline int64_t thread_find(const TableView& v, int64_t base, int64_t 
 }
 
 // thread_find trying the key's start slot first: an insert puts a key there when that slot is
-// empty, so most keys are there. The start slot's digest and key word are loaded together, and
-// the bucket is scanned only when the start slot does not hold the key. The same slot as
-// thread_find (a key is in its bucket at most once).
+// empty, so most keys are there. Only the start slot's key word is loaded: a slot's key word
+// equals a (valid) key only while the slot holds it (an erase clears the word with the digest),
+// so a match needs no digest, and a hit costs one random sector, not two. The bucket is scanned
+// only when the start slot does not hold the key. The same slot as thread_find (a key is in its
+// bucket at most once).
 __device__ __forceinline__ int64_t lane_find_home(const TableView& v, int64_t base, int64_t width,
                                                   int64_t key, const Home& home) {
   const int64_t g = base + home.start;
-  const uint8_t digest = v.digests[g];  // both loads issued before either is compared
-  const int64_t held = v.keys[g];
-  if ((digest & 0x7F) == home.digest && held == key) return g;
+  if (v.keys[g] == key) return g;
   return thread_find(v, base, width, key, home.digest);
 }
 
