@@ -90,7 +90,7 @@ def test_bench_module_writes_its_report(tmp_path):
     assert main([*args, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     demb = report["demb"]
-    for phase in ("forward", "backward", "train", "eval", "eval_loop"):
+    for phase in ("forward", "backward", "train", "step", "eval", "eval_loop"):
         assert demb[f"{phase}_ms"] > 0, phase
     assert demb["lookups"] == 2 * 300  # NONE pooling: one id per sample and table
     assert 0 < demb["unique"] <= 2 * 300
@@ -118,3 +118,29 @@ def test_bench_module_steps_train_the_module_on_either_thread():
         assert all(not torch.equal(b, v) for b, v in zip(before, after, strict=True))
         rows.append([v.clone() for v in after])
     assert all(torch.equal(a, b) for a, b in zip(*rows, strict=True))
+
+
+def test_bench_module_whole_steps_train_as_the_timed_phases_do():
+    """The train steps timed whole (forward then backward, no sync between) update the tables
+    exactly as the same number of phase-timed steps do, on either thread."""
+    from demb_torchrec.bench.module_bench import _step_loop, _train_phases, ready
+    from demb_torchrec.bench.workload import Workload
+
+    w = Workload(tables=2, dim=8, rows=50, samples=40)
+    rows = []
+    for whole, caller_thread in ((False, False), (True, False), (True, True)):
+        torch.manual_seed(0)
+        module, batches, grad = ready(w, torch.device("cpu"), count=2)
+        before = [v.clone() for v in module.tables.values]
+        if whole:
+            times = _step_loop(module, batches, grad, 2, 1, caller_thread=caller_thread)
+            assert len(times) == 2
+            assert all(t > 0 for t in times)
+        else:
+            _train_phases(module, batches, grad, 2, 1, "test", caller_thread=False)
+        assert torch.autograd.is_multithreading_enabled()
+        after = [v.clone() for v in module.tables.values]
+        assert all(not torch.equal(b, a) for b, a in zip(before, after, strict=True))
+        rows.append(after)
+    for other in rows[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(rows[0], other, strict=True))

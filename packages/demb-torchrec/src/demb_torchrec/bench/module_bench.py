@@ -1,11 +1,12 @@
 """``demb bench module``: the table module on the reference workload, timed per phase.
 
-Prints forward / backward / train (forward + backward with the fused update) / eval ms, each
-the median of the timed steps after warm-up (eval: one eval forward after each training step),
-and eval loop ms (eval forwards back to back, as an inference replica runs them, after the
-training steps), beside the bytes a step must move and the same run's copy bandwidth; on the
-CPU also TorchRec's static ``EmbeddingCollection`` on FBGEMM's fused CPU TBE
-(DistributedModelParallel, one gloo rank) on the same batches. Writes JSON.
+Prints forward / backward / train (forward + backward with the fused update, each timed between
+synchronizations) / eval ms, each the median of the timed steps after warm-up (eval: one eval
+forward after each training step), a train step timed whole (no synchronization between its
+forward and backward), and eval loop ms (eval forwards back to back, as an inference replica
+runs them, after the training steps), beside the bytes a step must move and the same run's
+copy bandwidth; on the CPU also TorchRec's static ``EmbeddingCollection`` on FBGEMM's fused CPU
+TBE (DistributedModelParallel, one gloo rank) on the same batches. Writes JSON.
 """
 
 from __future__ import annotations
@@ -144,6 +145,32 @@ def _train_phases(
     return phases
 
 
+def _step_loop(
+    module: DynamicEmbeddingTables,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    grad: torch.Tensor,
+    steps: int,
+    warmup: int,
+    caller_thread: bool,
+) -> list[float]:
+    """Seconds of each timed training step taken whole: the forward and then the backward with
+    no synchronization between them (as a training loop runs them), cycling through
+    ``batches``. Not what ``train`` reports (the forward and the backward each timed between
+    synchronizations, as the targets are read)."""
+    module.train()
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        torch.autograd.backward([module(*batch)], [grad])
+
+    times = []
+    with torch.autograd.set_multithreading_enabled(not caller_thread):
+        for i in range(warmup + steps):
+            t = timed(partial(step, batches[i % len(batches)]), module.device)
+            if i >= warmup:
+                times.append(t)
+    return times
+
+
 def _eval_loop(
     module: DynamicEmbeddingTables,
     batches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -170,9 +197,13 @@ def time_demb(w: Workload, device: torch.device, steps: int, warmup: int) -> dic
     state_dim = module.tables.configs[0].state_dim
     label = f"demb {w.optimizer}"
     phases = _train_phases(module, batches, grad, steps, warmup, label, caller_thread=False)
+    phases["step"] = _step_loop(module, batches, grad, steps, warmup, caller_thread=False)
     if device.type == "cuda":
         caller = _train_phases(module, batches, grad, steps, warmup, label, caller_thread=True)
         phases.update({f"caller_thread_{k}": v for k, v in caller.items()})
+        phases["caller_thread_step"] = _step_loop(
+            module, batches, grad, steps, warmup, caller_thread=True
+        )
     phases["eval_loop"] = _eval_loop(module, batches, steps, warmup)
     lookups = int(batches[0][0].numel())
     unique = _unique(batches[0], w)
@@ -293,6 +324,13 @@ def _print_demb(
             "  backward on the calling thread (torch.autograd.set_multithreading_enabled("
             f"False)): {_phases(caller)}"
         )
+    whole = f"{demb['step_ms']:.3f} ms"
+    if "caller_thread_step_ms" in demb:
+        whole += f" (backward on the calling thread: {demb['caller_thread_step_ms']:.3f} ms)"
+    print(
+        "  a train step timed whole (forward then backward, no sync between them, as a training "
+        f"loop runs them): {whole}; 'train' above, which the targets read, syncs between them"
+    )
     print(
         f"  a train step must move {demb['bytes_train'] / 1e6:.0f} MB: floor "
         f"{demb['floor_train_ms']:.3f} ms, train is "
