@@ -127,7 +127,8 @@ struct DedupRun {
   // Combined keys of at most 32 bits are sorted as uint32 (in the first half of the buffers).
   static bool narrow(const Packing& p) { return p.bits > 0 && p.bits <= 32; }
 
-  // Makes the sort keys (and the batch's checks: run again, they count the same flags).
+  // Makes the sort keys (and the batch's checks: run again, they count the same flags), and
+  // each index's table for the two-sort path only (packed keys carry their table).
   void prepare(int end_bit) {
     prepared = end_bit;
     const Packing p = packing(end_bit);
@@ -138,7 +139,8 @@ struct DedupRun {
         feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables,
         end_bit, p.shift, p.radix, k_in,
         narrow(p) ? reinterpret_cast<uint32_t*>(k_in) : nullptr,
-        reinterpret_cast<uint32_t*>(s32(0)), s32(3), words_out, words_out + words,
+        p.bits > 0 ? nullptr : reinterpret_cast<uint32_t*>(s32(0)), s32(3), words_out,
+        words_out + words,
         words_out + words + 1);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }

@@ -58,7 +58,8 @@ __device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
   return feature_tables[lo];
 }
 
-// Per index: its table, its sort key (sign bit flipped: signed order; its low `low_bits` bits,
+// Per index: its table (into `tables`, unless null: the packed keys carry it), its sort key
+// (sign bit flipped: signed order; its low `low_bits` bits,
 // `low`, under the table when packed: with radix > 0 as table * radix + low, valid when every
 // low < radix (the gate checks *low_max), else with table_shift > 0 as (table << table_shift) |
 // low (table_shift = low_bits); into keys32 instead of keys when that fits 32 bits, halving
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(kDedupThreads)
     } else {
       keys[i] = sort_key;
     }
-    tables[i] = table;
+    if (tables != nullptr) tables[i] = table;
     positions[i] = static_cast<int32_t>(i);
     diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
   }
