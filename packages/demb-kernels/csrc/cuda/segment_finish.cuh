@@ -148,7 +148,8 @@ __global__ void __launch_bounds__(kLookupThreads)
                           int64_t d, float* __restrict__ out, bool* __restrict__ nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   __shared__ float4 stage[Vec4 ? 2 : 1][Vec4 ? kHotRows : 1][kLookupWarp];
-  __shared__ int32_t hot[kLookupThreads];  // the block's hot segments, as lane + 32 * warp
+  __shared__ int32_t hot[Vec4 ? kLookupThreads : 1];  // the block's hot segments (Vec4 only),
+                                                      // as lane + 32 * warp
   __shared__ int hot_count;
   if (threadIdx.x == 0) hot_count = 0;
   __syncthreads();
