@@ -263,6 +263,44 @@ def test_packed_radix_saves_a_pass_when_the_last_keys_fit():
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("base", [0, -5000, -(2**40), 2**40 + 12_345, -(2**63) + 7])
+def test_keys_that_agree_above_their_low_bits_come_back_whole(base):
+    """Keys that differ only in their low 13 bits, all-negative ones among them and ones with a
+    common high part: the one-sort paths of combined sort keys (dedup_batch with a key_bits
+    guess; dedup_launch with the table above the low bits or by a radix, in 32- and 64-bit
+    sort keys) rebuild each unique key from its sort key, and every output equals the CPU's
+    dedup_batch."""
+    gen = torch.Generator().manual_seed(17)
+    batch = 2_000
+    lengths = torch.randint(0, 4, (F * batch,), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    n = int(offsets[-1])
+    indices = base + torch.randint(0, 4_000, (n,), generator=gen)
+    indices[indices == -1] = base  # -1 is the empty-key sentinel
+    ftab = torch.tensor([0, 1, 2, 1])
+    want = dedup_batch(indices, offsets, ftab, T, batch)
+    assert want.key_bits <= 13
+    args = (indices.cuda(), offsets.cuda(), ftab.cuda(), T, batch, None)
+    u = want.keys.numel()
+    for key_bits in (13, 40):  # combined sort keys of 15 and 42 bits
+        got = dedup_batch(*args, key_bits)
+        for name, a, b in zip(want._fields[:-1], want[:-1], got[:-1], strict=True):
+            assert torch.equal(a, b.cpu()), (key_bits, name)
+        for radix in (0, 2**key_bits + 3):  # the table above the low bits, or by a radix
+            launched = dedup_launch(*args, key_bits, radix)
+            info = launch_info(launched.info.cpu(), n, T, F)
+            assert info.ready, (key_bits, radix)
+            assert info.unique == u
+            for a, b in (
+                (launched.keys[:u], want.keys),
+                (launched.tables[:u], want.tables),
+                (launched.inverse, want.inverse),
+                (launched.starts[:u], want.starts),
+            ):
+                assert torch.equal(a.cpu(), b), (key_bits, radix)
+
+
+@pytest.mark.cuda
 def test_a_key_radix_out_of_range_is_refused():
     indices = torch.tensor([1, 2], device="cuda")
     offsets = torch.tensor([0, 1, 2], device="cuda")

@@ -230,8 +230,8 @@ struct DedupRun {
       });
     }
     dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
-        indices.const_data_ptr<int64_t>(), order32, sorted, flags, rank, cnt, n, out(0), out(1),
-        out(2), out(3), out(4), cnt ? counters_sorted.data_ptr<int64_t>() : nullptr,
+        indices.const_data_ptr<int64_t>(), order32, sorted, end_bit, flags, rank, cnt, n, out(0),
+        out(1), out(2), out(3), out(4), cnt ? counters_sorted.data_ptr<int64_t>() : nullptr,
         info.data_ptr<int64_t>(), num_tables, gate);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }

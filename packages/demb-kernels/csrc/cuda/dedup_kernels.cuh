@@ -167,6 +167,25 @@ struct SortedTables {
     }
     return static_cast<uint32_t>(radix != 0 ? combined[k] / radix : combined[k] >> shift);
   }
+  // Whether the sort keys are combined (table and low key bits): key() then applies.
+  __device__ __forceinline__ bool packed() const { return tables == nullptr; }
+  // The key of entry k rebuilt from its combined sort key: its low `low_bits` bits (sign bit
+  // flipped, below the table) from there, the bits above them those of `flipped0` (the first
+  // index's, sign bit flipped), which every key shares whenever the dedup's outputs are used
+  // (else the gate stays shut, or dedup_batch sorts again on all 64 bits): the scatter then
+  // reads no index at a random position.
+  __device__ __forceinline__ int64_t key(int64_t k, uint64_t flipped0, int low_bits) const {
+    uint64_t low = 0;
+    if (combined32 != nullptr) {
+      const uint32_t c = combined32[k];
+      low = radix != 0 ? c % static_cast<uint32_t>(radix) : c & ((uint32_t{1} << shift) - 1u);
+    } else {
+      const uint64_t c = combined[k];
+      low = radix != 0 ? c % radix : c & ((uint64_t{1} << shift) - 1);
+    }
+    const uint64_t mask = (uint64_t{1} << low_bits) - 1;  // low_bits < 64 when combined
+    return static_cast<int64_t>(((flipped0 & ~mask) | low) ^ kSignBit);
+  }
 };
 
 // Whether entry k of the (table, key) order starts a unique key: first[k] (dedup_first_kernel's
@@ -224,9 +243,11 @@ struct DedupGate {
 // (info[t], the number of unique keys up to it; only for t < T: keys packed with a radix they
 // do not fit give other quotients, and the gate then stays shut). Also gathers the counters in
 // order. With a gate, the block that finishes last writes it (the table ends fenced first).
+// The keys come from the sorted combined keys when there are some (`low_bits`: the key bits
+// they hold), else from indices.
 __global__ void dedup_scatter_kernel(const int64_t* __restrict__ indices,
                                      const int32_t* __restrict__ order32, SortedTables tables,
-                                     FirstFlags first,
+                                     int low_bits, FirstFlags first,
                                      const int64_t* __restrict__ rank_excl,
                                      const int64_t* __restrict__ counters, int64_t n,
                                      int64_t* __restrict__ inverse, int64_t* __restrict__ order,
@@ -245,7 +266,9 @@ __global__ void dedup_scatter_kernel(const int64_t* __restrict__ indices,
     order[k] = p;
     if (counters) counters_sorted[k] = counters[p];
     if (starts_key) {
-      keys_out[u] = indices[p];
+      keys_out[u] = tables.packed()
+                        ? tables.key(k, static_cast<uint64_t>(indices[0]) ^ kSignBit, low_bits)
+                        : indices[p];
       tables_out[u] = tables[k];
       starts[u] = k;
     }
