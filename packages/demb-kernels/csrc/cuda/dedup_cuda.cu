@@ -140,8 +140,7 @@ struct DedupRun {
         end_bit, p.shift, p.radix, k_in,
         narrow(p) ? reinterpret_cast<uint32_t*>(k_in) : nullptr,
         p.bits > 0 ? nullptr : reinterpret_cast<uint32_t*>(s32(0)), s32(3), words_out,
-        words_out + words,
-        words_out + words + 1);
+        words_out + words, words_out + words + 1);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 

@@ -59,11 +59,11 @@ __device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
 }
 
 // Per index: its table (into `tables`, unless null: the packed keys carry it), its sort key
-// (sign bit flipped: signed order; its low `low_bits` bits,
-// `low`, under the table when packed: with radix > 0 as table * radix + low, valid when every
-// low < radix (the gate checks *low_max), else with table_shift > 0 as (table << table_shift) |
-// low (table_shift = low_bits); into keys32 instead of keys when that fits 32 bits, halving
-// the sort's key traffic), its position; the batch's checks into info (after the T per-table
+// (sign bit flipped: signed order; its low `low_bits` bits, `low`, under the table when packed:
+// with radix > 0 as table * radix + low, valid when every low < radix (the gate checks
+// *low_max), else with table_shift > 0 as (table << table_shift) | low (table_shift =
+// low_bits); into keys32 instead of keys when that fits 32 bits, halving the sort's key
+// traffic), its position; the batch's checks into info (after the T per-table
 // words); into *varying the bits in which some key differs from the first (OR of key ^ key 0)
 // and into *low_max the largest low (both reduced per block first).
 __global__ void __launch_bounds__(kDedupThreads)
