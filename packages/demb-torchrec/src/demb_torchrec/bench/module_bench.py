@@ -15,6 +15,7 @@ import logging
 import os
 import platform
 import statistics
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -145,9 +146,29 @@ def _train_phases(
     return phases
 
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def _timed_loop(
+    run: Callable[[Batch], object],
+    batches: list[Batch],
+    steps: int,
+    warmup: int,
+    device: torch.device,
+) -> list[float]:
+    """Seconds of each timed ``run(batch)`` (:func:`timed`) of ``warmup + steps`` back to back,
+    cycling through ``batches``; the warm-up ones dropped."""
+    times = []
+    for i in range(warmup + steps):
+        t = timed(partial(run, batches[i % len(batches)]), device)
+        if i >= warmup:
+            times.append(t)
+    return times
+
+
 def _step_loop(
     module: DynamicEmbeddingTables,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    batches: list[Batch],
     grad: torch.Tensor,
     steps: int,
     warmup: int,
@@ -159,34 +180,24 @@ def _step_loop(
     synchronizations, as the targets are read)."""
     module.train()
 
-    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def step(batch: Batch) -> None:
         torch.autograd.backward([module(*batch)], [grad])
 
-    times = []
     with torch.autograd.set_multithreading_enabled(not caller_thread):
-        for i in range(warmup + steps):
-            t = timed(partial(step, batches[i % len(batches)]), module.device)
-            if i >= warmup:
-                times.append(t)
-    return times
+        return _timed_loop(step, batches, steps, warmup, module.device)
 
 
 def _eval_loop(
     module: DynamicEmbeddingTables,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    batches: list[Batch],
     steps: int,
     warmup: int,
 ) -> list[float]:
     """Seconds of each timed eval forward of a run of them back to back (no training between),
     cycling through ``batches``."""
     module.eval()
-    times = []
     with torch.no_grad():
-        for i in range(warmup + steps):
-            t = timed(partial(module, *batches[i % len(batches)]), module.device)
-            if i >= warmup:
-                times.append(t)
-    return times
+        return _timed_loop(lambda batch: module(*batch), batches, steps, warmup, module.device)
 
 
 def time_demb(w: Workload, device: torch.device, steps: int, warmup: int) -> dict[str, Any]:
