@@ -277,7 +277,8 @@ RowsOutputs table_find_or_insert_rows_cuda(
 // behind it, then the one sync of the forward: `info` read back whole (the dedup's words, U,
 // the go flag and phase A's missed flag, returned on the CPU). When the go flag is set and a
 // key missed, phase B runs on the first U rows. Outputs have N rows, of which the first U are
-// meaningful; rows are right only when the go flag is set and no key missed.
+// meaningful (the victims only when phase B ran: a key missed); rows are right only when the
+// go flag is set and no key missed.
 using GatedOutputs =
     std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
@@ -321,10 +322,14 @@ GatedOutputs table_find_or_insert_gated_cuda(
                            victim_keys.data_ptr<int64_t>(), victim_scores.data_ptr<int64_t>()};
   auto* missed = reinterpret_cast<int32_t*>(info.data_ptr<int64_t>() + w + 3);  // zeroed
   if (n > 0) {
+    // A lean phase A: slots, statuses, touches and the missed flag only. Phase B's schedule
+    // and the victim outputs are prepared only when a key missed (prepare_found_kernel): a
+    // warm table's batch finds every key, and those writes were a quarter of the lookup.
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const unsigned blocks = std::min(cuda::blocks_for_lanes(n), cuda::resident_lookup_blocks(sms));
-    cuda::lookup_gated_kernel<<<blocks, kThreads, 0, stream>>>(v, in, out,
-                                                               plan.prep(true, stream, missed));
+    const cuda::BatchOut lean{out.slots, out.status, nullptr, nullptr};
+    const cuda::PhaseBPrep notes{nullptr, nullptr, nullptr, skip, missed};
+    cuda::lookup_gated_kernel<<<blocks, kThreads, 0, stream>>>(v, in, lean, notes);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   const at::Tensor host = read_back(info.const_data_ptr(), info.numel(), at::kLong, stream, [&] {
@@ -335,6 +340,9 @@ GatedOutputs table_find_or_insert_gated_cuda(
   const bool hit = h[w + 3] == 0;
   if (go && !hit && h[w + 1] > 0) {  // phase B on the first U rows
     plan.count = h[w + 1];
+    cuda::prepare_found_kernel<<<blocks_for(plan.count), kThreads, 0, stream>>>(
+        v, in, out, plan.prep(false, stream), plan.count);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
     plan.build(stream);
     cuda::bucket_kernel<<<blocks_for(plan.count), kThreads, 0, stream>>>(
         v, BucketOp::kInsert, in, out, plan.runs(), skip);

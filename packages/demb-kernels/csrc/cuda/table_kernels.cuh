@@ -74,20 +74,23 @@ __device__ __forceinline__ void prepare_entry(const PhaseBPrep& prep, const Batc
   }
 }
 
+// Phase B's sort key of a valid entry whose key's bucket starts at global slot `base`:
+// (base << 1) | hit.
+__device__ __forceinline__ uint64_t bucket_sort_key(int64_t base, bool hit) {
+  return (static_cast<uint64_t>(base) << 1) | (hit ? 1 : 0);
+}
+
 // What lookup / phase A records for entry i of table t, its key's bucket starting at global
 // slot `base`, once the key's global slot g is known (-1: missing), by one lane. With
 // score_args, touch a found key (atomically: other lanes may touch the same key). With
-// `prep.sort_keys`, also prepare the entry for phase B; its sort key is (its bucket's global
-// start slot << 1) | hit.
+// `prep.sort_keys`, also prepare the entry for phase B (bucket_sort_key); a miss is noted in
+// `prep.missed` either way (when given).
 __device__ __forceinline__ void record_entry(const TableView& v, const BatchIn& in,
                                              const BatchOut& out, const PhaseBPrep& prep,
                                              int64_t i, int64_t t, int64_t base, int64_t g) {
   out.slots[i] = g < 0 ? -1 : g - v.slot_offsets[t];
-  if (prep.sort_keys) {
-    const uint64_t sort_key = (static_cast<uint64_t>(base) << 1) | (g < 0 ? 0 : 1);
-    prepare_entry(prep, out, v.words, in.n, i, sort_key);
-    if (g < 0) note_miss(prep.missed);
-  }
+  if (prep.sort_keys) prepare_entry(prep, out, v.words, in.n, i, bucket_sort_key(base, g >= 0));
+  if (g < 0) note_miss(prep.missed);
   if (out.status) out.status[i] = static_cast<int64_t>(InsertStatus::kHit);
   if (g < 0 || !in.score_args) return;
   const auto policy = static_cast<ScorePolicy>(v.policies[t]);
@@ -160,6 +163,25 @@ inline unsigned blocks_for_lanes(int64_t entries) {
 
 // The blocks of lookup_gated_kernel resident at once on `sms` SMs (its launch bounds: 8 per SM).
 inline unsigned resident_lookup_blocks(int sms) { return static_cast<unsigned>(sms) * 8U; }
+
+// Phase B's preparation of the first `count` entries after a lean phase A (one that wrote
+// only slots and statuses, and noted misses: table_find_or_insert_gated), from the slots it
+// found: what record_entry / record_invalid would have prepared (sort key, position, zeroed
+// run length, no victim).
+__global__ void prepare_found_kernel(TableView v, BatchIn in, BatchOut out, PhaseBPrep prep,
+                                     int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  const int64_t key = in.keys[i];
+  const int64_t t = in.table_ids[i];
+  if (!valid_entry(v, key, t)) {
+    prepare_entry(prep, out, v.words, in.n, i, prep.skip);
+    return;
+  }
+  const Home home = home_of(key, v.capacity(t), v.bucket_widths[t]);
+  const int64_t base = v.slot_offsets[t] + home.bucket_base;
+  prepare_entry(prep, out, v.words, in.n, i, bucket_sort_key(base, out.slots[i] >= 0));
+}
 
 // Phase B's preparation of every entry (insert_or_assign, erase): sort key bucket start << 1,
 // or `skip`.

@@ -185,7 +185,8 @@ def find_or_insert_gated(
 
     Returns:
         ``(InsertResult, host, rows)``: the result's tensors have ``N`` rows, of which the
-        first ``U`` are meaningful; ``host`` is ``info`` read back, for
+        first ``U`` are meaningful (the victims only when a key missed: the insert pass writes
+        them, and a batch that finds every key evicts none); ``host`` is ``info`` read back, for
         :func:`launch_info`; ``rows`` ``(N_occ, dim)`` float32 when asked for, the go flag
         was set and every key was found, else None.
     """
