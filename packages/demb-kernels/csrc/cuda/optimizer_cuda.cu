@@ -94,7 +94,8 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
       const int64_t n = tab.begin[tab.count];
       if (n == 0) return;
       const auto blocks = static_cast<unsigned>(
-          (n * cuda::kUpdateWarp + cuda::kUpdateThreads - 1) / cuda::kUpdateThreads);
+          (cuda::update_warps(n) * cuda::kUpdateWarp + cuda::kUpdateThreads - 1) /
+          cuda::kUpdateThreads);
       with_optimizer(o.kind, [&](auto kind) {
         if constexpr (std::is_same_v<T, float>) {
           if (vec4) {
