@@ -238,6 +238,20 @@ def test_launch_info_reads_the_words():
         launch_info(host, 9, 2, 2)
 
 
+def test_launch_info_and_gate_words_read_a_list_of_the_words_alike():
+    """The words read back once as a list (as find_or_insert_launched hands them on): the same
+    info, gate words and errors as from the tensor."""
+    words = [3, 5] + [0] * 6 + [0, 9] + [0x1FF, 300, 4, 5, 1, 1]
+    assert launch_info(words, 9, 2, 1) == launch_info(torch.tensor(words), 9, 2, 1)
+    assert gate_words(words) == gate_words(torch.tensor(words)) == (5, True, True)
+    closed = [*words[:-2], 0, 0]  # the go flag clear: a failed check is raised from the list
+    closed[2 + 3] = 1
+    with pytest.raises(ValueError, match="empty-key sentinel"):
+        launch_info(closed, 9, 2, 1)
+    with pytest.raises(ValueError, match="host: expected"):
+        launch_info(words, 9, 2, 2)
+
+
 def test_fake_kernels_give_shapes_without_data():
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -102,17 +102,28 @@ def dedup_launch(
     return LaunchedDedup(*out)
 
 
-def launch_info(host: torch.Tensor, n: int, num_tables: int, features: int) -> LaunchInfo:
+def _words(host: torch.Tensor | list[int]) -> list[int]:
+    """The info words as a list: ``host`` itself, or the tensor read once."""
+    if isinstance(host, list):
+        return host
+    words: list[int] = host.tolist()
+    return words
+
+
+def launch_info(
+    host: torch.Tensor | list[int], n: int, num_tables: int, features: int
+) -> LaunchInfo:
     """Read a launched dedup's info words brought to the host (by :func:`find_or_insert_gated`).
 
     Args:
-        host: ``(T + 6 + F + 1 + 6,)`` int64 on the CPU.
+        host: ``(T + 6 + F + 1 + 6,)`` int64 on the CPU, or those words as a list (read once
+            already: this runs on the forward's critical path).
         n: ``N``, the batch's indices; num_tables: ``T``; features: ``F``.
 
     Raises:
         ValueError: a failed batch check (as :func:`demb_kernels.lookup.dedup_batch` raises it).
     """
-    words: list[int] = host.tolist()  # one read: this runs on the forward's critical path
+    words = _words(host)
     w = len(words) - _EXTRA_WORDS
     unique, go, missed = words[-3], words[-2] != 0, words[-1] != 0
     checks = words[num_tables : num_tables + _BATCH_CHECK_WORDS]
@@ -124,7 +135,8 @@ def launch_info(host: torch.Tensor, n: int, num_tables: int, features: int) -> L
             bounds.append(max(end, bounds[-1]))
         bounds += words[num_tables + _BATCH_CHECK_WORDS : w]
     else:  # raises the error a failed check earns
-        bounds = torch.ops.demb.batch_bounds(host[:w], n, num_tables, features).tolist()
+        checked = torch.tensor(words[:w], dtype=torch.int64)
+        bounds = torch.ops.demb.batch_bounds(checked, n, num_tables, features).tolist()
     varying = words[w] & (2**64 - 1)  # the bits as unsigned
     low_max = words[w + 1] & (2**64 - 1)
     return LaunchInfo(bounds, unique, go, missed, varying.bit_length(), low_max)
@@ -198,10 +210,11 @@ def find_or_insert_gated(
     return InsertResult(*out), host, rows if rows.shape[0] else None
 
 
-def gate_words(host: torch.Tensor) -> tuple[int, bool, bool]:
-    """``(U, go, missed)`` from a launched dedup's info words brought to the host: the unique
-    count, the go flag (the gated find ran) and whether its first pass missed a key."""
-    unique, go, missed = host.tolist()[-3:]  # a slice first costs a tensor
+def gate_words(host: torch.Tensor | list[int]) -> tuple[int, bool, bool]:
+    """``(U, go, missed)`` from a launched dedup's info words brought to the host (the tensor,
+    or its words as a list): the unique count, the go flag (the gated find ran) and whether its
+    first pass missed a key."""
+    unique, go, missed = _words(host)[-3:]  # a slice of the tensor first would cost a tensor
     return unique, go != 0, missed != 0
 
 

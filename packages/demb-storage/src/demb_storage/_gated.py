@@ -25,7 +25,7 @@ def find_or_insert_launched(
     *,
     counts: bool = True,
     gather_rows: tuple[torch.Tensor, int] | None = None,
-) -> tuple[InsertOutcome | None, torch.Tensor]:
+) -> tuple[InsertOutcome | None, list[int]]:
     """:meth:`ScoredHashTable.find_or_insert` of ``launched``'s unique keys (a forward: STEP
     tables advance one step), with one sync, for tables that cannot grow (no table may grow
     mid-batch here: the unique keys are not known on the host before the lookup). New rows are
@@ -42,7 +42,7 @@ def find_or_insert_launched(
             host learns that.
 
     Returns:
-        ``(outcome, host)``: ``host`` is ``launched.info`` read back (for
+        ``(outcome, words)``: ``words`` is ``launched.info`` read back, as a list (for
         :func:`demb_kernels.launched.launch_info`); ``outcome`` has the ``U`` unique keys'
         slots and statuses, or is None when the dedup's go flag was clear (a failed batch check,
         or a sort on too few key bits): then nothing changed and no step advanced.
@@ -61,14 +61,15 @@ def find_or_insert_launched(
         launched.counts if counts else None, launched.info,
         values=values, inverse=inverse, dim=dim,
     )  # fmt: skip
-    unique, go, missed = gate_words(host)
+    words: list[int] = host.tolist()  # once: launch_info reads the same words
+    unique, go, missed = gate_words(words)
     if not go:
-        return None, host
+        return None, words
     table.steps = [s + 1 for s in table.steps]
     slots, status = result.slots[:unique], result.status[:unique]
     if not missed:
-        return InsertOutcome(slots, status, None, all_hit=True, rows=rows), host
+        return InsertOutcome(slots, status, None, all_hit=True, rows=rows), words
     keys, tables = launched.keys[:unique], launched.tables[:unique]
     key_counts = launched.counts[:unique] if counts else None
     slots, status = table._retry_no_eviction(keys, tables, key_counts, args, slots, status)
-    return InsertOutcome(slots, status, None), host
+    return InsertOutcome(slots, status, None), words

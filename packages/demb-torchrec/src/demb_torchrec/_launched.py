@@ -52,8 +52,8 @@ def launched_find_or_insert(
     )
     scores = m.tables.next_score_args()  # after the dedup's launches: the GPU starts earlier
     gather = (launched.inverse, m.dims[0]) if m._gathers_rows() else None
-    outcome, host = find_or_insert_launched(m.tables, launched, scores, gather_rows=gather)
-    info = launch_info(host, indices.numel(), num_tables, len(m.feature_table_map))
+    outcome, words = find_or_insert_launched(m.tables, launched, scores, gather_rows=gather)
+    info = launch_info(words, indices.numel(), num_tables, len(m.feature_table_map))
     m._key_bits[0] = next_key_bits(info.key_bits)
     same_bits = m._key_bits[0] == key_bits  # low_max is of this sort's low bits
     m._key_bits[1] = packed_radix(key_bits, info.low_max, num_tables) if same_bits else 0
