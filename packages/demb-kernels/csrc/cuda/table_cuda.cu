@@ -324,7 +324,8 @@ GatedOutputs table_find_or_insert_gated_cuda(
   if (n > 0) {
     // A lean phase A: slots, statuses, touches and the missed flag only. Phase B's schedule
     // and the victim outputs are prepared only when a key missed (prepare_found_kernel): a
-    // warm table's batch finds every key, and those writes were a quarter of the lookup.
+    // warm table's batch finds every key (the reference batch's lookup on the H200: 44.8-46.2
+    // us against 47.7 us when phase A wrote them).
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const unsigned blocks = std::min(cuda::blocks_for_lanes(n), cuda::resident_lookup_blocks(sms));
     const cuda::BatchOut lean{out.slots, out.status, nullptr, nullptr};
