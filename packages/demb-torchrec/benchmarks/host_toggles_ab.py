@@ -23,12 +23,14 @@ from typing import Any
 import demb_torchrec._autograd as ag
 import demb_torchrec._launched as la
 import torch
-from demb_kernels.launched import LaunchedDedup
+from demb_kernels.launched import LaunchedDedup, dedup_launch
+from demb_kernels.lookup import segment_plan
 from demb_torchrec.bench.module_bench import _demb_step, ready
 from demb_torchrec.bench.workload import Workload
 
-_eager_dedup = la.dedup_launch
-_eager_plan = ag.segment_plan
+# The module's own names, as the module looks them up (use() swaps them).
+_eager_dedup = dedup_launch
+_eager_plan = segment_plan
 _graphs: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
@@ -71,9 +73,14 @@ def graphed_dedup(
     return result
 
 
+def no_plan(starts: torch.Tensor, n: int) -> None:
+    """No segment plan made in the forward: the backward plans its sums itself."""
+
+
 def use(variant: str) -> None:
-    la.dedup_launch = graphed_dedup if variant == "graph" else _eager_dedup  # type: ignore[assignment]
-    ag.segment_plan = (lambda s, n: None) if variant == "noplan" else _eager_plan  # type: ignore[assignment]
+    """Swap the names the module calls (its modules' globals) for ``variant``'s."""
+    setattr(la, "dedup_launch", graphed_dedup if variant == "graph" else _eager_dedup)  # noqa: B010
+    setattr(ag, "segment_plan", no_plan if variant == "noplan" else _eager_plan)  # noqa: B010
 
 
 def main() -> None:
@@ -81,7 +88,7 @@ def main() -> None:
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 6
     module, batches, grad = ready(Workload(), torch.device("cuda"))
     phases = ("forward", "backward", "train", "eval")
-    res = {v: {p: [] for p in phases} for v in variants}
+    res: dict[str, dict[str, list[float]]] = {v: {p: [] for p in phases} for v in variants}
     for r in range(rounds):
         for v in variants if r % 2 == 0 else variants[::-1]:
             use(v)
