@@ -213,13 +213,14 @@ def test_a_closed_gate_changes_nothing():
         assert all(torch.equal(a, b) for a, b in zip(snapshot(index), before, strict=True))
 
 
+# Info words made by hand: T = 2 tables' ends, 6 batch checks, F = 1 feature's starts; then
+# varying bits, the largest low bits, the scatter's finished blocks, U, go, missed.
+HAND_WORDS = [3, 5] + [0] * 6 + [0, 9] + [0x1FF, 300, 4, 5, 1, 1]
+
+
 def test_launch_info_reads_the_words():
-    """Words made by hand: T = 2 tables, F = 1 feature; then varying bits, the largest low
-    bits, the scatter's finished blocks, U, go, missed."""
-    tables = [3, 5]
-    checks = [0] * 6
-    feature_starts = [0, 9]
-    host = torch.tensor(tables + checks + feature_starts + [0x1FF, 300, 4, 5, 1, 1])
+    """HAND_WORDS as a tensor, and changed: the info, gate words and errors they give."""
+    host = torch.tensor(HAND_WORDS)
     info = launch_info(host, 9, 2, 1)
     assert info.bounds == [0, 3, 5, 0, 9]
     assert (info.unique, info.ready, info.missed, info.key_bits) == (5, True, True, 9)
@@ -241,7 +242,7 @@ def test_launch_info_reads_the_words():
 def test_launch_info_and_gate_words_read_a_list_of_the_words_alike():
     """The words read back once as a list (as find_or_insert_launched hands them on): the same
     info, gate words and errors as from the tensor."""
-    words = [3, 5] + [0] * 6 + [0, 9] + [0x1FF, 300, 4, 5, 1, 1]
+    words = HAND_WORDS
     assert launch_info(words, 9, 2, 1) == launch_info(torch.tensor(words), 9, 2, 1)
     assert gate_words(words) == gate_words(torch.tensor(words)) == (5, True, True)
     closed = [*words[:-2], 0, 0]  # the go flag clear: a failed check is raised from the list
