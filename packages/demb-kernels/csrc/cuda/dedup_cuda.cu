@@ -134,7 +134,7 @@ struct DedupRun {
     const Packing p = packing(end_bit);
     auto* k_in = reinterpret_cast<uint64_t*>(s64(0));
     int64_t* const words_out = info.data_ptr<int64_t>();
-    dedup_prepare_kernel<<<dedup_blocks(std::max(n, bags + 1)), kDedupThreads, 0, stream>>>(
+    dedup_prepare_kernel<<<prepare_blocks(std::max(n, bags + 1)), kDedupThreads, 0, stream>>>(
         indices.const_data_ptr<int64_t>(), offsets.const_data_ptr<int64_t>(), bags,
         feature_tables.const_data_ptr<int64_t>(), features, batch_size, cnt, n, num_tables,
         end_bit, p.shift, p.radix, k_in,

@@ -40,11 +40,10 @@ __device__ void check_batch_entry(int64_t i, const int64_t* __restrict__ indices
   if (i < n && counters && counters[i] < 0) count_flag(flags + 4);
 }
 
-// The table of index i: feature f owns [offsets[f * B], offsets[(f + 1) * B]) (the last feature
-// whose first bag starts at or before i; feature 0 if none).
-__device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
-                            const int64_t* __restrict__ feature_tables, int64_t features,
-                            int64_t batch_size) {
+// The feature of index i: feature f owns [offsets[f * B], offsets[(f + 1) * B]) (the last
+// feature whose first bag starts at or before i; feature 0 if none).
+__device__ int64_t feature_of(int64_t i, const int64_t* __restrict__ offsets, int64_t features,
+                              int64_t batch_size) {
   int64_t lo = 0;
   int64_t hi = features;
   while (hi - lo > 1) {
@@ -55,7 +54,23 @@ __device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
       hi = mid;
     }
   }
-  return feature_tables[lo];
+  return lo;
+}
+
+// The table of index i (its feature's: feature_of).
+__device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
+                            const int64_t* __restrict__ feature_tables, int64_t features,
+                            int64_t batch_size) {
+  return feature_tables[feature_of(i, offsets, features, batch_size)];
+}
+
+// Entries per thread of dedup_prepare_kernel: a block reduces its checks' words once for
+// kPrepareItems * kDedupThreads indices, and finds their feature once when they share one.
+constexpr int kPrepareItems = 4;
+
+unsigned prepare_blocks(int64_t n) {
+  constexpr int64_t per_block = int64_t{kPrepareItems} * kDedupThreads;
+  return static_cast<unsigned>((n + per_block - 1) / per_block);
 }
 
 // Per index: its table (into `tables`, unless null: the packed keys carry it), its sort key
@@ -65,7 +80,10 @@ __device__ int64_t table_of(int64_t i, const int64_t* __restrict__ offsets,
 // low_bits); into keys32 instead of keys when that fits 32 bits, halving the sort's key
 // traffic), its position; the batch's checks into info (after the T per-table
 // words); into *varying the bits in which some key differs from the first (OR of key ^ key 0)
-// and into *low_max the largest low (both reduced per block first).
+// and into *low_max the largest low (both reduced per thread, warp and block first). A thread
+// takes kPrepareItems indices a block apart (prepare_blocks); the block's indices take the
+// feature of its first and last when those agree (the features own consecutive ranges when the
+// offsets are in order; when they are not, the checks fail and the keys are not used).
 __global__ void __launch_bounds__(kDedupThreads)
     dedup_prepare_kernel(const int64_t* __restrict__ indices,
                          const int64_t* __restrict__ offsets, int64_t bags,
@@ -78,26 +96,36 @@ __global__ void __launch_bounds__(kDedupThreads)
                          int64_t* __restrict__ low_max) {
   __shared__ unsigned long long block_varying;
   __shared__ unsigned long long block_low;
+  __shared__ int64_t block_feature;  // the feature of every index of the block, or -1
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x * kPrepareItems;
   if (threadIdx.x == 0) {
     block_varying = 0;
     block_low = 0;
+    const int64_t last = min(first + int64_t{blockDim.x} * kPrepareItems, n) - 1;
+    const int64_t f = first < n ? feature_of(first, offsets, features, batch_size) : -1;
+    block_feature = f >= 0 && f == feature_of(last, offsets, features, batch_size) ? f : -1;
   }
   __syncthreads();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, counters, n,
-                    num_tables, info + num_tables);
+  const int64_t shared_feature = block_feature;
+  const int64_t key0 = n > 0 ? indices[0] : 0;
   unsigned long long diff = 0;
   unsigned long long low = 0;
-  if (i < n) {
+#pragma unroll
+  for (int r = 0; r < kPrepareItems; ++r) {
+    const int64_t i = first + int64_t{r} * blockDim.x + threadIdx.x;
+    check_batch_entry(i, indices, offsets, bags, feature_tables, features, batch_size, counters,
+                      n, num_tables, info + num_tables);
+    if (i >= n) continue;
     const uint64_t key = static_cast<uint64_t>(indices[i]) ^ kSignBit;
-    const auto table =
-        static_cast<uint32_t>(table_of(i, offsets, feature_tables, features, batch_size));
-    low = low_bits >= 64 ? key : key & ((uint64_t{1} << low_bits) - 1);
+    const int64_t f =
+        shared_feature >= 0 ? shared_feature : feature_of(i, offsets, features, batch_size);
+    const auto table = static_cast<uint32_t>(feature_tables[f]);
+    const uint64_t mine = low_bits >= 64 ? key : key & ((uint64_t{1} << low_bits) - 1);
     uint64_t sort_key = key;
     if (radix != 0) {
-      sort_key = static_cast<uint64_t>(table) * radix + low;
+      sort_key = static_cast<uint64_t>(table) * radix + mine;
     } else if (table_shift != 0) {
-      sort_key = (static_cast<uint64_t>(table) << table_shift) | low;
+      sort_key = (static_cast<uint64_t>(table) << table_shift) | mine;
     }
     if (keys32 != nullptr) {
       keys32[i] = static_cast<uint32_t>(sort_key);
@@ -106,7 +134,8 @@ __global__ void __launch_bounds__(kDedupThreads)
     }
     if (tables != nullptr) tables[i] = table;
     positions[i] = static_cast<int32_t>(i);
-    diff = static_cast<unsigned long long>(indices[i] ^ indices[0]);
+    diff |= static_cast<unsigned long long>(indices[i] ^ key0);
+    low = mine > low ? mine : low;
   }
   // Reduced per warp first: one shared atomic per warp, not per thread.
   const unsigned lo = __reduce_or_sync(0xFFFFFFFFu, static_cast<unsigned>(diff));
