@@ -77,7 +77,8 @@ __device__ int64_t bucket_step(const TableView& v, BucketOp op, const BatchIn& i
   const int64_t offset = v.slot_offsets[t];
   const int64_t base = offset + home.bucket_base;
   const auto policy = static_cast<ScorePolicy>(v.policies[t]);
-  const int64_t found = missing ? -1 : thread_find(v, base, width, key, home.digest);
+  const int64_t found =
+      missing ? -1 : thread_find(v, base, width, key, home.digest, home.start);
   if (op == BucketOp::kErase) {
     out.slots[i] = found < 0 ? -1 : found - offset;
     if (found < 0) return 0;

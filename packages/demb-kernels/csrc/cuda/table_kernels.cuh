@@ -13,6 +13,10 @@
 namespace demb {
 namespace cuda {
 
+// The blocks of lookup_gated_kernel an SM holds at once (its launch bounds, and the grid
+// resident_lookup_blocks sizes).
+constexpr int kLookupBlocksPerSm = 8;
+
 struct BatchIn {
   const int64_t* keys;
   const int64_t* table_ids;
@@ -113,21 +117,52 @@ __device__ __forceinline__ void record_invalid(const TableView& v, const BatchIn
   note_miss(prep.missed);
 }
 
-// Lookup / phase A of entry i by one lane alone (lane_find_home): its slot, and what
-// record_entry / record_invalid write for it.
-__device__ __forceinline__ void lookup_entry_lane(const TableView& v, const BatchIn& in,
-                                                  const BatchOut& out, const PhaseBPrep& prep,
-                                                  int64_t i) {
-  const int64_t key = in.keys[i];
-  const int64_t t = in.table_ids[i];
-  if (!valid_entry(v, key, t)) {
+// Entry i of a lookup / phase A before its probe: its key and table, and for a valid entry
+// (valid_entry) its home (home_of) and the global slot its key's bucket starts at.
+struct Probe {
+  int64_t key;
+  int64_t t;
+  int64_t base;
+  Home home;
+  bool valid;
+};
+
+__device__ __forceinline__ Probe probe_of(const TableView& v, const BatchIn& in, int64_t i) {
+  Probe p{in.keys[i], in.table_ids[i], 0, Home{0, 0, 0}, false};
+  p.valid = valid_entry(v, p.key, p.t);
+  if (p.valid) {
+    p.home = home_of(p.key, v.capacity(p.t), v.bucket_widths[p.t]);
+    p.base = v.slot_offsets[p.t] + p.home.bucket_base;
+  }
+  return p;
+}
+
+// The key word at a valid probe's start slot (find_after_home's `at_home`; 0 for an invalid
+// entry, whose word finish_probe does not read).
+__device__ __forceinline__ int64_t home_word(const TableView& v, const Probe& p) {
+  return p.valid ? v.keys[p.base + p.home.start] : 0;
+}
+
+// Lookup / phase A of entry i from its probe and its start slot's key word (home_word): the
+// key's slot (find_after_home), and what record_entry / record_invalid write for it.
+__device__ __forceinline__ void finish_probe(const TableView& v, const BatchIn& in,
+                                             const BatchOut& out, const PhaseBPrep& prep,
+                                             int64_t i, const Probe& p, int64_t at_home) {
+  if (!p.valid) {
     record_invalid(v, in, out, prep, i);
     return;
   }
-  const int64_t width = v.bucket_widths[t];
-  const Home home = home_of(key, v.capacity(t), width);
-  const int64_t base = v.slot_offsets[t] + home.bucket_base;
-  record_entry(v, in, out, prep, i, t, base, lane_find_home(v, base, width, key, home));
+  const int64_t width = v.bucket_widths[p.t];
+  record_entry(v, in, out, prep, i, p.t, p.base,
+               find_after_home(v, p.base, width, p.key, p.home, at_home));
+}
+
+// Lookup / phase A of entry i by one lane alone: finish_probe after its own start slot's load.
+__device__ __forceinline__ void lookup_entry_lane(const TableView& v, const BatchIn& in,
+                                                  const BatchOut& out, const PhaseBPrep& prep,
+                                                  int64_t i) {
+  const Probe p = probe_of(v, in, i);
+  finish_probe(v, in, out, prep, i, p, home_word(v, p));
 }
 
 // Lookup / phase A (lookup_entry_lane) of the first `limit` entries (see BatchIn::gate), one
@@ -144,8 +179,10 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
 // (resident_lookup_blocks), each lane taking entries a grid apart (lookup_entry_lane), so that a
 // warp's 32 probes are in flight together and its records are coalesced. (The grid of every
 // entry scheduled its idle blocks for nothing: 73 us against 64 us for the reference batch; one
-// 8-lane tile per entry took 69 us.)
-__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
+// 8-lane tile per entry took 69 us. A lane taking two entries at a time, both start slots
+// loaded before either is compared, took 44.1-44.2 us, or 41.5-42.0 us at 6 blocks per SM,
+// against 41.1-41.6 us for this kernel, on one H200 lease.)
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, kLookupBlocksPerSm)
     lookup_gated_kernel(TableView v, BatchIn in, BatchOut out, PhaseBPrep prep) {
   const int64_t limit = in.gate[1] != 0 ? in.gate[0] : 0;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -161,8 +198,10 @@ inline unsigned blocks_for_lanes(int64_t entries) {
   return static_cast<unsigned>((entries + per_block - 1) / per_block);
 }
 
-// The blocks of lookup_gated_kernel resident at once on `sms` SMs (its launch bounds: 8 per SM).
-inline unsigned resident_lookup_blocks(int sms) { return static_cast<unsigned>(sms) * 8U; }
+// The blocks of lookup_gated_kernel resident at once on `sms` SMs (its launch bounds).
+inline unsigned resident_lookup_blocks(int sms) {
+  return static_cast<unsigned>(sms) * static_cast<unsigned>(kLookupBlocksPerSm);
+}
 
 // Phase B's preparation of the first `count` entries after a lean phase A (one that wrote
 // only slots and statuses, and noted misses: table_find_or_insert_gated), from the slots it
@@ -172,33 +211,24 @@ __global__ void prepare_found_kernel(TableView v, BatchIn in, BatchOut out, Phas
                                      int64_t count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count) return;
-  const int64_t key = in.keys[i];
-  const int64_t t = in.table_ids[i];
-  if (!valid_entry(v, key, t)) {
-    prepare_entry(prep, out, v.words, in.n, i, prep.skip);
-    return;
-  }
-  const Home home = home_of(key, v.capacity(t), v.bucket_widths[t]);
-  const int64_t base = v.slot_offsets[t] + home.bucket_base;
-  prepare_entry(prep, out, v.words, in.n, i, bucket_sort_key(base, out.slots[i] >= 0));
+  const Probe p = probe_of(v, in, i);
+  prepare_entry(prep, out, v.words, in.n, i,
+                p.valid ? bucket_sort_key(p.base, out.slots[i] >= 0) : prep.skip);
 }
 
-// Phase B's preparation of every entry (insert_or_assign, erase): sort key bucket start << 1,
-// or `skip`.
+// Phase B's preparation of every entry (insert_or_assign, erase): sort key bucket_sort_key (as
+// a miss: every entry is in phase B's runs), or `skip`; an invalid entry is FAILED.
 __global__ void bucket_keys_kernel(TableView v, BatchIn in, BatchOut out, PhaseBPrep prep) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= in.n) return;
-  const int64_t key = in.keys[i];
-  const int64_t t = in.table_ids[i];
-  if (!valid_entry(v, key, t)) {
+  const Probe p = probe_of(v, in, i);
+  if (!p.valid) {
     out.slots[i] = -1;
     if (out.status) out.status[i] = static_cast<int64_t>(InsertStatus::kFailed);
     prepare_entry(prep, out, v.words, in.n, i, prep.skip);
     return;
   }
-  const Home home = home_of(key, v.capacity(t), v.bucket_widths[t]);
-  prepare_entry(prep, out, v.words, in.n, i,
-                static_cast<uint64_t>(v.slot_offsets[t] + home.bucket_base) << 1);
+  prepare_entry(prep, out, v.words, in.n, i, bucket_sort_key(p.base, false));
 }
 
 // out[0, count) = the global timer, read once.
