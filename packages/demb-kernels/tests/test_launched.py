@@ -91,6 +91,12 @@ def test_dedup_launch_matches_dedup_batch(
         (got.starts[:u], want.starts),
     ):
         assert torch.equal(a, b)
+    # Without counts: a (0,) tensor in their place, every other output the same.
+    lean = dedup_launch(indices, offsets, ftab, T, batch, weights, key_bits, radix, counts=False)
+    assert lean.counts.shape == (0,)
+    assert torch.equal(lean.info.cpu(), host)
+    for name in ("keys", "tables", "inverse", "order", "starts"):
+        assert torch.equal(getattr(lean, name)[:u], getattr(got, name)[:u]), name
 
 
 @pytest.mark.cuda

@@ -191,6 +191,29 @@ def test_launched_find_or_insert_refuses_tables_that_may_grow():
     assert not one_table(S.LFU, max_capacity=1024).may_grow
 
 
+def test_launched_find_or_insert_needs_counts_where_asked_for_them():
+    """A dedup launched without counts (counts=False: a (0,) tensor) cannot feed a find that
+    reads them: find_or_insert_launched raises, naming the option, before anything runs; which
+    tables read counts at all is ``counts_keys``."""
+    from demb_kernels.launched import LaunchedDedup
+    from demb_storage import find_or_insert_launched
+
+    table = one_table(S.LFU, max_capacity=1024)
+    assert not table.may_grow
+    assert table.counts_keys
+    assert not one_table(S.STEP).counts_keys
+    assert not one_table(S.TIMESTAMP).counts_keys
+    assert one_table((S.TIMESTAMP, S.LFU)).counts_keys
+    keys = torch.tensor([1, 2])
+    parts = [keys, keys, keys, torch.zeros(0, dtype=torch.int64), keys, keys, keys]
+    launched = LaunchedDedup(*parts)  # counts (0,): made with counts=False
+    before = table.index.sizes.clone()
+    with pytest.raises(TableConfigError, match="counts=True: the dedup was launched"):
+        find_or_insert_launched(table, launched, table.next_score_args())
+    assert torch.equal(table.index.sizes, before)
+    assert table.steps == [0]
+
+
 def test_expansion_keeps_every_key_with_its_row_and_scores():
     table = one_table(S.LFU, init_capacity=32, max_capacity=1024)
     keys = torch.arange(0, 400)

@@ -119,6 +119,17 @@ def test_lfu_scores_count_occurrences_or_frequency_counters():
     assert scores == {1: 7, 2: 2}
 
 
+def test_a_batch_deduplicated_without_counts_says_so_when_asked_for_them():
+    """dedup() always counts; a batch whose counts were not made (the CUDA one-sync forward
+    of tables that count nothing) raises a ValueError naming them, not a None error."""
+    from demb_torchrec._dedup import dedup
+
+    batch = dedup(torch.tensor([5, 5, 7]), torch.tensor([0, 2, 3]), torch.tensor([0]), 1, 2)
+    assert batch.occurrence_counts().tolist() == [2, 1]
+    with pytest.raises(ValueError, match="counts: this batch was deduplicated without counts"):
+        batch._replace(counts=None).occurrence_counts()
+
+
 def test_step_scores_advance_per_forward():
     module = tables(score_strategy=DynamicEmbScoreStrategy.STEP)
     module(torch.tensor([1]), torch.tensor([0, 1]))

@@ -69,11 +69,15 @@ def test_one_sync_forward_equals_the_two_sync_forward(mode, strategy, monkeypatc
     real = bt.launched_find_or_insert
     used: list[bool] = []
 
+    counted: list[bool] = []
+
     def route(m, *args):
         if m is two:
             return None  # the two-sync path
         out = real(m, *args)
         used.append(out is not None)
+        if out is not None:  # counts are made only for tables that read them (LFU)
+            counted.append(out[0].counts is not None)
         return out
 
     monkeypatch.setattr(bt, "launched_find_or_insert", route)
@@ -93,6 +97,7 @@ def test_one_sync_forward_equals_the_two_sync_forward(mode, strategy, monkeypatc
     assert one.tables.steps == two.tables.steps
     assert True in used  # the one-sync path ran
     assert False in used  # and fell back once (the batch of wide keys)
+    assert counted == [strategy is DynamicEmbScoreStrategy.LFU] * len(counted)
 
 
 def test_a_bad_batch_raises_and_changes_nothing():

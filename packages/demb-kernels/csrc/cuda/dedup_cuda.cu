@@ -304,11 +304,12 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
 // three are U, go and that flag. A consumer reads U and the go flag on the device
 // (table_find_or_insert_gated). key_radix > 0 sorts (table, key) as table * key_radix + the
 // key's low key_bits bits: fewer radix passes than the table above those bits, when T *
-// key_radix fits fewer bytes.
+// key_radix fits fewer bytes. want_counts=false skips the counts (a (0,) tensor in their
+// place: a caller whose tables count no occurrences saves their launch).
 LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
                             const at::Tensor& feature_tables, int64_t num_tables,
                             int64_t batch_size, const std::optional<at::Tensor>& counters,
-                            int64_t key_bits, int64_t key_radix) {
+                            int64_t key_bits, int64_t key_radix, bool want_counts) {
   check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits);
   check_dedup_size(indices.numel());
   TORCH_CHECK_VALUE(key_radix >= 0 && (key_radix == 0 || key_radix <= (int64_t{1} << 62) /
@@ -320,7 +321,8 @@ LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets
              key_bits < 64 ? key_radix : 0);
   d.sort_and_scatter(static_cast<int>(key_bits), d.gate_for(key_bits));
   int64_t* const info = d.info.data_ptr<int64_t>();
-  const at::Tensor counts = d.counts(d.n, d.n, info + d.words + 3);
+  const at::Tensor counts =
+      want_counts ? d.counts(d.n, d.n, info + d.words + 3) : at::empty({0}, d.opts);
   return {d.output(2), d.output(3), d.output(0), counts, d.output(1), d.output(4), d.info};
 }
 

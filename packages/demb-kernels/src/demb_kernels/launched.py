@@ -43,7 +43,8 @@ class LaunchedDedup(NamedTuple):
     inverse: torch.Tensor
     """``(N,)`` int64 position in ``keys`` of each index."""
     counts: torch.Tensor
-    """``(N,)`` int64 occurrences (or summed counters) of each unique key (rows ``[0, U)``)."""
+    """``(N,)`` int64 occurrences (or summed counters) of each unique key (rows ``[0, U)``);
+    ``(0,)`` when :func:`dedup_launch` was told ``counts=False``."""
     order: torch.Tensor
     """``(N,)`` int64 index positions sorted by (table, key), stable."""
     starts: torch.Tensor
@@ -81,6 +82,7 @@ def dedup_launch(
     counters: torch.Tensor | None = None,
     key_bits: int = 64,
     key_radix: int = 0,
+    counts: bool = True,
 ) -> LaunchedDedup:
     """:func:`demb_kernels.lookup.dedup_batch` with no sync (CUDA only): the same kernels, the
     sort by key on the low ``key_bits`` bits only, outputs at full size, and on the device the
@@ -94,10 +96,20 @@ def dedup_launch(
             which takes ``ceil(log2(T * R) / 8)`` radix passes instead of
             ``ceil((key_bits + log2 T) / 8)``; the go flag then also needs every ``low < R``
             (:func:`packed_radix` picks one).
+        counts: make :attr:`LaunchedDedup.counts` (False: a ``(0,)`` tensor, one launch fewer,
+            for a caller whose tables count no occurrences).
         others: as :func:`demb_kernels.lookup.dedup_batch`.
     """
     out = torch.ops.demb.dedup_launch(
-        indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits, key_radix
+        indices,
+        offsets,
+        feature_tables,
+        num_tables,
+        batch_size,
+        counters,
+        key_bits,
+        key_radix,
+        counts,
     )
     return LaunchedDedup(*out)
 
@@ -228,10 +240,14 @@ def _dedup_launch_fake(
     counters: torch.Tensor | None,
     key_bits: int = 64,
     key_radix: int = 0,
+    counts: bool = True,
 ) -> tuple[torch.Tensor, ...]:
     n = indices.shape[0]
     words = num_tables + _BATCH_CHECK_WORDS + feature_tables.shape[0] + 1 + _EXTRA_WORDS
-    return (*(indices.new_empty((n,)) for _ in range(6)), indices.new_empty((words,)))
+    outs = [indices.new_empty((n,)) for _ in range(6)]
+    if not counts:
+        outs[3] = indices.new_empty((0,))
+    return (*outs, indices.new_empty((words,)))
 
 
 @torch.library.register_fake("demb::table_find_or_insert_gated")  # type: ignore[untyped-decorator]

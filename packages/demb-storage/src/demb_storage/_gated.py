@@ -36,7 +36,8 @@ def find_or_insert_launched(
         table: the tables (CUDA).
         launched: :func:`demb_kernels.launched.dedup_launch`'s outputs.
         score_args: ``(T,)`` int64 the batch scores (:meth:`ScoredHashTable.next_score_args`).
-        counts: use ``launched.counts`` for LFU words (else 1 per key).
+        counts: use ``launched.counts`` for LFU words (else 1 per key; a dedup launched with
+            ``counts=False`` has none to use).
         gather_rows: ``(inverse, dim)``: when every key is found, also read the first ``dim``
             columns of each occurrence's row (:attr:`InsertOutcome.rows`), queued before the
             host learns that.
@@ -48,11 +49,16 @@ def find_or_insert_launched(
         or a sort on too few key bits): then nothing changed and no step advanced.
 
     Raises:
-        TableConfigError: some table can still grow.
+        TableConfigError: some table can still grow, or ``counts`` is set and the dedup made
+            no counts.
     """
     if table.may_grow:
         raise TableConfigError(
             "find_or_insert_launched", "growable tables", "needs tables that cannot grow"
+        )
+    if counts and launched.counts.shape != launched.keys.shape:
+        raise TableConfigError(
+            "counts", counts, "the dedup was launched with counts=False: it made no counts"
         )
     args = checked_scores(score_args, table.num_tables, table.device)
     values, inverse, dim = (None, None, 0) if gather_rows is None else (table.values, *gather_rows)

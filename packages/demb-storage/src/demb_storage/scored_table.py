@@ -100,6 +100,11 @@ class ScoredHashTable:
         self._checks_failures = any(
             c.safe_check_mode is not SafeCheckMode.IGNORE for c in self.configs
         )
+        self.counts_keys = any(
+            layout.policy in (ScorePolicy.LFU, ScorePolicy.TIMESTAMP_LFU) for layout in layouts
+        )
+        """Whether some table's scores count its keys' occurrences (LFU, TIMESTAMP_LFU): only
+        then does a find_or_insert read the batch's counts."""
 
     # ----------------------------------------------------------------------------- state
     @property

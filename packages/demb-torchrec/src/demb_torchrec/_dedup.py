@@ -19,8 +19,11 @@ class DedupedBatch(NamedTuple):
     """``(U,)`` int64 table of each unique key."""
     inverse: torch.Tensor
     """``(N,)`` int64 position in ``keys`` of each index."""
-    counts: torch.Tensor
-    """``(U,)`` int64 occurrences of each unique key (or its summed frequency counters)."""
+    counts: torch.Tensor | None
+    """``(U,)`` int64 occurrences of each unique key (or its summed frequency counters); None
+    for a batch deduplicated on the device for tables that count no occurrences (the training
+    forward's one-sync path: :func:`demb_torchrec._launched.launched_find_or_insert`), which
+    made none (see :meth:`occurrence_counts`)."""
     table_bounds: list[int]
     """``T + 1`` host offsets: table ``t``'s unique keys are ``keys[b[t]:b[t+1]]``."""
     feature_bounds: list[int]
@@ -43,6 +46,19 @@ class DedupedBatch(NamedTuple):
         """Per table, the view of ``rows`` (one per unique key, in :attr:`keys`' order) that
         holds that table's keys."""
         return list(rows.split_with_sizes(self.table_sizes()))
+
+    def occurrence_counts(self) -> torch.Tensor:
+        """:attr:`counts`, which :func:`dedup` always makes.
+
+        Raises:
+            ValueError: the batch has none (deduplicated without counts).
+        """
+        if self.counts is None:
+            raise ValueError(
+                "counts: this batch was deduplicated without counts (its tables count no "
+                "occurrences); deduplicate it with dedup() to have them"
+            )
+        return self.counts
 
     def count_per_table(self, mask: torch.Tensor) -> list[int]:
         """How many of each table's unique keys the ``(U,)`` bool ``mask`` holds (one sync; no

@@ -47,12 +47,23 @@ def launched_find_or_insert(
     counters = None if frequency_counters is None else frequency_counters.to(torch.int64)
     num_tables = m.num_tables
     key_bits, key_radix = m._key_bits
+    counted = m.tables.counts_keys  # else no table reads the counts: none are made
     launched = dedup_launch(
-        indices, offsets, m._feature_tables, num_tables, batch_size, counters, key_bits, key_radix
+        indices,
+        offsets,
+        m._feature_tables,
+        num_tables,
+        batch_size,
+        counters,
+        key_bits,
+        key_radix,
+        counted,
     )
     scores = m.tables.next_score_args()  # after the dedup's launches: the GPU starts earlier
     gather = (launched.inverse, m.dims[0]) if m._gathers_rows() else None
-    outcome, words = find_or_insert_launched(m.tables, launched, scores, gather_rows=gather)
+    outcome, words = find_or_insert_launched(
+        m.tables, launched, scores, counts=counted, gather_rows=gather
+    )
     info = launch_info(words, indices.numel(), num_tables, len(m.feature_table_map))
     m._key_bits[0] = next_key_bits(info.key_bits)
     same_bits = m._key_bits[0] == key_bits  # low_max is of this sort's low bits
@@ -64,7 +75,7 @@ def launched_find_or_insert(
         launched.keys[:u],
         launched.tables[:u],
         launched.inverse,
-        launched.counts[:u],
+        launched.counts[:u] if counted else None,
         bounds[: num_tables + 1],
         bounds[num_tables + 1 :],
         launched.order,

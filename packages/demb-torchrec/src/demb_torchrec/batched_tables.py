@@ -442,7 +442,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
         outcome = self.tables.find_or_insert(
             batch.keys,
             batch.tables,
-            counts=batch.counts,
+            counts=batch.occurrence_counts(),
             zero_new_rows=False,
             check=False,
             count_failures=False,

@@ -147,4 +147,5 @@ class DynamicRwSparseFeaturesDist(RwSparseFeaturesDist):  # type: ignore[misc]
         )
         lengths[:, 0] = per_feature
         # float32 weights (what KJT weights and the bucketize op carry; exact below 2**24)
-        return lengths.view(-1), batch.keys, batch.counts.to(torch.float32), batch.inverse
+        counts = batch.occurrence_counts().to(torch.float32)
+        return lengths.view(-1), batch.keys, counts, batch.inverse
