@@ -76,15 +76,13 @@ struct Schedule {
   at::Tensor words;  // int64 (3, N): sort keys, sorted keys, run keys
   at::Tensor ints;   // int32 (4N + 2): order, positions, run lengths, run offsets, run count,
                      // missed flag
-  int64_t n;         // entries the arrays have room for
-  int64_t count;     // entries build() schedules: n, or the first `count` (a gated phase A)
+  int64_t n;         // entries the arrays hold, all of which build() schedules
   uint64_t skip;
 
   Schedule(const at::Tensor& like, int64_t n_, uint64_t skip_)
       : words(at::empty({3, n_}, like.options().dtype(at::kLong))),
         ints(at::empty({4 * n_ + 2}, like.options().dtype(at::kInt))),
         n(n_),
-        count(n_),
         skip(skip_) {}
 
   uint64_t* word(int64_t k) const {
@@ -92,9 +90,8 @@ struct Schedule {
   }
   int32_t* int32(int64_t k) const { return ints.data_ptr<int32_t>() + k * n; }
 
-  // With `flag`, phase A sets the missed flag (zeroed here first), or `external` (zeroed).
-  cuda::PhaseBPrep prep(bool flag, cudaStream_t stream, int32_t* external = nullptr) const {
-    if (external != nullptr) return cuda::PhaseBPrep{word(0), int32(0), int32(2), skip, external};
+  // With `flag`, phase A sets the missed flag (zeroed here first).
+  cuda::PhaseBPrep prep(bool flag, cudaStream_t stream) const {
     int32_t* missed = flag ? int32(4) + 1 : nullptr;
     if (flag) C10_CUDA_CHECK(cudaMemsetAsync(missed, 0, sizeof(int32_t), stream));
     return cuda::PhaseBPrep{word(0), int32(0), int32(2), skip, missed};
@@ -109,7 +106,7 @@ struct Schedule {
   cuda::Runs runs() const { return cuda::Runs{word(2), int32(3), int32(2), int32(4), int32(1)}; }
 
   void build(cudaStream_t stream) const {
-    const auto n32 = static_cast<int>(count);
+    const auto n32 = static_cast<int>(n);
     const int end_bit = end_bit_for(skip);
     cub_sequence(
         words,
@@ -313,7 +310,6 @@ GatedOutputs table_find_or_insert_gated_cuda(
   const at::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
   at::Tensor rows;
   const uint64_t skip = static_cast<uint64_t>(ix.num_slots()) << 1;  // above every sort key
-  Schedule plan(keys, n, skip);
   const TableView v = make_view(ix, &sizes);
   const cuda::BatchIn in{keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(),
                          args.const_data_ptr<int64_t>(), ptr_or_null(counts), nullptr, n,
@@ -339,13 +335,13 @@ GatedOutputs table_find_or_insert_gated_cuda(
   const int64_t* h = host.const_data_ptr<int64_t>();
   const bool go = h[w + 2] != 0;
   const bool hit = h[w + 3] == 0;
-  if (go && !hit && h[w + 1] > 0) {  // phase B on the first U rows
-    plan.count = h[w + 1];
-    cuda::prepare_found_kernel<<<blocks_for(plan.count), kThreads, 0, stream>>>(
-        v, in, out, plan.prep(false, stream), plan.count);
+  if (go && !hit && h[w + 1] > 0) {  // phase B on the first U rows, scheduled only now
+    const Schedule plan(keys, h[w + 1], skip);
+    cuda::prepare_found_kernel<<<blocks_for(plan.n), kThreads, 0, stream>>>(
+        v, in, out, plan.prep(false, stream), plan.n);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     plan.build(stream);
-    cuda::bucket_kernel<<<blocks_for(plan.count), kThreads, 0, stream>>>(
+    cuda::bucket_kernel<<<blocks_for(plan.n), kThreads, 0, stream>>>(
         v, BucketOp::kInsert, in, out, plan.runs(), skip);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
