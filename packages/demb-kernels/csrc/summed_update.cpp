@@ -3,7 +3,8 @@
 // replaces: not a view, so in-place ops on it stay allowed); its backward sums each
 // unique key's gradient rows in the dedup's order (segment_sum_rows), checks them for NaN/inf
 // when asked, and updates the tables in place (optimizer_update). A key of one unscaled entry
-// is only checked: the update reads its gradient row where it is (segment_single_rows).
+// is only checked: the update reads its gradient row where it is (segment_single_rows; on the
+// direct CUDA path written by the sums' finish pass).
 // Autograd runs a CUDA backward on its device thread: here that thread runs no Python and takes
 // no GIL, so the update's first launch follows the node's start by a few calls, and what does
 // not need the gradients (the slots split per table, the pinned byte the NaN/inf flag comes
@@ -59,10 +60,13 @@ struct SummedUpdateState : torch::CustomClassHolder {
   // CUDA, unscaled: the sums' NaN/inf flag, zeroed in the forward, for a backward that
   // launches the sums straight away (segment_sums_launch); used once (undefined after).
   at::Tensor nonfinite;
-  // With `nonfinite` and `check`: the pinned byte the flag is copied to. Made in the forward,
-  // like table_slots: autograd runs a CUDA backward on its device thread, whose core is often
-  // cold, and each call there before the update's launch can leave the GPU idle.
+  // With `nonfinite` and `check`: the pinned byte the flag comes back in, zeroed. Made in the
+  // forward, like table_slots: autograd runs a CUDA backward on its device thread, whose core is
+  // often cold, and each call there before the update's launch can leave the GPU idle.
   at::Tensor host_flag;
+  // host_flag's device address: the sums store a NaN/inf straight into it, and no copy is
+  // queued behind them (null: it has none, and the flag is copied).
+  bool* host_flag_device = nullptr;
 };
 
 using OptionalTensor = std::optional<at::Tensor>;
@@ -93,14 +97,9 @@ void update(const SummedUpdateState& s, const std::vector<at::Tensor>& sums,
           h[5], h[6], h[7], h[8], skip, direct.rows, direct.grads);
 }
 
-// (U,) each one-entry key's row of the gradients, -1 elsewhere (segment_single_rows): on the
-// direct path (order and starts checked as that op checks them) launched without its dispatch.
-at::Tensor single_rows(const SummedUpdateState& s, bool direct_path) {
-#ifdef DEMB_WITH_CUDA
-  if (direct_path) return single_rows_launch(s.order, s.starts);
-#else
-  (void)direct_path;  // a CPU build has no direct path
-#endif
+// (U,) each one-entry key's row of the gradients, -1 elsewhere (segment_single_rows), off the
+// direct path (on it the sums' finish pass writes them).
+at::Tensor single_rows(const SummedUpdateState& s) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("demb::segment_single_rows", "")
                              .typed<SingleOp>();
@@ -185,12 +184,18 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     const bool skip_single = !s->rows && !s->scale;
     if (skip_single) grads = grads.contiguous();
     at::Tensor summed;
+    at::Tensor single;  // the direct path's single rows, from its sums
+    bool flagged_on_host = false;  // the sums store a NaN/inf into host_flag themselves
     at::Tensor bad = std::exchange(s->nonfinite, at::Tensor());
     const bool direct_path = direct_sums(*s, grads, bad);
     if (direct_path) {  // the first launch a few calls after the node's start
 #ifdef DEMB_WITH_CUDA
-      summed = segment_sums_launch(grads, s->order, s->starts, s->plan, true,
-                                   bad.data_ptr<bool>());
+      bool* const host_bad = s->check && s->host_flag.defined() ? s->host_flag_device : nullptr;
+      DirectSums sums = segment_sums_launch(grads, s->order, s->starts, s->plan, skip_single,
+                                            bad.data_ptr<bool>(), host_bad);
+      summed = std::move(sums.sums);
+      single = std::move(sums.single);
+      flagged_on_host = host_bad != nullptr;
 #endif
     } else if (s->workspace && grads.device().is_cpu()) {  // no fresh pages for the sums
       summed = *s->workspace;
@@ -202,7 +207,7 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
           sum_op.call(grads, s->order, s->starts, s->plan, s->rows, s->scale, skip_single);
     }
     Direct direct;
-    if (skip_single) direct = {single_rows(*s, direct_path), grads};
+    if (skip_single) direct = {single.defined() ? single : single_rows(*s), grads};
     const std::vector<at::Tensor> sums = summed.split_with_sizes(s->table_sizes);
     std::vector<int64_t> steps(s->steps.const_data_ptr<int64_t>(),
                                s->steps.const_data_ptr<int64_t>() + s->steps.numel());
@@ -213,11 +218,12 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
       check_finite(bad.item<bool>());
       update(*s, sums, steps, std::nullopt, direct);
     } else {
-      // The flag goes to the host behind the sums and the update is queued behind it, skipped
-      // on the device when set; the host waits for the flag's copy only.
+      // The flag goes to the host behind the sums (stored there by the sums themselves, or
+      // copied) and the update is queued behind it, skipped on the device when set; the host
+      // waits for the sums and the flag only.
       const at::Tensor flag = s->host_flag.defined() ? std::exchange(s->host_flag, at::Tensor())
                                                      : pinned_flag();
-      copy_flag(flag, bad);
+      if (!flagged_on_host) copy_flag(flag, bad);
       const c10::impl::VirtualGuardImpl guard(bad.device().type());
       c10::Event copied(bad.device().type());
       copied.record(guard.getStream(bad.device()));
@@ -306,7 +312,13 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
   state->workspace = workspace;
   state->nonfinite = direct_flag(*state);
   state->table_slots = slots.split_with_sizes(table_sizes);
-  if (state->nonfinite.defined() && check) state->host_flag = pinned_flag();
+  if (state->nonfinite.defined() && check) {
+    state->host_flag = pinned_flag();
+    *state->host_flag.data_ptr<bool>() = false;
+#ifdef DEMB_WITH_CUDA
+    state->host_flag_device = static_cast<bool*>(pinned_device_address(state->host_flag));
+#endif
+  }
   return SummedUpdate::apply(trigger, std::move(state));
 }
 

@@ -120,15 +120,24 @@ def test_clip_clamps_each_entry_before_the_sum(device):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize("key", [2, 3], ids=["one-entry-key", "key-of-several"])
 @pytest.mark.parametrize("workspace", [False, True], ids=["", "cpu-workspace"])
-def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key, workspace):
+@pytest.mark.parametrize(
+    ("n", "dim"), [(40, 3), (40, 8), (300, 3), (300, 8)],
+    ids=["short-scalar", "short-float4", "long-scalar", "long-float4"],
+)  # fmt: skip
+def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key, workspace, n, dim):
+    """On CUDA the first backward takes the direct path (the sums store the flag into the
+    forward's pinned byte), by the plan's chunks (3 floats) or by windows (8): with 300 entries
+    a key of several has more than one chunk, so its NaN/inf is found by the finish pass."""
     if workspace and device != "cpu":
         pytest.skip("the workspace is the CPU backward's")
     gen = torch.Generator().manual_seed(4)
-    c = case(device, gen)
-    out = torch.zeros(40, c["dim"], device=device)
+    c = case(device, gen, n=n, dim=dim)
+    starts = c["starts"].tolist()
+    assert (starts[4] - starts[3] > 32) == (n == 300)  # key 3: several chunks in the long case
+    out = torch.zeros(n, c["dim"], device=device)
     before = [v.clone() for v in c["values"]]
     wired, steps = wire(c, out, workspace=torch.empty(0) if workspace else None)
-    grad = torch.ones(40, c["dim"], device=device)
+    grad = torch.ones(n, c["dim"], device=device)
     grad[int(c["order"][c["starts"][key]]), 1] = bad
     with pytest.raises(ValueError, match="NaN or infinite"):
         wired.backward(grad)

@@ -43,6 +43,15 @@ void copy_to_pinned_async(void* dst, const void* src, size_t bytes, cudaStream_t
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+void* pinned_device_address(const at::Tensor& host) {
+  void* mapped = nullptr;
+  if (cudaHostGetDevicePointer(&mapped, host.data_ptr(), 0) != cudaSuccess) {
+    (void)cudaGetLastError();  // not mapped
+    return nullptr;
+  }
+  return mapped;
+}
+
 void copy_to_pinned_async(const at::Tensor& host, const at::Tensor& src) {
   const c10::cuda::CUDAGuard guard(src.device());
   copy_to_pinned_async(host.data_ptr(), src.const_data_ptr(), src.nbytes(),

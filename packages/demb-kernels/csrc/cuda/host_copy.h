@@ -21,4 +21,9 @@ void copy_to_pinned_async(void* dst, const void* src, size_t bytes, cudaStream_t
 // `src` a CUDA tensor, both contiguous, of the same number of bytes (unchecked).
 void copy_to_pinned_async(const at::Tensor& host, const at::Tensor& src);
 
+// The device address of pinned CPU tensor `host`'s data (its device mapping, as
+// copy_to_pinned_async uses it), or null when it has none (registered without mapping): a
+// kernel may then store into it directly.
+void* pinned_device_address(const at::Tensor& host);
+
 }  // namespace demb

@@ -116,14 +116,15 @@ bool window_sums(const at::Tensor& grads) {
 }
 
 // The chunk sums and finish pass of segment_sum_rows into `out` ((U, d) float32), NaN/inf
-// flagged in `bad`: the op's launches after its checks (and those of segment_sums_launch).
+// flagged in `bad`, each segment's single row into `single` when its out is not null: the op's
+// launches after its checks (and those of segment_sums_launch).
 // grads (N', d) float32, order (N,) int64, starts (U,) int64 and plan (when given) contiguous.
 // By windows when window_sums(grads) (a plan is not needed, nor read), else by the plan's
 // chunks (made here when none is given).
 void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Tensor& starts,
                  const std::optional<at::Tensor>& plan_in, const cuda::RowSource& src,
-                 bool scaled, bool skip_single, at::Tensor& out, bool* bad,
-                 cudaStream_t stream) {
+                 bool scaled, bool skip_single, at::Tensor& out, cuda::NonFiniteFlag bad,
+                 cuda::SingleRows single, cudaStream_t stream) {
   const int64_t n = order.numel();
   const int64_t d = grads.size(1);
   const int64_t unique = starts.numel();
@@ -147,7 +148,8 @@ void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Ten
     const cuda::WindowChunks chunks{starts.const_data_ptr<int64_t>(), unique, n};
     cuda::segment_finish_kernel<true, cuda::WindowChunks>
         <<<warp_blocks(groups(unique)), cuda::kLookupThreads, 0, stream>>>(
-            partial.const_data_ptr<float>(), chunks, unique, d, out.data_ptr<float>(), bad);
+            partial.const_data_ptr<float>(), chunks, unique, d, out.data_ptr<float>(), bad,
+            single);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -176,7 +178,7 @@ void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Ten
     cuda::segment_finish_kernel<kVec, cuda::PlanChunks>
         <<<warp_blocks(groups(unique)), cuda::kLookupThreads, 0, stream>>>(
             partial.const_data_ptr<float>(), cuda::PlanChunks{co}, unique, d,
-            out.data_ptr<float>(), bad);
+            out.data_ptr<float>(), bad, single);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   const auto with_vec = [&](auto with_scale) {
@@ -220,7 +222,8 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
   // Pass 1 or 2 writes every row, but those skip_single skips.
   at::Tensor out = at::empty({unique, d}, grads.options());
   launch_sums(grads, order, starts, plan_in, src, scaled, skip_single, out,
-              nonfinite.data_ptr<bool>(), stream);
+              cuda::NonFiniteFlag{nonfinite.data_ptr<bool>(), nullptr},
+              cuda::SingleRows{nullptr, nullptr, 0, nullptr}, stream);
   return {out, nonfinite};
 }
 
@@ -231,18 +234,30 @@ at::Tensor segment_single_rows_cuda(const at::Tensor& order_in, const at::Tensor
 
 }  // namespace
 
-at::Tensor segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
+DirectSums segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
                                const at::Tensor& starts, const std::optional<at::Tensor>& plan,
-                               bool skip_single, bool* nonfinite) {
+                               bool skip_single, bool* nonfinite, bool* host_nonfinite) {
   check_sum_sizes(grads.size(0), order.numel());
   const c10::cuda::CUDAGuard guard(grads.device());
   const int64_t unique = starts.numel();
-  at::Tensor out = at::detail::empty_cuda({unique, grads.size(1)}, at::kFloat, grads.device(),
-                                          std::nullopt);
-  if (unique == 0 || order.numel() == 0 || grads.size(1) == 0) return out.zero_();
+  DirectSums result{at::detail::empty_cuda({unique, grads.size(1)}, at::kFloat, grads.device(),
+                                           std::nullopt),
+                    at::Tensor()};
+  if (unique == 0 || order.numel() == 0 || grads.size(1) == 0) {
+    result.sums.zero_();
+    if (skip_single) result.single = single_rows_launch(order, starts);
+    return result;
+  }
+  cuda::SingleRows single{nullptr, nullptr, 0, nullptr};
+  if (skip_single) {
+    result.single = at::detail::empty_cuda({unique}, at::kLong, starts.device(), std::nullopt);
+    single = cuda::SingleRows{order.const_data_ptr<int64_t>(), starts.const_data_ptr<int64_t>(),
+                              order.numel(), result.single.data_ptr<int64_t>()};
+  }
   launch_sums(grads, order, starts, plan, cuda::RowSource{nullptr, nullptr}, false, skip_single,
-              out, nonfinite, at::cuda::getCurrentCUDAStream());
-  return out;
+              result.sums, cuda::NonFiniteFlag{nonfinite, host_nonfinite}, single,
+              at::cuda::getCurrentCUDAStream());
+  return result;
 }
 
 at::Tensor single_rows_launch(const at::Tensor& order, const at::Tensor& starts) {
@@ -252,10 +267,10 @@ at::Tensor single_rows_launch(const at::Tensor& order, const at::Tensor& starts)
   if (unique == 0) return out;
   const unsigned blocks =
       static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
+  const cuda::SingleRows single{order.const_data_ptr<int64_t>(), starts.const_data_ptr<int64_t>(),
+                                order.numel(), out.data_ptr<int64_t>()};
   cuda::segment_single_rows_kernel<<<blocks, cuda::kLookupThreads, 0,
-                                     at::cuda::getCurrentCUDAStream()>>>(
-      order.const_data_ptr<int64_t>(), starts.const_data_ptr<int64_t>(), unique, order.numel(),
-      out.data_ptr<int64_t>());
+                                     at::cuda::getCurrentCUDAStream()>>>(single, unique);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }

@@ -195,8 +195,40 @@ struct RowSource {
   __device__ __forceinline__ float factor(int64_t p) const { return scale ? scale[p] : 1.0f; }
 };
 
+// Where the sums flag a NaN or infinity: the device byte the update reads (its skip), and, when
+// `host` is not null, a pinned host byte mapped into the device's address space, stored over the
+// bus: a host that waits for an event after the sums reads it there, with no copy queued behind
+// them. Every writer stores the same value.
+struct NonFiniteFlag {
+  bool* device;
+  bool* host;
+  __device__ __forceinline__ void raise() const {
+    *device = true;
+    if (host != nullptr) {
+      *reinterpret_cast<volatile bool*>(host) = true;
+      __threadfence_system();
+    }
+  }
+};
+
+// Where the finish pass writes each segment's single row when `out` is not null:
+// out[u] = order[starts[u]] when segment u has one entry, else -1 (or when starts[u] is out of
+// [0, n): unchecked, read safely). What segment_single_rows_kernel writes, for summed_update's
+// backward without that kernel's launch.
+struct SingleRows {
+  const int64_t* order;
+  const int64_t* starts;
+  int64_t n;
+  int64_t* out;
+  __device__ __forceinline__ void write(int64_t u, int64_t unique) const {
+    const int64_t b = starts[u];
+    const int64_t end = u + 1 < unique ? starts[u + 1] : n;
+    out[u] = b >= 0 && b < n && end - b == 1 ? order[b] : -1;
+  }
+};
+
 // Pass 1: chunk c summed in k order into partial[c], or straight into out[u] when its segment
-// is one chunk (then a NaN or infinity in it sets *nonfinite); with skip_single, a segment of
+// is one chunk (then a NaN or infinity in it raises `nonfinite`); with skip_single, a segment of
 // one entry is checked but not stored. One warp per chunk: its row numbers read by the lanes
 // at once, then its rows added in order (passed round by shuffles).
 template <bool Vec4, bool Scaled>
@@ -208,7 +240,7 @@ __global__ void __launch_bounds__(kLookupThreads)
                               const int64_t* __restrict__ chunk_dest,
                               const int64_t* __restrict__ total_chunks, int64_t d,
                               int64_t max_chunks, bool skip_single, float* __restrict__ partial,
-                              float* __restrict__ out, bool* __restrict__ nonfinite) {
+                              float* __restrict__ out, NonFiniteFlag nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   const int64_t c = warp_index();
   if (c >= max_chunks || c >= *total_chunks) return;  // the same for the warp's lanes
@@ -232,22 +264,16 @@ __global__ void __launch_bounds__(kLookupThreads)
     }
     if (!(skip_single && dest >= 0 && len == 1)) acc.store(dst, base + lane, d);
     if (__any_sync(kAll, dest >= 0 && acc.nonfinite(base + lane, d)) && lane == 0) {
-      *nonfinite = true;  // every writer stores the same value
+      nonfinite.raise();
     }
   }
 }
 
-// out[u] = order[starts[u]] when segment u has one entry, else -1 (or when starts[u] is out of
-// [0, n): unchecked here, read safely).
+// single.out[u] for every segment u (see SingleRows).
 __global__ void __launch_bounds__(kLookupThreads)
-    segment_single_rows_kernel(const int64_t* __restrict__ order,
-                               const int64_t* __restrict__ starts, int64_t unique, int64_t n,
-                               int64_t* __restrict__ out) {
+    segment_single_rows_kernel(SingleRows single, int64_t unique) {
   const int64_t u = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (u >= unique) return;
-  const int64_t b = starts[u];
-  const int64_t end = u + 1 < unique ? starts[u + 1] : n;
-  out[u] = b >= 0 && b < n && end - b == 1 ? order[b] : -1;
+  if (u < unique) single.write(u, unique);
 }
 
 }  // namespace cuda

@@ -85,7 +85,7 @@ __device__ __forceinline__ void fold_hot_segment(const float* __restrict__ parti
                                                  ChunkSpan sp, int64_t d,
                                                  float4 (*stage)[kHotRows][kLookupWarp],
                                                  float* __restrict__ out,
-                                                 bool* __restrict__ nonfinite) {
+                                                 NonFiniteFlag nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   constexpr int kWarps = kLookupThreads / kLookupWarp;
   constexpr int kPerWarp = kHotRows / kWarps;
@@ -133,19 +133,21 @@ __device__ __forceinline__ void fold_hot_segment(const float* __restrict__ parti
     }
     if (warp == 0) {
       acc.store(out + u * d, col, d);
-      if (__any_sync(kAll, acc.nonfinite(col, d)) && lane == 0) *nonfinite = true;
+      if (__any_sync(kAll, acc.nonfinite(col, d)) && lane == 0) nonfinite.raise();
     }
   }
 }
 
 // Pass 2: out[u] = the chunk sums of segment u, added in chunk order, for the segments pass 1
-// did not write (more than one chunk; none: zeros); a NaN or infinity sets *nonfinite. A warp
-// scans 32 segments, one per lane; with float4 rows, the segments of more than kHotChunks
-// chunks are left to the whole block, after (fold_hot_segment).
+// did not write (more than one chunk; none: zeros); a NaN or infinity raises `nonfinite`. A
+// warp scans 32 segments, one per lane; with float4 rows, the segments of more than kHotChunks
+// chunks are left to the whole block, after (fold_hot_segment). With single.out, each lane also
+// writes its segment's single row (SingleRows).
 template <bool Vec4, typename Chunks>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_finish_kernel(const float* __restrict__ partial, Chunks chunks, int64_t unique,
-                          int64_t d, float* __restrict__ out, bool* __restrict__ nonfinite) {
+                          int64_t d, float* __restrict__ out, NonFiniteFlag nonfinite,
+                          SingleRows single) {
   constexpr unsigned kAll = 0xffffffffu;
   __shared__ float4 stage[Vec4 ? 2 : 1][Vec4 ? kHotRows : 1][kLookupWarp];
   __shared__ int32_t hot[Vec4 ? kLookupThreads : 1];  // the block's hot segments (Vec4 only),
@@ -159,6 +161,7 @@ __global__ void __launch_bounds__(kLookupThreads)
   const int64_t u = first + lane;
   ChunkSpan sp{0, 0, 0};
   if (u < unique) sp = chunks.span(u);
+  if (single.out != nullptr && u < unique) single.write(u, unique);
   const bool hot_here = Vec4 && u < unique && sp.to - sp.from > kHotChunks;
   if (hot_here) hot[atomicAdd(&hot_count, 1)] = static_cast<int32_t>(u - block_first);
   unsigned todo = __ballot_sync(kAll, u < unique && sp.to - sp.from != 1 && !hot_here);
@@ -194,7 +197,7 @@ __global__ void __launch_bounds__(kLookupThreads)
         }
       }
       acc.store(out + (first + j) * d, base + lane, d);
-      if (__any_sync(kAll, acc.nonfinite(base + lane, d)) && lane == 0) *nonfinite = true;
+      if (__any_sync(kAll, acc.nonfinite(base + lane, d)) && lane == 0) nonfinite.raise();
     }
   }
   if constexpr (Vec4) {

@@ -10,16 +10,26 @@
 
 namespace demb {
 
+// segment_sums_launch's outputs: the (U, D) float32 sums, and with skip_single the (U,) int64
+// single rows (segment_single_rows(order, starts), written by the sums' finish pass; undefined
+// without skip_single).
+struct DirectSums {
+  at::Tensor sums;
+  at::Tensor single;
+};
+
 // The unscaled sums of segment_sum_rows(grads, order, starts, plan, skip_single=...) into a
 // new (U, D) float32 tensor, queued on the current stream of grads' device, a NaN/inf setting
-// *nonfinite (zeroed by the caller: zeroed_flag). The caller has checked what the op checks:
-// grads (N, D) float32 contiguous on CUDA, order (N,) and starts (U,) int64 contiguous on its
-// device, plan (when given) segment_plan(starts, N), contiguous there. Rows of D <= 128 floats
-// (16-byte aligned) are summed by windows and need no plan; others are made one when none is
-// given.
-at::Tensor segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
+// *nonfinite (zeroed by the caller: zeroed_flag) and, when host_nonfinite is not null, that
+// pinned host byte too (zeroed by the caller, mapped into the device's address space: a host
+// that synchronizes with an event recorded after this call reads the flag there). The caller
+// has checked what the op checks: grads (N, D) float32 contiguous on CUDA, order (N,) and
+// starts (U,) int64 contiguous on its device, plan (when given) segment_plan(starts, N),
+// contiguous there. Rows of D <= 128 floats (16-byte aligned) are summed by windows and need
+// no plan; others are made one when none is given.
+DirectSums segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
                                const at::Tensor& starts, const std::optional<at::Tensor>& plan,
-                               bool skip_single, bool* nonfinite);
+                               bool skip_single, bool* nonfinite, bool* host_nonfinite);
 
 // segment_single_rows(order, starts) queued on the current stream of starts' device, without
 // the op's dispatch and checks (the caller has made the same checks: order (N,) and starts

@@ -96,14 +96,14 @@ __device__ __forceinline__ EntrySegment window_segments(const int64_t* __restric
 // kSegmentChunk entries, so it reads entries up to 32w + 62), in k order, kWindowBatch rows in
 // flight. A segment of one chunk goes to out[u] (with skip_single, one of one entry is checked
 // but not stored), a chunk of a longer one to partial row window_partial_row (the finish pass
-// adds them: WindowChunks). A NaN or infinity in a one-chunk segment sets *nonfinite.
+// adds them: WindowChunks). A NaN or infinity in a one-chunk segment raises `nonfinite`.
 template <bool Scaled>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_window_sums_kernel(const float* __restrict__ grads,
                                const int64_t* __restrict__ order, RowSource src,
                                const int64_t* __restrict__ starts, int64_t unique, int64_t n,
                                int64_t d, bool skip_single, float* __restrict__ partial,
-                               float* __restrict__ out, bool* __restrict__ nonfinite) {
+                               float* __restrict__ out, NonFiniteFlag nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
   const int64_t base = warp_index() * kLookupWarp;
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kLookupThreads)
       const bool bad = to >= 0 && lane < quads &&
                        (!isfinite(acc.x) || !isfinite(acc.y) || !isfinite(acc.z) ||
                         !isfinite(acc.w));
-      if (__any_sync(kAll, bad) && lane == 0) *nonfinite = true;
+      if (__any_sync(kAll, bad) && lane == 0) nonfinite.raise();
       acc = zero;
     }
   }
