@@ -227,6 +227,24 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
   return {out, nonfinite};
 }
 
+// segment_single_rows(order, starts) queued on the current stream of starts' device, after the
+// op's checks (order (N,) and starts (U,) int64 contiguous on one device): the op's launch, and
+// segment_sums_launch's when it has nothing to sum.
+at::Tensor single_rows_launch(const at::Tensor& order, const at::Tensor& starts) {
+  const c10::cuda::CUDAGuard guard(starts.device());
+  const int64_t unique = starts.numel();
+  at::Tensor out = at::detail::empty_cuda({unique}, at::kLong, starts.device(), std::nullopt);
+  if (unique == 0) return out;
+  const unsigned blocks =
+      static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
+  const cuda::SingleRows single{order.const_data_ptr<int64_t>(), starts.const_data_ptr<int64_t>(),
+                                order.numel(), out.data_ptr<int64_t>()};
+  cuda::segment_single_rows_kernel<<<blocks, cuda::kLookupThreads, 0,
+                                     at::cuda::getCurrentCUDAStream()>>>(single, unique);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 at::Tensor segment_single_rows_cuda(const at::Tensor& order_in, const at::Tensor& starts_in) {
   check_single_rows(order_in, starts_in);
   return single_rows_launch(order_in.contiguous(), starts_in.contiguous());
@@ -258,21 +276,6 @@ DirectSums segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
               result.sums, cuda::NonFiniteFlag{nonfinite, host_nonfinite}, single,
               at::cuda::getCurrentCUDAStream());
   return result;
-}
-
-at::Tensor single_rows_launch(const at::Tensor& order, const at::Tensor& starts) {
-  const c10::cuda::CUDAGuard guard(starts.device());
-  const int64_t unique = starts.numel();
-  at::Tensor out = at::detail::empty_cuda({unique}, at::kLong, starts.device(), std::nullopt);
-  if (unique == 0) return out;
-  const unsigned blocks =
-      static_cast<unsigned>((unique + cuda::kLookupThreads - 1) / cuda::kLookupThreads);
-  const cuda::SingleRows single{order.const_data_ptr<int64_t>(), starts.const_data_ptr<int64_t>(),
-                                order.numel(), out.data_ptr<int64_t>()};
-  cuda::segment_single_rows_kernel<<<blocks, cuda::kLookupThreads, 0,
-                                     at::cuda::getCurrentCUDAStream()>>>(single, unique);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
 }
 
 at::Tensor zeroed_flag(const at::Tensor& like) {

@@ -31,11 +31,6 @@ DirectSums segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
                                const at::Tensor& starts, const std::optional<at::Tensor>& plan,
                                bool skip_single, bool* nonfinite, bool* host_nonfinite);
 
-// segment_single_rows(order, starts) queued on the current stream of starts' device, without
-// the op's dispatch and checks (the caller has made the same checks: order (N,) and starts
-// (U,) int64 contiguous on one device).
-at::Tensor single_rows_launch(const at::Tensor& order, const at::Tensor& starts);
-
 // A bool scalar on like's device, zeroed on its current stream (no dispatch: a memset).
 at::Tensor zeroed_flag(const at::Tensor& like);
 
