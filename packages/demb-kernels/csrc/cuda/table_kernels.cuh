@@ -118,20 +118,23 @@ __device__ __forceinline__ void record_invalid(const TableView& v, const BatchIn
 }
 
 // Entry i of a lookup / phase A before its probe: its key and table, and for a valid entry
-// (valid_entry) its home (home_of) and the global slot its key's bucket starts at.
+// (valid_entry) its table's bucket width, its home (home_of) and the global slot its key's
+// bucket starts at.
 struct Probe {
   int64_t key;
   int64_t t;
+  int64_t width;
   int64_t base;
   Home home;
   bool valid;
 };
 
 __device__ __forceinline__ Probe probe_of(const TableView& v, const BatchIn& in, int64_t i) {
-  Probe p{in.keys[i], in.table_ids[i], 0, Home{0, 0, 0}, false};
+  Probe p{in.keys[i], in.table_ids[i], 0, 0, Home{0, 0, 0}, false};
   p.valid = valid_entry(v, p.key, p.t);
   if (p.valid) {
-    p.home = home_of(p.key, v.capacity(p.t), v.bucket_widths[p.t]);
+    p.width = v.bucket_widths[p.t];
+    p.home = home_of(p.key, v.capacity(p.t), p.width);
     p.base = v.slot_offsets[p.t] + p.home.bucket_base;
   }
   return p;
@@ -152,9 +155,8 @@ __device__ __forceinline__ void finish_probe(const TableView& v, const BatchIn& 
     record_invalid(v, in, out, prep, i);
     return;
   }
-  const int64_t width = v.bucket_widths[p.t];
   record_entry(v, in, out, prep, i, p.t, p.base,
-               find_after_home(v, p.base, width, p.key, p.home, at_home));
+               find_after_home(v, p.base, p.width, p.key, p.home, at_home));
 }
 
 // Lookup / phase A of entry i by one lane alone: finish_probe after its own start slot's load.
