@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from demb_kernels.pooling import pool_table_rows
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 
@@ -58,13 +58,17 @@ def pooled_case(gen, tables, features, batch_size, dim, extra, max_bag, missing=
     tables=st.integers(1, 3),
     features=st.integers(1, 4),
     batch_size=st.integers(1, 5),
-    dim=st.integers(1, 20),
+    dim=st.one_of(st.integers(1, 20), st.integers(31, 70)),  # the CPU's 32-column blocks
     extra=st.sampled_from([0, 3]),
     max_bag=st.sampled_from([0, 3, 40]),
     mean=st.booleans(),
     weighted=st.booleans(),
     seed=st.integers(0, 2**31),
 )
+@example(tables=2, features=3, batch_size=4, dim=32, extra=0, max_bag=40, mean=False,
+         weighted=False, seed=1)  # fmt: skip
+@example(tables=3, features=4, batch_size=5, dim=70, extra=3, max_bag=40, mean=True,
+         weighted=True, seed=2)  # fmt: skip
 def test_cpu_pool_equals_the_reference(
     tables, features, batch_size, dim, extra, max_bag, mean, weighted, seed
 ):
