@@ -55,17 +55,23 @@ def _sources(pattern: str) -> list[str]:
 # formatted a number. Naming the shared object explicitly resolves every std:: symbol to it.
 LINK_ARGS = ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
 
+# OpenMP, as PyTorch's own CPU kernels use it: at::parallel_for is an inline template, so the
+# CPU kernels' parallel_for loops run on torch's threads only when compiled with -fopenmp (the
+# process loads torch's libgomp.so.1 first; the extension's reference to that soname resolves
+# to it, one OpenMP runtime). On Linux only (Apple's clang has no -fopenmp).
+# 2026-12-01, 2-vCPU VM (AMD EPYC), `demb bench module --device cpu --optimizer sgd --pooling
+# sum`, builds alternating: with it train 0.86-0.95x TorchRec's and eval 1.03-1.18x over four
+# runs, without it 1.15-1.38x and 1.43-1.67x. (On the earlier 2-vCPU VM, 2026-11-30, the SUM
+# train ratio spread over 1.19-1.65x with it against 1.31-1.33x without, and it was left out.)
+OPENMP = ["-fopenmp"] if sys.platform.startswith("linux") else []
+
 
 def _extension() -> CppExtension:
     # -ffp-contract=off (and nvcc --fmad=false below): no multiply-add contraction, so float
     # updates round the same on the CPU and the GPU. -fno-math-errno lets sqrtf vectorize (no
     # code here reads errno).
     cxx = ["-O3", "-Wall", "-Wextra", "-Wno-unused-parameter", "-ffp-contract=off"]
-    cxx += ["-fno-math-errno"]
-    # No -fopenmp: at::parallel_for is an inline template, so the CPU kernels' parallel_for
-    # loops run on one thread. With -fopenmp (2026-11-30, 2-vCPU VM) an SGD update of 8,388 rows
-    # went 0.40 -> 0.33 ms, but the SUM module benchmark's train ratio to TorchRec was 1.19-1.65x
-    # over four runs against 1.31-1.33x without: not taken.
+    cxx += ["-fno-math-errno", *OPENMP]
     include_dirs = [str(CSRC)]
     if _want_cuda():
         # --fmad=false: no multiply-add contraction, so float updates round as on the CPU.
@@ -76,14 +82,14 @@ def _extension() -> CppExtension:
             include_dirs=include_dirs + _pip_cuda_includes(),
             define_macros=[("DEMB_WITH_CUDA", "1")],
             extra_compile_args={"cxx": cxx, "nvcc": nvcc},
-            extra_link_args=LINK_ARGS,
+            extra_link_args=LINK_ARGS + OPENMP,
         )
     return CppExtension(
         "demb_kernels._C",
         sources=_sources("*.cpp") + _sources("cpu/*.cpp"),
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx},
-        extra_link_args=LINK_ARGS,
+        extra_link_args=LINK_ARGS + OPENMP,
     )
 
 
