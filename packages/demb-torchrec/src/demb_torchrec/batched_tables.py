@@ -164,13 +164,11 @@ class DynamicEmbeddingTables(torch.nn.Module):
             and len({c.dtype for c in configs}) == 1
             and len(configs) <= MAX_GATHER_TABLES
         )
-        # So does pooling every feature's bags in one pass (demb::pool_table_rows), on a GPU and
-        # from float32 rows. (On the CPU one embedding_bag per feature is faster, on two threads
-        # where the op's kernel runs on one: the scaled SUM benchmark's eval forward took
-        # 1.60-1.67 ms with the op against 1.48 ms, on a 2-vCPU VM.)
-        self._pools_in_one_pass = (
-            self._fused_gather and self.device.type == "cuda" and configs[0].dtype == torch.float32
-        )
+        # So does pooling every feature's bags in one pass (demb::pool_table_rows), from float32
+        # rows. (On the CPU since f2cff25 and 233c0d4 too: the scaled SUM benchmark's eval
+        # forward took 0.84-0.86 ms with it against 1.06-1.17 ms for one embedding_bag per
+        # feature and their cat, on a 2-vCPU VM.)
+        self._pools_in_one_pass = self._fused_gather and configs[0].dtype == torch.float32
         self.sums_workspace: torch.Tensor | None = (
             torch.empty(0, dtype=torch.float32) if self.device.type == "cpu" else None
         )
