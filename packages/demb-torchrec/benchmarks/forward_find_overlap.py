@@ -7,14 +7,12 @@ starts) and timed between events, in microseconds; medians of 20 after 5. The st
 the same priority, or one of them at a higher one (lower number), whose pending blocks the GPU
 schedules first as the other's retire.
 
-Usage: ``python forward_find_overlap.py`` (after ``source .device/setup.sh`` on the H200). A
-tidied copy of the scratch script whose output is ``results/forward_find_overlap_h200.txt``.
+Usage: ``python forward_find_overlap.py`` (after ``source .device/setup.sh`` on the H200; it
+takes its timing from ``forward_overlap.py`` beside it). A tidied copy of the scratch script
+whose output is ``results/forward_find_overlap_h200.txt``.
 """
 
 from __future__ import annotations
-
-import statistics
-from collections.abc import Callable
 
 import torch
 from demb_kernels.launched import dedup_launch
@@ -23,31 +21,7 @@ from demb_kernels.table import lookup_batch_rows
 from demb_torchrec._launched import launched_find_or_insert
 from demb_torchrec.bench.module_bench import ready
 from demb_torchrec.bench.workload import Workload
-
-Part = tuple[Callable[[], object], torch.cuda.Stream]
-
-
-def timed(parts: list[Part], main_stream: torch.cuda.Stream) -> float:
-    """Microseconds from a start event to the end of every part's work, each part queued on its
-    stream behind a GPU sleep."""
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    stop = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    torch.cuda.synchronize()
-    torch.cuda._sleep(1_000_000)  # type: ignore[no-untyped-call]  # about 0.5 ms: launches first
-    start.record(main_stream)
-    ends = []
-    for fn, stream in parts:
-        stream.wait_stream(main_stream)
-        with torch.cuda.stream(stream):
-            fn()
-        end = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        end.record(stream)
-        ends.append(end)
-    for end in ends:
-        main_stream.wait_event(end)
-    stop.record(main_stream)
-    torch.cuda.synchronize()
-    return float(start.elapsed_time(stop)) * 1e3
+from forward_overlap import Part, print_cases
 
 
 def main() -> None:
@@ -97,14 +71,7 @@ def main() -> None:
         "find+gather low || dedup+lookup high": [(find_rows, low), (dedup_touch, high)],
         "find+gather high || dedup+lookup low": [(find_rows, high), (dedup_touch, low)],
     }
-    results: dict[str, list[float]] = {k: [] for k in cases}
-    for rep in range(25):
-        for name, parts in cases.items():
-            t = timed(parts, main_stream)
-            if rep >= 5:
-                results[name].append(t)
-    for name, ts in results.items():
-        print(f"{name:46s} {statistics.median(ts):8.1f} us  (min {min(ts):.1f}, max {max(ts):.1f})")
+    print_cases(cases, main_stream, 46)
     gathered = gather_table_rows(m.tables.values, slots, batch.tables, batch.inverse, dim)
     found, found_slots = lookup_batch_rows(
         m.tables.index, m.tables.values, idx, off, ftab, batch_size, dim

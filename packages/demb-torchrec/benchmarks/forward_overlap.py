@@ -26,6 +26,43 @@ from demb_torchrec.bench.workload import Workload
 Part = tuple[Callable[[], object], torch.cuda.Stream]
 
 
+def timed(parts: list[Part], main_stream: torch.cuda.Stream) -> float:
+    """Microseconds from a start event to the end of every part's work, each part queued on its
+    stream behind a GPU sleep."""
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    stop = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000)  # type: ignore[no-untyped-call]  # about 0.5 ms: launches first
+    start.record(main_stream)
+    ends = []
+    for fn, stream in parts:
+        stream.wait_stream(main_stream)
+        with torch.cuda.stream(stream):
+            fn()
+        end = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        end.record(stream)
+        ends.append(end)
+    for end in ends:
+        main_stream.wait_event(end)
+    stop.record(main_stream)
+    torch.cuda.synchronize()
+    return float(start.elapsed_time(stop)) * 1e3
+
+
+def print_cases(cases: dict[str, list[Part]], main_stream: torch.cuda.Stream, width: int) -> None:
+    """Each case timed 25 times in turn with the others (:func:`timed`); prints the median, min
+    and max of the last 20, names padded to ``width``."""
+    results: dict[str, list[float]] = {k: [] for k in cases}
+    for rep in range(25):
+        for name, parts in cases.items():
+            t = timed(parts, main_stream)
+            if rep >= 5:
+                results[name].append(t)
+    for name, ts in results.items():
+        spread = f"(min {min(ts):.1f}, max {max(ts):.1f})"
+        print(f"{name:{width}s} {statistics.median(ts):8.1f} us  {spread}")
+
+
 def main() -> None:
     dev = torch.device("cuda")
     m, batches, _ = ready(Workload(optimizer="adam", pooling="none"), dev, 2)
@@ -66,26 +103,6 @@ def main() -> None:
         dedup()
         gather()
 
-    def timed(parts: list[Part]) -> float:
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        stop = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        torch.cuda.synchronize()
-        torch.cuda._sleep(1_000_000)  # about 0.5 ms: every launch below is queued before
-        start.record(main_stream)
-        ends = []
-        for fn, stream in parts:
-            stream.wait_stream(main_stream)
-            with torch.cuda.stream(stream):
-                fn()
-            end = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            end.record(stream)
-            ends.append(end)
-        for end in ends:
-            main_stream.wait_event(end)
-        stop.record(main_stream)
-        torch.cuda.synchronize()
-        return float(start.elapsed_time(stop)) * 1e3
-
     cases: dict[str, list[Part]] = {
         "gather alone": [(gather, s2)],
         "dedup alone": [(dedup, s1)],
@@ -98,14 +115,7 @@ def main() -> None:
         "lookup touching scores alone": [(touch, s1)],
         "lookup touching || gather": [(touch, s1), (gather, s2)],
     }
-    results: dict[str, list[float]] = {k: [] for k in cases}
-    for rep in range(25):
-        for name, parts in cases.items():
-            t = timed(parts)
-            if rep >= 5:
-                results[name].append(t)
-    for name, ts in results.items():
-        print(f"{name:32s} {statistics.median(ts):8.1f} us  (min {min(ts):.1f}, max {max(ts):.1f})")
+    print_cases(cases, main_stream, 32)
 
     gated = []
     for rep in range(25):
