@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <exception>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -154,6 +155,42 @@ at::Tensor direct_flag(const SummedUpdateState& s) {
 #endif
 }
 
+// Waits for the work queued on a device's current stream when an exception leaves its scope:
+// the sums may still store a NaN/inf into the pinned byte, or a copy may still write it, and
+// the byte must not go back to the host allocator (which knows of no such use) before they
+// finish. Armed where the first such store or copy is queued; it holds the byte once the
+// backward takes it from the state (its members go after its wait). On a normal exit the
+// backward has waited for its own event already.
+class DrainOnThrow {
+ public:
+  DrainOnThrow() = default;
+  DrainOnThrow(const DrainOnThrow&) = delete;
+  DrainOnThrow& operator=(const DrainOnThrow&) = delete;
+  ~DrainOnThrow() {
+    if (!device_ || std::uncaught_exceptions() <= exceptions_) return;
+    try {
+      const c10::impl::VirtualGuardImpl impl(device_->type());
+      impl.getStream(*device_).synchronize();
+    } catch (...) {  // a failing device: nothing more to wait for
+    }
+  }
+  void arm(c10::Device device) {
+    device_ = device;
+    exceptions_ = std::uncaught_exceptions();
+  }
+  // Arms the guard and keeps `pinned` until after its wait; returns the kept tensor.
+  const at::Tensor& hold(at::Tensor pinned, c10::Device device) {
+    arm(device);
+    pinned_ = std::move(pinned);
+    return pinned_;
+  }
+
+ private:
+  std::optional<c10::Device> device_;
+  int exceptions_ = 0;
+  at::Tensor pinned_;
+};
+
 void check_finite(bool bad) {
   TORCH_CHECK_VALUE(!bad,
                     "grads: the embedding gradients contain NaN or infinite values; no row was "
@@ -188,9 +225,11 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     bool flagged_on_host = false;  // the sums store a NaN/inf into host_flag themselves
     at::Tensor bad = std::exchange(s->nonfinite, at::Tensor());
     const bool direct_path = direct_sums(*s, grads, bad);
+    DrainOnThrow drain;
     if (direct_path) {  // the first launch a few calls after the node's start
 #ifdef DEMB_WITH_CUDA
       bool* const host_bad = s->check && s->host_flag.defined() ? s->host_flag_device : nullptr;
+      if (host_bad != nullptr) drain.arm(grads.device());
       DirectSums sums = segment_sums_launch(grads, s->order, s->starts, s->plan, skip_single,
                                             bad.data_ptr<bool>(), host_bad);
       summed = std::move(sums.sums);
@@ -221,18 +260,14 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
       // The flag goes to the host behind the sums (stored there by the sums themselves, or
       // copied) and the update is queued behind it, skipped on the device when set; the host
       // waits for the sums and the flag only.
-      const at::Tensor flag = s->host_flag.defined() ? std::exchange(s->host_flag, at::Tensor())
-                                                     : pinned_flag();
+      const at::Tensor& flag = drain.hold(
+          s->host_flag.defined() ? std::exchange(s->host_flag, at::Tensor()) : pinned_flag(),
+          bad.device());
       if (!flagged_on_host) copy_flag(flag, bad);
       const c10::impl::VirtualGuardImpl guard(bad.device().type());
       c10::Event copied(bad.device().type());
       copied.record(guard.getStream(bad.device()));
-      try {
-        update(*s, sums, steps, bad, direct);
-      } catch (...) {
-        copied.synchronize();  // `flag` goes back to the pinned cache only once it is written
-        throw;
-      }
+      update(*s, sums, steps, bad, direct);
       copied.synchronize();
       check_finite(*flag.const_data_ptr<bool>());
     }

@@ -150,6 +150,35 @@ def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key, works
     assert not all(torch.equal(g, b) for g, b in zip(c["values"], before, strict=True))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "unchecked"])
+def test_an_update_that_fails_raises_changes_nothing_and_the_next_step_works(device, check):
+    """The update's own checks fail after the sums were queued (a value buffer narrowed
+    between the forward and the backward; on CUDA with the check, after the sums may store
+    into the forward's pinned byte: the backward waits for them before it lets the byte go):
+    its error comes out, no row changes, the step counts stay; the buffer restored, the next
+    backward updates the rows as the closed form says."""
+    gen = torch.Generator().manual_seed(8)
+    c = case(device, gen)
+    before = [v.clone() for v in c["values"]]
+    grad = torch.randn(40, c["dim"], generator=gen).to(device)
+    wired, steps = wire(c, torch.zeros(40, c["dim"], device=device), check=check)
+    rows = c["values"][0].shape[0]
+    c["values"][0].resize_(rows, c["dim"] - 1)  # the same storage, rows one float short
+    with pytest.raises(ValueError, match=r"values\[0\] rows have"):
+        wired.backward(grad)
+    c["values"][0].resize_(rows, c["dim"])
+    for got, b in zip(c["values"], before, strict=True):
+        assert torch.equal(got, b)
+    assert steps.tolist() == [0, 0]
+    wired, steps = wire(c, torch.zeros(40, c["dim"], device=device), check=check, steps=steps)
+    wired.backward(grad)
+    assert steps.tolist() == [1, 1]
+    want = expected_rows(c, before, grad)
+    for got, w in zip(c["values"], want, strict=True):
+        torch.testing.assert_close(got.double().cpu(), w, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("pooled", [False, True], ids=["rows", "pooled"])
 def test_a_cpu_workspace_gives_the_same_rows_and_keeps_its_storage(pooled):
     """The CPU backward's sums into a kept workspace: the same tables, bit for bit, as the op's
