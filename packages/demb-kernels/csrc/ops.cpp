@@ -82,6 +82,9 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "pool_table_rows(Tensor[] values, Tensor slots, Tensor offsets, Tensor feature_tables, "
       "int batch_size, int dim, bool mean, Tensor? weights) -> Tensor");
+  // Which build of pool_table_rows' CPU kernel runs in this process: "avx2" or "portable"
+  // (cpu/pool_cpu.cpp; no tensors, one kernel for every backend).
+  m.def("pool_cpu_build() -> str");
   m.def(
       "segment_sum_rows(Tensor grads, Tensor order, Tensor starts, Tensor? plan=None, "
       "Tensor? rows=None, Tensor? scale=None, bool skip_single=False) -> (Tensor, Tensor)");

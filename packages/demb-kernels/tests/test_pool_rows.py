@@ -6,9 +6,14 @@ unchecked bad values add nothing."""
 
 from __future__ import annotations
 
+import os
+import platform
+import subprocess
+import sys
+
 import pytest
 import torch
-from demb_kernels.pooling import pool_table_rows
+from demb_kernels.pooling import pool_cpu_build, pool_table_rows
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -81,6 +86,62 @@ def test_cpu_pool_equals_the_reference(
     want = pooled_reference(values, slots, offsets, ftab, batch_size, dim, mean, w)
     assert out.shape == (batch_size, features * dim)
     assert torch.equal(out, want)
+
+
+# Cases of every column-block shape: whole 32-column blocks, a remainder, several blocks.
+PORTABLE_CASES = [  # (tables, features, batch_size, dim, extra, max_bag, mean, weighted, seed)
+    (2, 3, 4, 32, 0, 40, False, False, 1),
+    (3, 4, 5, 70, 3, 40, True, True, 2),
+    (1, 2, 3, 7, 0, 3, False, True, 3),
+    (2, 2, 6, 64, 3, 12, True, False, 4),
+]
+
+
+def check_portable_cases() -> None:
+    """Each of :data:`PORTABLE_CASES` pooled equal to the reference, bit for bit."""
+    for tables, features, b, dim, extra, max_bag, mean, weighted, seed in PORTABLE_CASES:
+        gen = torch.Generator().manual_seed(seed)
+        values, slots, offsets, ftab, weights = pooled_case(
+            gen, tables, features, b, dim, extra, max_bag
+        )
+        w = weights if weighted else None
+        out = pool_table_rows(values, slots, offsets, ftab, b, dim, mean=mean, weights=w)
+        assert torch.equal(out, pooled_reference(values, slots, offsets, ftab, b, dim, mean, w))
+
+
+def test_the_cpu_kernel_runs_the_build_for_torchs_cpu_capability():
+    """The AVX2 build where PyTorch's CPU capability is AVX2 or AVX512 on x86-64 Linux, else
+    the portable one."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    x86_linux = sys.platform.startswith("linux") and platform.machine() == "x86_64"
+    want = "avx2" if x86_linux and capability in ("AVX2", "AVX512") else "portable"
+    assert pool_cpu_build() == want
+
+
+_PORTABLE_SCRIPT = """
+import importlib.util, sys
+import torch
+from demb_kernels.pooling import pool_cpu_build
+spec = importlib.util.spec_from_file_location("pool_rows_tests", sys.argv[1])
+tests = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tests)
+print(torch.backends.cpu.get_cpu_capability(), pool_cpu_build())
+tests.check_portable_cases()
+"""
+
+
+def test_the_portable_build_equals_the_reference():
+    """In a process where ``ATEN_CPU_CAPABILITY=default`` holds PyTorch to its baseline, the
+    kernel runs its portable build (on a CPU with AVX2 too) and pools every case as the
+    reference does; in this process, whichever build it runs, the same."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    run = subprocess.run(
+        [sys.executable, "-c", _PORTABLE_SCRIPT, __file__],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.split()[:2] == ["DEFAULT", "portable"]
+    check_portable_cases()
 
 
 def test_pool_is_close_to_embedding_bag():

@@ -2,11 +2,13 @@
 // values are checked before any output is written.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <torch/library.h>
 
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <string>
 
 #include "pool_checks.h"
 
@@ -96,18 +98,11 @@ struct PoolData {
   float* out;  // (B, F * dim)
 };
 
-// On x86-64 Linux, pool_bags is built twice, for AVX2 and for any such CPU, and the loader
-// picks one: the same float operations in the same order either way (no contraction), eight
-// lanes at a time or four.
-#if defined(__x86_64__) && defined(__linux__)
-#define DEMB_POOL_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define DEMB_POOL_CLONES
-#endif
-
 // Bags [begin, end) (feature-major: bag q is bag q % B of feature q / B) into their output
-// columns.
-DEMB_POOL_CLONES void pool_bags(const PoolData& d, int64_t begin, int64_t end) {
+// columns. Built twice on x86-64 Linux (pool_bags_avx2, pool_bags_portable: pool_bags_for_cpu
+// picks one).
+__attribute__((always_inline)) inline void pool_bags(const PoolData& d, int64_t begin,
+                                                     int64_t end) {
   const GatherTables& g = *d.tables;
   const int64_t* s = d.slots;
   const int64_t* off = d.offsets;
@@ -131,6 +126,37 @@ DEMB_POOL_CLONES void pool_bags(const PoolData& d, int64_t begin, int64_t end) {
       for (int64_t c = 0; c < dim; ++c) bag[c] = bag[c] / static_cast<float>(len);
     }
   }
+}
+
+// pool_bags for any CPU, and on x86-64 Linux for AVX2: the same float operations in the same
+// order either way (no contraction: -ffp-contract=off, and AVX2 brings no FMA), eight lanes at a
+// time or four.
+using PoolBags = void (*)(const PoolData&, int64_t, int64_t);
+
+__attribute__((flatten)) void pool_bags_portable(const PoolData& d, int64_t begin, int64_t end) {
+  pool_bags(d, begin, end);
+}
+
+#if defined(__x86_64__) && defined(__linux__)
+#define DEMB_POOL_AVX2 1
+__attribute__((target("avx2"), flatten)) void pool_bags_avx2(const PoolData& d, int64_t begin,
+                                                               int64_t end) {
+  pool_bags(d, begin, end);
+}
+#endif
+
+// The build for the CPU capability PyTorch's own kernels use (at::get_cpu_capability: the
+// CPU's, or a lower one named by ATEN_CPU_CAPABILITY, which PyTorch reads once), chosen once.
+PoolBags pool_bags_for_cpu() {
+#ifdef DEMB_POOL_AVX2
+  static const PoolBags chosen = [] {
+    const std::string cap = at::get_cpu_capability();
+    return cap == "AVX2" || cap == "AVX512" ? &pool_bags_avx2 : &pool_bags_portable;
+  }();
+  return chosen;
+#else
+  return &pool_bags_portable;
+#endif
 }
 
 at::Tensor pool_table_rows_cpu(at::TensorList values, const at::Tensor& slots_in,
@@ -165,12 +191,25 @@ at::Tensor pool_table_rows_cpu(at::TensorList values, const at::Tensor& slots_in
   }
   at::Tensor out = at::empty({batch_size, p.features * dim}, slots.options().dtype(at::kFloat));
   const PoolData d{&g, s, off, ft, w, p.features, batch_size, dim, mean, out.data_ptr<float>()};
-  at::parallel_for(0, bags, 256, [&](int64_t begin, int64_t end) { pool_bags(d, begin, end); });
+  const PoolBags pool = pool_bags_for_cpu();
+  at::parallel_for(0, bags, 256, [&](int64_t begin, int64_t end) { pool(d, begin, end); });
   return out;
+}
+
+std::string pool_cpu_build() {
+#ifdef DEMB_POOL_AVX2
+  return pool_bags_for_cpu() == &pool_bags_avx2 ? "avx2" : "portable";
+#else
+  return "portable";
+#endif
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(demb, CPU, m) { m.impl("pool_table_rows", &pool_table_rows_cpu); }
+
+TORCH_LIBRARY_IMPL(demb, CompositeImplicitAutograd, m) {
+  m.impl("pool_cpu_build", &pool_cpu_build);  // no tensors: one kernel for every backend
+}
 
 }  // namespace demb

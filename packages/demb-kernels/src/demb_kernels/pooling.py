@@ -11,7 +11,7 @@ import torch
 
 from demb_kernels import _library  # noqa: F401  (loads the native ops)
 
-__all__ = ["pool_table_rows"]
+__all__ = ["pool_cpu_build", "pool_table_rows"]
 
 
 def pool_table_rows(
@@ -67,3 +67,12 @@ def _pool_table_rows_fake(
     weights: torch.Tensor | None,
 ) -> torch.Tensor:
     return slots.new_empty((batch_size, feature_tables.shape[0] * dim), dtype=torch.float32)
+
+
+def pool_cpu_build() -> str:
+    """Which build of :func:`pool_table_rows`' CPU kernel this process runs: ``"avx2"`` (x86-64
+    Linux, where PyTorch's CPU capability is AVX2 or AVX512) or ``"portable"`` (any CPU; also
+    where ``ATEN_CPU_CAPABILITY=default`` holds PyTorch's own kernels to that level). Both add
+    the same floats in the same order: the same results."""
+    build: str = torch.ops.demb.pool_cpu_build.default()
+    return build

@@ -45,6 +45,10 @@ def environment_report() -> list[tuple[str, str]]:
     lines = [("python", sys.version.split()[0])]
     lines += [(name, _version(name)) for name in _DISTRIBUTIONS]
     lines.append(("demb CPU kernels", "built" if has_kernel("hash64", "CPU") else "missing"))
+    if has_kernel("hash64", "CPU"):
+        from demb_kernels.pooling import pool_cpu_build
+
+        lines.append(("demb CPU pooling", f"{pool_cpu_build()} build"))
     lines.append(("demb CUDA kernels", "built" if cuda_kernels_built() else "not built"))
     if torch.cuda.is_available():
         device = f"cuda: {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
