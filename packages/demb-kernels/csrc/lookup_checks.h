@@ -119,6 +119,13 @@ inline void check_per_entry(const std::optional<at::Tensor>& x, const char* name
                     grads.device());
 }
 
+// Whether `plan` is segment_plan's array for `unique` starts and `n` rows: int64, 1-D, of
+// PlanLayout's size, on `device` (check_segment_sum names what is not).
+inline bool plan_matches(const at::Tensor& plan, int64_t unique, int64_t n, at::Device device) {
+  return plan.scalar_type() == at::kLong && plan.device() == device && plan.dim() == 1 &&
+         plan.numel() == PlanLayout{unique, n}.size();
+}
+
 // grads (R, D) float32; order (N,) int64; starts (U,) int64; plan, if given, segment_plan's
 // int64 array for (U, N); rows, if given, (N,) int64 (else R = N); scale, if given, (N,)
 // float32; all on one device.
@@ -144,7 +151,7 @@ inline void check_segment_sum(const at::Tensor& grads, const at::Tensor& order,
   check_per_entry(scale, "scale", at::kFloat, "float32", n, "one factor", grads);
   TORCH_CHECK_VALUE(rows || n == grads.size(0), "order must have one entry per grads row, got ",
                     n, " for ", grads.size(0));
-  if (!plan) return;
+  if (!plan || plan_matches(*plan, starts.numel(), n, grads.device())) return;
   const PlanLayout lay{starts.numel(), n};
   TORCH_CHECK_TYPE(plan->scalar_type() == at::kLong, "plan must be int64, got ",
                    plan->scalar_type());

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "cpu/lookup_cpu.h"
+#include "lookup_checks.h"
 #include "lookup_rule.h"
 #ifdef DEMB_WITH_CUDA
 #include "cuda/host_copy.h"
@@ -138,15 +139,11 @@ bool direct_sums(const SummedUpdateState& s, const at::Tensor& grads, const at::
 // that segment_sum_rows would take), else undefined.
 at::Tensor direct_flag(const SummedUpdateState& s) {
   if (!s.order.is_cuda() || s.rows || s.scale) return at::Tensor();
-  bool fits = s.order.is_contiguous() && s.starts.is_contiguous() &&
-              s.starts.device() == s.order.device();
-  if (s.plan) {
-    const at::Tensor& plan = *s.plan;
-    const PlanLayout lay{s.starts.numel(), s.order.numel()};
-    fits = fits && plan.scalar_type() == at::kLong && plan.dim() == 1 &&
-           plan.numel() == lay.size() && plan.is_contiguous() &&
-           plan.device() == s.order.device();
-  }
+  const bool fits = s.order.is_contiguous() && s.starts.is_contiguous() &&
+                    s.starts.device() == s.order.device() &&
+                    (!s.plan || (s.plan->is_contiguous() &&
+                                 plan_matches(*s.plan, s.starts.numel(), s.order.numel(),
+                                              s.order.device())));
 #ifdef DEMB_WITH_CUDA
   return fits ? zeroed_flag(s.order) : at::Tensor();
 #else
