@@ -120,6 +120,9 @@ struct SortScratch {
 };
 
 // The scratch of the last few (device, stream, n) a dedup ran with; older ones are dropped.
+// A stream is known by its handle, as PyTorch's caching allocator knows it: a stream destroyed
+// while a dedup's work is queued on it must not have its handle reused for another (PyTorch's
+// own streams never are; an external stream's owner keeps that rule).
 class SortScratchCache {
  public:
   static std::shared_ptr<SortScratch> get(const at::TensorOptions& opts, cudaStream_t stream,
