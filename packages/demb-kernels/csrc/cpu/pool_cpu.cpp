@@ -197,11 +197,7 @@ at::Tensor pool_table_rows_cpu(at::TensorList values, const at::Tensor& slots_in
 }
 
 std::string pool_cpu_build() {
-#ifdef DEMB_POOL_AVX2
-  return pool_bags_for_cpu() == &pool_bags_avx2 ? "avx2" : "portable";
-#else
-  return "portable";
-#endif
+  return pool_bags_for_cpu() == &pool_bags_portable ? "portable" : "avx2";
 }
 
 }  // namespace
