@@ -44,8 +44,9 @@ def environment_report() -> list[tuple[str, str]]:
 
     lines = [("python", sys.version.split()[0])]
     lines += [(name, _version(name)) for name in _DISTRIBUTIONS]
-    lines.append(("demb CPU kernels", "built" if has_kernel("hash64", "CPU") else "missing"))
-    if has_kernel("hash64", "CPU"):
+    cpu_built = has_kernel("hash64", "CPU")
+    lines.append(("demb CPU kernels", "built" if cpu_built else "missing"))
+    if cpu_built:
         from demb_kernels.pooling import pool_cpu_build
 
         lines.append(("demb CPU pooling", f"{pool_cpu_build()} build"))
