@@ -4,7 +4,9 @@
 // unique key's gradient rows in the dedup's order (segment_sum_rows), checks them for NaN/inf
 // when asked, and updates the tables in place (optimizer_update). A key of one unscaled entry
 // is only checked: the update reads its gradient row where it is (segment_single_rows; on the
-// direct CUDA path written by the sums' finish pass).
+// direct CUDA path written by the sums' finish pass). Unchecked on CUDA (float32 rows of at most
+// 128 floats), the update sums each key of at most kSegmentChunk entries itself and only the
+// longer keys are summed before it (summing_update.h).
 // Autograd runs a CUDA backward on its device thread: here that thread runs no Python and takes
 // no GIL, so the update's first launch follows the node's start by a few calls, and what does
 // not need the gradients (the slots split per table, the pinned byte the NaN/inf flag comes
@@ -31,6 +33,7 @@
 #ifdef DEMB_WITH_CUDA
 #include "cuda/host_copy.h"
 #include "cuda/segment_sums.h"
+#include "cuda/summing_update.h"
 #endif
 
 namespace demb {
@@ -152,6 +155,19 @@ at::Tensor direct_flag(const SummedUpdateState& s) {
 #endif
 }
 
+// Whether an unchecked direct backward sums its short keys in the update (summing_update.h):
+// float32 tables of the gradients' width that the fused kernel takes.
+bool fused_summing(const SummedUpdateState& s, const at::Tensor& grads, bool direct_path) {
+#ifdef DEMB_WITH_CUDA
+  return direct_path && !s.check && summing_update_fits(s.values, s.dims, grads);
+#else
+  (void)s;
+  (void)grads;
+  (void)direct_path;
+  return false;
+#endif
+}
+
 // Waits for the work queued on a device's current stream when an exception leaves its scope:
 // the sums may still store a NaN/inf into the pinned byte, or a copy may still write it, and
 // the byte must not go back to the host allocator (which knows of no such use) before they
@@ -222,13 +238,14 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     bool flagged_on_host = false;  // the sums store a NaN/inf into host_flag themselves
     at::Tensor bad = std::exchange(s->nonfinite, at::Tensor());
     const bool direct_path = direct_sums(*s, grads, bad);
+    const bool summing = fused_summing(*s, grads, direct_path);  // implies skip_single
     DrainOnThrow drain;
     if (direct_path) {  // the first launch a few calls after the node's start
 #ifdef DEMB_WITH_CUDA
       bool* const host_bad = s->check && s->host_flag.defined() ? s->host_flag_device : nullptr;
       if (host_bad != nullptr) drain.arm(grads.device());
       DirectSums sums = segment_sums_launch(grads, s->order, s->starts, s->plan, skip_single,
-                                            bad.data_ptr<bool>(), host_bad);
+                                            summing, bad.data_ptr<bool>(), host_bad);
       summed = std::move(sums.sums);
       single = std::move(sums.single);
       flagged_on_host = host_bad != nullptr;
@@ -243,12 +260,17 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
           sum_op.call(grads, s->order, s->starts, s->plan, s->rows, s->scale, skip_single);
     }
     Direct direct;
-    if (skip_single) direct = {single.defined() ? single : single_rows(*s), grads};
+    if (skip_single && !summing) direct = {single.defined() ? single : single_rows(*s), grads};
     const std::vector<at::Tensor> sums = summed.split_with_sizes(s->table_sizes);
     std::vector<int64_t> steps(s->steps.const_data_ptr<int64_t>(),
                                s->steps.const_data_ptr<int64_t>() + s->steps.numel());
     for (int64_t& step : steps) ++step;
-    if (!s->check) {
+    if (summing) {
+#ifdef DEMB_WITH_CUDA
+      summing_update_launch(s->values, s->table_slots, sums, s->dims, steps, s->optimizer,
+                            s->hyper, grads, s->order, s->starts);
+#endif
+    } else if (!s->check) {
       update(*s, sums, steps, std::nullopt, direct);
     } else if (!bad.is_cuda()) {  // CPU kernels run in order: the flag first
       check_finite(bad.item<bool>());

@@ -108,23 +108,17 @@ at::Tensor segment_plan_cuda(const at::Tensor& starts_in, int64_t n) {
   return plan;
 }
 
-// Whether segment_sum_rows sums by windows (segment_window_sums_kernel: float4 rows of at most
-// one float4 per lane, 16-byte aligned), which needs no plan.
-bool window_sums(const at::Tensor& grads) {
-  const int64_t d = grads.size(1);
-  return d % 4 == 0 && d / 4 <= cuda::kLookupWarp && aligned16(grads.const_data_ptr());
-}
-
 // The chunk sums and finish pass of segment_sum_rows into `out` ((U, d) float32), NaN/inf
 // flagged in `bad`, each segment's single row into `single` when its out is not null: the op's
-// launches after its checks (and those of segment_sums_launch).
+// launches after its checks (and those of segment_sums_launch). With skip_one_chunk (window sums
+// only) the segments of one chunk are not summed: their rows of `out` are left as they are.
 // grads (N', d) float32, order (N,) int64, starts (U,) int64 and plan (when given) contiguous.
 // By windows when window_sums(grads) (a plan is not needed, nor read), else by the plan's
 // chunks (made here when none is given).
 void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Tensor& starts,
                  const std::optional<at::Tensor>& plan_in, const cuda::RowSource& src,
-                 bool scaled, bool skip_single, at::Tensor& out, cuda::NonFiniteFlag bad,
-                 cuda::SingleRows single, cudaStream_t stream) {
+                 bool scaled, bool skip_single, bool skip_one_chunk, at::Tensor& out,
+                 cuda::NonFiniteFlag bad, cuda::SingleRows single, cudaStream_t stream) {
   const int64_t n = order.numel();
   const int64_t d = grads.size(1);
   const int64_t unique = starts.numel();
@@ -136,7 +130,7 @@ void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Ten
       cuda::segment_window_sums_kernel<decltype(with_scale)::value>
           <<<warp_blocks(windows), cuda::kLookupThreads, 0, stream>>>(
               grads.const_data_ptr<float>(), order.const_data_ptr<int64_t>(), src,
-              starts.const_data_ptr<int64_t>(), unique, n, d, skip_single,
+              starts.const_data_ptr<int64_t>(), unique, n, d, skip_single, skip_one_chunk,
               partial.data_ptr<float>(), out.data_ptr<float>(), bad);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
@@ -153,6 +147,8 @@ void launch_sums(const at::Tensor& grads, const at::Tensor& order, const at::Ten
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
+  TORCH_CHECK(!skip_one_chunk, "segment sums: skip_one_chunk needs rows of at most ",
+              4 * cuda::kLookupWarp, " floats, 16-byte aligned (the window sums)");
   at::Tensor plan;
   if (plan_in) {
     plan = plan_in->contiguous();
@@ -221,7 +217,7 @@ std::tuple<at::Tensor, at::Tensor> segment_sum_rows_cuda(
   }
   // Pass 1 or 2 writes every row, but those skip_single skips.
   at::Tensor out = at::empty({unique, d}, grads.options());
-  launch_sums(grads, order, starts, plan_in, src, scaled, skip_single, out,
+  launch_sums(grads, order, starts, plan_in, src, scaled, skip_single, false, out,
               cuda::NonFiniteFlag{nonfinite.data_ptr<bool>(), nullptr},
               cuda::SingleRows{nullptr, nullptr, 0, nullptr}, stream);
   return {out, nonfinite};
@@ -252,9 +248,15 @@ at::Tensor segment_single_rows_cuda(const at::Tensor& order_in, const at::Tensor
 
 }  // namespace
 
+bool window_sums(const at::Tensor& grads) {
+  const int64_t d = grads.size(1);
+  return d % 4 == 0 && d / 4 <= cuda::kLookupWarp && aligned16(grads.const_data_ptr());
+}
+
 DirectSums segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
                                const at::Tensor& starts, const std::optional<at::Tensor>& plan,
-                               bool skip_single, bool* nonfinite, bool* host_nonfinite) {
+                               bool skip_single, bool skip_one_chunk, bool* nonfinite,
+                               bool* host_nonfinite) {
   check_sum_sizes(grads.size(0), order.numel());
   const c10::cuda::CUDAGuard guard(grads.device());
   const int64_t unique = starts.numel();
@@ -263,17 +265,17 @@ DirectSums segment_sums_launch(const at::Tensor& grads, const at::Tensor& order,
                     at::Tensor()};
   if (unique == 0 || order.numel() == 0 || grads.size(1) == 0) {
     result.sums.zero_();
-    if (skip_single) result.single = single_rows_launch(order, starts);
+    if (skip_single && !skip_one_chunk) result.single = single_rows_launch(order, starts);
     return result;
   }
   cuda::SingleRows single{nullptr, nullptr, 0, nullptr};
-  if (skip_single) {
+  if (skip_single && !skip_one_chunk) {
     result.single = at::detail::empty_cuda({unique}, at::kLong, starts.device(), std::nullopt);
     single = cuda::SingleRows{order.const_data_ptr<int64_t>(), starts.const_data_ptr<int64_t>(),
                               order.numel(), result.single.data_ptr<int64_t>()};
   }
   launch_sums(grads, order, starts, plan, cuda::RowSource{nullptr, nullptr}, false, skip_single,
-              result.sums, cuda::NonFiniteFlag{nonfinite, host_nonfinite}, single,
+              skip_one_chunk, result.sums, cuda::NonFiniteFlag{nonfinite, host_nonfinite}, single,
               at::cuda::getCurrentCUDAStream());
   return result;
 }

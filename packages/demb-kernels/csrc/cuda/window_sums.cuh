@@ -97,13 +97,17 @@ __device__ __forceinline__ EntrySegment window_segments(const int64_t* __restric
 // flight. A segment of one chunk goes to out[u] (with skip_single, one of one entry is checked
 // but not stored), a chunk of a longer one to partial row window_partial_row (the finish pass
 // adds them: WindowChunks). A NaN or infinity in a one-chunk segment raises `nonfinite`.
+// With skip_one_chunk, the one-chunk segments are left alone (not read, stored or checked: the
+// unchecked fused update sums them itself, summing_update.cuh); only the longer ones' chunks
+// are summed.
 template <bool Scaled>
 __global__ void __launch_bounds__(kLookupThreads)
     segment_window_sums_kernel(const float* __restrict__ grads,
                                const int64_t* __restrict__ order, RowSource src,
                                const int64_t* __restrict__ starts, int64_t unique, int64_t n,
-                               int64_t d, bool skip_single, float* __restrict__ partial,
-                               float* __restrict__ out, NonFiniteFlag nonfinite) {
+                               int64_t d, bool skip_single, bool skip_one_chunk,
+                               float* __restrict__ partial, float* __restrict__ out,
+                               NonFiniteFlag nonfinite) {
   constexpr unsigned kAll = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x % kLookupWarp);
   const int64_t base = warp_index() * kLookupWarp;
@@ -111,8 +115,9 @@ __global__ void __launch_bounds__(kLookupThreads)
   const int64_t k = base + lane;
   const EntrySegment seg = window_segments(starts, unique, n, base, lane);
   // This lane's entry starts a chunk: its length and where its sum goes (~row: partial).
-  const bool starts_chunk =
-      k < n && seg.u >= 0 && k >= seg.s && k < seg.e && (k - seg.s) % kSegmentChunk == 0;
+  const bool one_chunk = seg.e - seg.s <= kSegmentChunk;
+  const bool starts_chunk = k < n && seg.u >= 0 && k >= seg.s && k < seg.e &&
+                            (k - seg.s) % kSegmentChunk == 0 && !(skip_one_chunk && one_chunk);
   const int len = starts_chunk ? static_cast<int>(seg.e - k < kSegmentChunk ? seg.e - k
                                                                              : kSegmentChunk)
                                : 0;
@@ -126,6 +131,18 @@ __global__ void __launch_bounds__(kLookupThreads)
   const unsigned ends_lo = __reduce_or_sync(kAll, starts_chunk && last < 32 ? 1u << last : 0u);
   const unsigned ends_hi =
       __reduce_or_sync(kAll, starts_chunk && last >= 32 ? 1u << (last - 32) : 0u);
+  // Bit i of kept (two words): entry base + i is in a chunk summed here. Without
+  // skip_one_chunk every entry in [first, stop) is; with it, a skipped segment's entries
+  // between two such chunks are neither loaded nor added (the sum is zero there: the chunk
+  // before ended and stored it).
+  const uint64_t span = starts_chunk ? ((uint64_t{1} << len) - 1u) << lane : 0u;
+  const unsigned kept_lo =
+      skip_one_chunk ? __reduce_or_sync(kAll, static_cast<unsigned>(span)) : kAll;
+  const unsigned kept_hi =
+      skip_one_chunk ? __reduce_or_sync(kAll, static_cast<unsigned>(span >> 32)) : kAll;
+  const auto kept = [&](int i) {
+    return ((i < 32 ? kept_lo >> i : kept_hi >> (i - 32)) & 1u) != 0u;
+  };
   const int first = __ffs(chunk_starts) - 1;
   const int stop = __shfl_sync(kAll, lane + len, 31 - __clz(chunk_starts));
   // The rows (and factors) of entries base + lane and base + 32 + lane.
@@ -157,7 +174,7 @@ __global__ void __launch_bounds__(kLookupThreads)
       const int32_t row = __shfl_sync(kAll, i < kLookupWarp ? row_a : row_b, i % kLookupWarp);
       s[t] = Scaled ? __shfl_sync(kAll, i < kLookupWarp ? scale_a : scale_b, i % kLookupWarp)
                     : 1.0f;
-      x[t] = i < stop && lane < quads
+      x[t] = i < stop && lane < quads && kept(i)
                  ? load_grad4<Scaled>(rows + static_cast<int64_t>(row) * quads + lane)
                  : zero;
     }
@@ -165,6 +182,7 @@ __global__ void __launch_bounds__(kLookupThreads)
     for (int t = 0; t < kWindowBatch; ++t) {
       const int i = g + t;
       if (i >= stop) break;  // the same for the warp's lanes
+      if (!kept(i)) continue;
       acc.x += Scaled ? x[t].x * s[t] : x[t].x;
       acc.y += Scaled ? x[t].y * s[t] : x[t].y;
       acc.z += Scaled ? x[t].z * s[t] : x[t].z;
