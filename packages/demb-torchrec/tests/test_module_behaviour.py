@@ -176,6 +176,47 @@ def test_a_nan_gradient_is_rejected_and_no_row_changes(mode, bad, device):
     assert module.steps == [1]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("mode", list(DynamicEmbPoolingMode))
+def test_unchecked_gradients_train_the_same_rows_and_let_a_nan_through(mode, device):
+    """check_gradients=False: the same tables, bit for bit, as the checked module over steps
+    whose keys have 1 to 150 entries (on CUDA without pooling the update sums the short keys
+    itself); a NaN is not rejected: its key's row takes it and the step counts."""
+    gen = torch.Generator().manual_seed(21)
+    twins = [
+        DynamicEmbeddingTables(
+            [DynamicEmbTableOptions(dim=8, max_capacity=512, bucket_capacity=128)] * 2,
+            pooling_mode=mode, device=device, optimizer="adam", learning_rate=0.05,
+            check_gradients=check,
+        )
+        for check in (True, False)
+    ]  # fmt: skip
+    for step in range(4):
+        indices = torch.cat([torch.randint(0, 60, (500,), generator=gen), torch.zeros(150)])
+        indices = indices[torch.randperm(650, generator=gen)].long()
+        lengths = torch.ones(650, dtype=torch.long)
+        if mode is not DynamicEmbPoolingMode.NONE:
+            lengths = torch.randint(1, 6, (130,), generator=gen)
+            indices = indices[: int(lengths.sum())]
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        batch = (indices.to(device), offsets.to(device))
+        outs = [m(*batch) for m in twins]
+        grad = torch.randn(outs[0].shape, generator=gen).to(device)
+        if step == 3:
+            grad[0, 1] = float("nan")
+            with pytest.raises(ValueError, match="NaN or infinite"):
+                outs[0].backward(grad)
+            outs[1].backward(grad)
+            assert twins[1].tables.values[0].isnan().any()
+            assert twins[1].steps == [4, 4]
+            break
+        for out in outs:
+            out.backward(grad)
+        for a, b in zip(twins[0].tables.values, twins[1].tables.values, strict=True):
+            assert torch.equal(a, b)
+    assert twins[0].steps == [3, 3]
+
+
 @pytest.mark.parametrize(
     ("case", "match"),
     [
