@@ -7,8 +7,10 @@ autograd's hand-over to its device thread), the idle time between the phase's GP
 busy time; then the last step of each phase in order, with each idle gap over 1 us. The
 profiler adds about a microsecond to each launch.
 
-Usage: ``python gpu_idle.py [caller]`` (after ``source .device/setup.sh`` on the H200);
-``caller``: the backward on the calling thread (``torch.autograd.set_multithreading_enabled``).
+Usage: ``python gpu_idle.py [caller] [unchecked]`` (after ``source .device/setup.sh`` on the
+H200); ``caller``: the backward on the calling thread
+(``torch.autograd.set_multithreading_enabled``); ``unchecked``: the module built with
+``check_gradients=False``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ _PHASES = ("fwd", "bwd", "eval")
 _WARMUP, _STEPS = 6, 12
 
 
-def _run(caller: bool) -> tuple[dict[str, list[float]], str]:
+def _run(caller: bool, checked: bool) -> tuple[dict[str, list[float]], str]:
     """Walls (us) of the profiled steps' phases, and the Chrome trace's path."""
     device = torch.device("cuda")
-    module, batches, grad = ready(Workload(optimizer="adam", pooling="none"), device, 2)
+    w = Workload(optimizer="adam", pooling="none", check_gradients=checked)
+    module, batches, grad = ready(w, device, 2)
     walls: dict[str, list[float]] = {p: [] for p in _PHASES}
 
     def phase(name: str, fn: Callable[[], object]) -> None:
@@ -69,7 +72,7 @@ def _run(caller: bool) -> tuple[dict[str, list[float]], str]:
 
 def main() -> None:
     caller = "caller" in sys.argv[1:]
-    walls, path = _run(caller)
+    walls, path = _run(caller, checked="unchecked" not in sys.argv[1:])
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     gpu = sorted((e for e in events if e.get("cat") in _GPU_CATS), key=lambda e: e["ts"])
@@ -98,6 +101,8 @@ def main() -> None:
         stats[name]["busy"].append(busy)
         last[name] = lines
     mode = "backward on the calling thread" if caller else "autograd's default threading"
+    if "unchecked" in sys.argv[1:]:
+        mode += ", check_gradients=False"
     print(f"{mode}; medians of {_STEPS} steps after {_WARMUP}, us")
     for p in _PHASES:
         med = {k: statistics.median(v) for k, v in stats[p].items()}

@@ -98,6 +98,24 @@ def test_bench_module_writes_its_report(tmp_path):
     assert "torchrec" not in report
 
 
+def test_bench_module_no_check_gradients_builds_an_unchecked_module(tmp_path):
+    """``--no-check-gradients`` reaches the module (its check_gradients option) and the report's
+    workload; without it the module checks."""
+    from demb_torchrec.bench.module_bench import build
+    from demb_torchrec.bench.workload import Workload
+    from demb_torchrec.cli import main
+
+    w = Workload(tables=1, dim=4, rows=50, samples=20)
+    assert build(w, torch.device("cpu")).check_gradients
+    unchecked = Workload(**{**w.as_dict(), "check_gradients": False})
+    assert not build(unchecked, torch.device("cpu")).check_gradients
+    out = tmp_path / "module.json"
+    args = ["bench", "module", "--device", "cpu", "--tables", "1", "--rows", "50"]
+    args += ["--samples", "20", "--steps", "1", "--warmup", "0", "--no-baseline"]
+    assert main([*args, "--no-check-gradients", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["workload"]["check_gradients"] is False
+
+
 def test_bench_module_steps_train_the_module_on_either_thread():
     """The benchmark's timed steps (the CUDA run also times them with the backward on the
     calling thread): every step updates the rows its batch looked up, both ways give the same

@@ -77,7 +77,11 @@ def _bench_module(args: argparse.Namespace) -> int:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.01)
-    w = Workload(pooling=args.pooling, optimizer=args.optimizer).scaled(scale)
+    w = Workload(
+        pooling=args.pooling,
+        optimizer=args.optimizer,
+        check_gradients=not args.no_check_gradients,
+    ).scaled(scale)
     overrides = {k: getattr(args, k) for k in ("tables", "dim", "rows", "samples")}
     w = Workload(**{**w.as_dict(), **{k: v for k, v in overrides.items() if v is not None}})
     report = run(w, device, args.steps, args.warmup, baseline=not args.no_baseline)
@@ -152,6 +156,11 @@ def _parser() -> argparse.ArgumentParser:
     module.add_argument("--steps", type=int, default=20, help="timed steps")
     module.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     module.add_argument("--no-baseline", action="store_true", help="skip the TorchRec baseline")
+    module.add_argument(
+        "--no-check-gradients",
+        action="store_true",
+        help="the module's check_gradients=False: no NaN/inf check before each update",
+    )
     module.add_argument("--out", help="write the report as JSON here")
     dlrm = bench.add_parser(
         "dlrm", help="a DMP train step of a DLRM-like model on 26 dynamic tables (Criteo sizes)"

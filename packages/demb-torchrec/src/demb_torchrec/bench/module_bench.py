@@ -57,7 +57,12 @@ def build(w: Workload, device: torch.device) -> DynamicEmbeddingTables:
     ]
     mode = DynamicEmbPoolingMode.NONE if w.pooling == "none" else DynamicEmbPoolingMode.SUM
     return DynamicEmbeddingTables(
-        options, pooling_mode=mode, device=device, optimizer=w.optimizer, learning_rate=0.01
+        options,
+        pooling_mode=mode,
+        device=device,
+        optimizer=w.optimizer,
+        check_gradients=w.check_gradients,
+        learning_rate=0.01,
     )
 
 
@@ -324,7 +329,8 @@ def _print_demb(
         f"lookups/step {demb['lookups']:,}  unique {demb['unique']:,}  "
         f"copy bandwidth {copy / 1e9:.0f} GB/s"
     )
-    print(f"demb {w.optimizer}: {_phases(demb)}")
+    unchecked = "" if w.check_gradients else " (check_gradients=False: no NaN/inf check)"
+    print(f"demb {w.optimizer}{unchecked}: {_phases(demb)}")
     print(
         "  eval loop (eval forwards back to back, no training between): "
         f"{demb['eval_loop_ms']:.3f} ms"

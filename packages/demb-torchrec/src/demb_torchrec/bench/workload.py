@@ -17,7 +17,9 @@ __all__ = ["Workload", "copy_bandwidth", "floor_bytes", "make_batches", "power_l
 class Workload:
     """10 tables of 1,677,721 pre-filled fp32 rows of D=128; per table 104,857 samples of one
     id each (NONE pooling: 1,048,570 lookups a step) or bags of 1-10 ids (SUM), ids drawn from
-    a power law with exponent ``alpha`` over each table's rows."""
+    a power law with exponent ``alpha`` over each table's rows. ``check_gradients`` is the
+    module's option: False skips the NaN/inf check before each update (the reference system has
+    none)."""
 
     tables: int = 10
     dim: int = 128
@@ -27,6 +29,7 @@ class Workload:
     pooling: str = "none"
     max_bag: int = 10
     optimizer: str = "adam"
+    check_gradients: bool = True
 
     def scaled(self, scale: float) -> Workload:
         """Rows and samples times ``scale`` (tables, dim and the rest unchanged)."""
@@ -39,6 +42,7 @@ class Workload:
             self.pooling,
             self.max_bag,
             self.optimizer,
+            self.check_gradients,
         )
 
     def as_dict(self) -> dict[str, Any]:
