@@ -2,7 +2,8 @@
 in the update kernel itself (the window sums only sum the longer keys first): the same tables,
 bit for bit, as the checked two-pass backward (window sums, then optimizer_update), for every
 optimizer, keys of 1 to 1,100 entries, several tables and more than one launch's 32; with SGD
-also the closed form in float64. Marker ``cuda``."""
+also the closed form in float64; work queued after the backward on its stream sees every row
+updated. Marker ``cuda``."""
 
 from __future__ import annotations
 
@@ -137,4 +138,30 @@ def test_rows_the_fused_kernel_does_not_take_go_through_optimizer_update(dim):
     assert backward(fused, grad, dim, "adam", False, torch.zeros(2, dtype=torch.int64)) == 1
     assert backward(checked, grad, dim, "adam", True, torch.zeros(2, dtype=torch.int64)) == 1
     for a, b in zip(fused["values"], checked["values"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_work_queued_after_the_backward_sees_every_update():
+    """On a stream of its own, without a sync: the rows copied right after the backward (on
+    that stream) are the updated ones, long keys (summed before the update) included."""
+    gen = torch.Generator().manual_seed(14)
+    counts = [1, 2, 40, 5, 3000, 1, 700, 9] * 400
+    dim = 128
+    fused, checked = twins(gen, counts, (1600, 1600), dim, "adam")
+    grad = torch.randn(fused["n"], dim, generator=gen).cuda()
+    backward(checked, grad, dim, "adam", True, torch.zeros(2, dtype=torch.int64))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        trigger = torch.zeros((), device="cuda", requires_grad=True)
+        wired = torch.ops.demb.summed_update(
+            trigger, torch.zeros(fused["n"], dim, device="cuda"), fused["order"],
+            fused["starts"], None, None, None, fused["slots"], fused["sizes"], fused["values"],
+            [dim] * 2, torch.zeros(2, dtype=torch.int64), "adam", OPTIMIZERS["adam"][1], None,
+            False, dim, None,
+        )  # fmt: skip
+        wired.backward(grad)
+        copies = [v.clone() for v in fused["values"]]
+    torch.cuda.synchronize()
+    for a, b in zip(copies, checked["values"], strict=True):
         assert torch.equal(a, b)
