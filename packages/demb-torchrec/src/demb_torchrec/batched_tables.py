@@ -64,7 +64,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
             ``OptimizerSpec``.
         seed: seeds every table's initializer (a key's initial row depends on the seed, its
             table and the key only).
-        check_gradients: before each update, reject NaN/inf gradients (one sync).
+        check_gradients: before each update, reject NaN/inf gradients (one sync). False: no
+            check, a NaN/inf gradient reaches its rows; on CUDA without pooling the update then
+            sums each key of up to 32 occurrences itself, one pass less over their gradients.
         **optimizer_kwargs: the optimizer's hyper-parameters (``learning_rate``, ``eps``,
             ``beta1``, ``weight_decay``, ``initial_accumulator_value``, ``gradient_clipping``,
             ``max_gradient``, FTRL's ...); an unknown one raises ``TypeError``.
