@@ -75,21 +75,17 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
              tab.count < cuda::kMaxUpdateTables;
            first += slots[t].numel(), ++t) {
         if (slots[t].numel() == 0) continue;
-        const int c = tab.count++;
         keep.push_back(slots[t].contiguous());
-        tab.slots[c] = keep.back().const_data_ptr<int64_t>();
+        const int64_t* slots_t = keep.back().const_data_ptr<int64_t>();
         keep.push_back(grads[t].contiguous());
-        tab.grads[c] = keep.back().const_data_ptr<float>();
-        tab.grad_rows[c] = rows_of ? rows_of + first : nullptr;
-        tab.values[c] = static_cast<T*>(values[t].data_ptr());
-        tab.width[c] = widths[t];
-        tab.rows[c] = values[t].size(0);
-        tab.dim[c] = dims[t];
-        tab.bias1[c] = adam ? adam_bias(o.beta1, steps[t]) : 1.0f;
-        tab.bias2[c] = adam ? adam_bias(o.beta2, steps[t]) : 1.0f;
-        tab.begin[c + 1] = tab.begin[c] + slots[t].numel();
-        vec4 = vec4 && dims[t] % 4 == 0 && widths[t] % 4 == 0 && aligned16(tab.values[c]) &&
-               aligned16(tab.grads[c]);
+        const float* grads_t = keep.back().const_data_ptr<float>();
+        auto* values_t = static_cast<T*>(values[t].data_ptr());
+        cuda::add_update_table(tab, values_t, widths[t], values[t].size(0), slots_t,
+                               slots[t].numel(), grads_t, rows_of ? rows_of + first : nullptr,
+                               dims[t], adam ? adam_bias(o.beta1, steps[t]) : 1.0f,
+                               adam ? adam_bias(o.beta2, steps[t]) : 1.0f);
+        vec4 = vec4 && dims[t] % 4 == 0 && widths[t] % 4 == 0 && aligned16(values_t) &&
+               aligned16(grads_t);
       }
       const int64_t n = tab.begin[tab.count];
       if (n == 0) return;

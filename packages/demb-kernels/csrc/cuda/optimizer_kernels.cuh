@@ -79,6 +79,26 @@ struct UpdateTables {
   int64_t source_rows;
 };
 
+// Adds a table of n > 0 entries to a launch (tab.count < kMaxUpdateTables): its rows `values`
+// (rows, width), `slots` (n,), the gradient rows `grads` (n, dim) and, or null, `grad_rows`
+// (n,) into tab.source; bias1 / bias2 Adam's corrections for its step (1 otherwise).
+template <typename T>
+inline void add_update_table(UpdateTables<T>& tab, T* values, int64_t width, int64_t rows,
+                             const int64_t* slots, int64_t n, const float* grads,
+                             const int64_t* grad_rows, int64_t dim, float bias1, float bias2) {
+  const int c = tab.count++;
+  tab.values[c] = values;
+  tab.width[c] = width;
+  tab.rows[c] = rows;
+  tab.slots[c] = slots;
+  tab.grads[c] = grads;
+  tab.grad_rows[c] = grad_rows;
+  tab.dim[c] = dim;
+  tab.bias1[c] = bias1;
+  tab.bias2[c] = bias2;
+  tab.begin[c + 1] = tab.begin[c] + n;
+}
+
 // Quads (4 floats) per lane loaded together on the float4 path: D=128 is one pass. (Two per
 // pass took 80 registers for Adam against 56, fewer warps in flight.)
 constexpr int kUpdateQuads = 1;

@@ -61,17 +61,11 @@ void summing_update_launch(at::TensorList values, at::TensorList slots, at::Tens
                       aligned16(sums[t].const_data_ptr()),
                   "summing_update_launch: slots and sums must be contiguous, sums 16-byte "
                   "aligned");
-      const int c = tab.count++;
-      tab.slots[c] = slots[t].const_data_ptr<int64_t>();
-      tab.grads[c] = sums[t].const_data_ptr<float>();
-      tab.grad_rows[c] = nullptr;
-      tab.values[c] = values[t].data_ptr<float>();
-      tab.width[c] = widths[t];
-      tab.rows[c] = values[t].size(0);
-      tab.dim[c] = dims[t];
-      tab.bias1[c] = adam ? adam_bias(o.beta1, steps[t]) : 1.0f;
-      tab.bias2[c] = adam ? adam_bias(o.beta2, steps[t]) : 1.0f;
-      tab.begin[c + 1] = tab.begin[c] + slots[t].numel();
+      cuda::add_update_table(tab, values[t].data_ptr<float>(), widths[t], values[t].size(0),
+                             slots[t].const_data_ptr<int64_t>(), slots[t].numel(),
+                             sums[t].const_data_ptr<float>(), nullptr, dims[t],
+                             adam ? adam_bias(o.beta1, steps[t]) : 1.0f,
+                             adam ? adam_bias(o.beta2, steps[t]) : 1.0f);
     }
     const int64_t n = tab.begin[tab.count];
     if (n == 0) continue;
