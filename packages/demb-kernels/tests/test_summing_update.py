@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.cuda
 
@@ -95,6 +97,27 @@ def test_an_unchecked_backward_equals_the_checked_one_bit_for_bit(name, dim):
         for a, b in zip(fused["values"], checked["values"], strict=True):
             assert torch.equal(a, b)
     assert steps_f.tolist() == steps_c.tolist() == [2, 2, 2]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    counts=st.lists(st.one_of(st.integers(1, 40), st.integers(1, 300)), min_size=1, max_size=60),
+    split=st.floats(0.0, 1.0),
+    dim=st.sampled_from([4, 8, 12, 64, 124, 128]),
+    name=st.sampled_from(list(OPTIMIZERS)),
+    seed=st.integers(0, 2**16),
+)
+def test_any_batch_gives_the_checked_tables(counts, split, dim, name, seed):
+    """Random entry counts per key (windows holding short and long keys side by side), tables
+    and widths: the unchecked backward equals the checked one bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    first = round(split * len(counts))
+    fused, checked = twins(gen, counts, (first, len(counts) - first), dim, name)
+    grad = torch.randn(fused["n"], dim, generator=gen).cuda()
+    assert backward(fused, grad, dim, name, False, torch.zeros(2, dtype=torch.int64)) == 0
+    assert backward(checked, grad, dim, name, True, torch.zeros(2, dtype=torch.int64)) == 1
+    for a, b in zip(fused["values"], checked["values"], strict=True):
+        assert torch.equal(a, b)
 
 
 def test_an_unchecked_sgd_backward_gives_the_closed_form():
