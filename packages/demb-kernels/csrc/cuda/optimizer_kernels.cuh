@@ -39,13 +39,12 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-// Row-wise Adagrad: adds mean(g^2) to the row's accumulator row[dim] and returns the row's
-// rate lr / (sqrt(acc) + eps). Every lane reads the accumulator before lane 0 writes it.
+// Row-wise Adagrad, from each lane's partial sum of squares (elements lane, lane + 32, ...):
+// adds mean(g^2) to the row's accumulator row[dim] and returns the row's rate
+// lr / (sqrt(acc) + eps). Every lane reads the accumulator before lane 0 writes it.
 template <typename T>
-__device__ float rowwise_rate(const OptimizerParams& o, T* row, const float* g, int64_t dim,
-                              int lane) {
-  float sum_sq = 0.0f;
-  for (int64_t j = lane; j < dim; j += kUpdateWarp) sum_sq += g[j] * g[j];
+__device__ __forceinline__ float rowwise_rate_from(const OptimizerParams& o, T* row,
+                                                   float sum_sq, int64_t dim, int lane) {
   const float acc_old = to_float(row[dim]);
   for (int offset = kUpdateWarp / 2; offset > 0; offset /= 2) {
     sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, offset);
@@ -54,6 +53,15 @@ __device__ float rowwise_rate(const OptimizerParams& o, T* row, const float* g, 
   __syncwarp();
   if (lane == 0) row[dim] = from_float<T>(acc);
   return o.learning_rate / (sqrtf(acc) + o.eps);
+}
+
+// Row-wise Adagrad's rate (rowwise_rate_from) from the gradient row g.
+template <typename T>
+__device__ float rowwise_rate(const OptimizerParams& o, T* row, const float* g, int64_t dim,
+                              int lane) {
+  float sum_sq = 0.0f;
+  for (int64_t j = lane; j < dim; j += kUpdateWarp) sum_sq += g[j] * g[j];
+  return rowwise_rate_from(o, row, sum_sq, dim, lane);
 }
 
 // The most tables one launch updates (their pointers travel by value).

@@ -71,7 +71,7 @@ __device__ __forceinline__ float4 key_gradient(const KeyGradients& kg, const flo
   return acc;
 }
 
-// Row-wise Adagrad's rate (rowwise_rate) from a gradient held a float4 per lane: lane l adds
+// Row-wise Adagrad's rate (rowwise_rate_from) from a gradient held a float4 per lane: lane l adds
 // elements l, l + 32, ... as rowwise_rate does, each taken from the lane that holds it.
 __device__ __forceinline__ float rowwise_rate4(const OptimizerParams& o, float* row, float4 g,
                                                int64_t dim, int lane) {
@@ -88,14 +88,7 @@ __device__ __forceinline__ float rowwise_rate4(const OptimizerParams& o, float* 
     const float v = part == 0 ? x : (part == 1 ? y : (part == 2 ? z : w));
     if (lane + kUpdateWarp * m < dim) sum_sq += v * v;
   }
-  const float acc_old = row[dim];
-  for (int offset = kUpdateWarp / 2; offset > 0; offset /= 2) {
-    sum_sq += __shfl_xor_sync(kAll, sum_sq, offset);
-  }
-  const float acc = acc_old + sum_sq / static_cast<float>(dim);
-  __syncwarp();
-  if (lane == 0) row[dim] = acc;
-  return o.learning_rate / (sqrtf(acc) + o.eps);
+  return rowwise_rate_from(o, row, sum_sq, dim, lane);
 }
 
 // Entries of the launch (unique keys) updated with their summed gradients (key_gradient), a

@@ -44,6 +44,12 @@ void summing_update_launch(at::TensorList values, at::TensorList slots, at::Tens
   TORCH_CHECK(summing_update_fits(values, dims, grads),
               "summing_update_launch: the tables or gradients do not fit the fused update "
               "(summing_update_fits)");
+  for (size_t t = 0; t < slots.size(); ++t) {  // before any launch: no table half updated
+    TORCH_CHECK(slots[t].is_contiguous() && sums[t].is_contiguous() &&
+                    aligned16(sums[t].const_data_ptr()),
+                "summing_update_launch: slots[", t, "] and sums[", t,
+                "] must be contiguous, sums 16-byte aligned");
+  }
   const c10::cuda::CUDAGuard guard(grads.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool adam = o.kind == OptimizerKind::kAdam;
@@ -57,10 +63,6 @@ void summing_update_launch(at::TensorList values, at::TensorList slots, at::Tens
     for (; t < values.size() && tab.count < cuda::kMaxUpdateTables;
          kg.first_key += slots[t].numel(), ++t) {
       if (slots[t].numel() == 0) continue;
-      TORCH_CHECK(slots[t].is_contiguous() && sums[t].is_contiguous() &&
-                      aligned16(sums[t].const_data_ptr()),
-                  "summing_update_launch: slots and sums must be contiguous, sums 16-byte "
-                  "aligned");
       cuda::add_update_table(tab, values[t].data_ptr<float>(), widths[t], values[t].size(0),
                              slots[t].const_data_ptr<int64_t>(), slots[t].numel(),
                              sums[t].const_data_ptr<float>(), nullptr, dims[t],
