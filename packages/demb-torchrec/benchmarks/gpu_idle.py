@@ -72,7 +72,8 @@ def _run(caller: bool, checked: bool) -> tuple[dict[str, list[float]], str]:
 
 def main() -> None:
     caller = "caller" in sys.argv[1:]
-    walls, path = _run(caller, checked="unchecked" not in sys.argv[1:])
+    checked = "unchecked" not in sys.argv[1:]
+    walls, path = _run(caller, checked)
     with open(path) as f:
         events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     gpu = sorted((e for e in events if e.get("cat") in _GPU_CATS), key=lambda e: e["ts"])
@@ -101,7 +102,7 @@ def main() -> None:
         stats[name]["busy"].append(busy)
         last[name] = lines
     mode = "backward on the calling thread" if caller else "autograd's default threading"
-    if "unchecked" in sys.argv[1:]:
+    if not checked:
         mode += ", check_gradients=False"
     print(f"{mode}; medians of {_STEPS} steps after {_WARMUP}, us")
     for p in _PHASES:

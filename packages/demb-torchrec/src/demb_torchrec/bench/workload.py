@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -33,16 +33,10 @@ class Workload:
 
     def scaled(self, scale: float) -> Workload:
         """Rows and samples times ``scale`` (tables, dim and the rest unchanged)."""
-        return Workload(
-            self.tables,
-            self.dim,
-            max(1, round(self.rows * scale)),
-            max(1, round(self.samples * scale)),
-            self.alpha,
-            self.pooling,
-            self.max_bag,
-            self.optimizer,
-            self.check_gradients,
+        return replace(
+            self,
+            rows=max(1, round(self.rows * scale)),
+            samples=max(1, round(self.samples * scale)),
         )
 
     def as_dict(self) -> dict[str, Any]:
