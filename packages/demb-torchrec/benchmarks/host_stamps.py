@@ -75,6 +75,7 @@ def main() -> None:
     wrap(bt.DynamicEmbeddingTables, "_initialize_new", "init_new")
     wrap(bt.DynamicEmbeddingTables, "_forward_none", "fwd_none")
     wrap(st.ScoredHashTable, "find_or_insert", "st.find_or_insert")
+    wrap(st.ScoredHashTable, "next_score_args", "score_args")
     wrap(st.ops, "find_or_insert_rows", "op.find_or_insert_rows")
     wrap(bt, "summed_per_key", "summed_per_key")
     wrap(ag, "segment_plan", "segment_plan")
