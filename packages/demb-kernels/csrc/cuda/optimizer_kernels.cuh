@@ -204,6 +204,20 @@ __device__ __forceinline__ void update_entry(const OptimizerParams& o, const Upd
 // Warps of optimizer_update_kernel for n entries.
 inline int64_t update_warps(int64_t n) { return (n + kUpdateRows - 1) / kUpdateRows; }
 
+// The first of the kUpdateRows consecutive launch entries the calling thread's warp updates.
+__device__ __forceinline__ int64_t warp_first_entry() {
+  return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kUpdateWarp * kUpdateRows;
+}
+
+// The table of launch entry `entry` (< tab.begin[tab.count]): a linear scan of the launch's
+// at most kMaxUpdateTables table starts.
+template <typename T>
+__device__ __forceinline__ int entry_table(const UpdateTables<T>& tab, int64_t entry) {
+  int t = 0;
+  while (t + 1 < tab.count && tab.begin[t + 1] <= entry) ++t;
+  return t;
+}
+
 // Row slots[i] of each table updated with grads[i] (or source[grad_rows[i]]) (update_entry);
 // nothing changes when *skip is set. One warp per kUpdateRows consecutive entries, all tables
 // in one launch.
@@ -213,8 +227,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
                             const bool* __restrict__ skip) {
   constexpr unsigned kAll = 0xffffffffu;
   if (skip && *skip) return;  // the caller found the gradients unusable: no row changes
-  const int64_t e0 =
-      (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kUpdateWarp * kUpdateRows;
+  const int64_t e0 = warp_first_entry();
   const int64_t total = tab.begin[tab.count];
   if (e0 >= total) return;  // whole warps leave together: e0 is the warp's
   const int lane = static_cast<int>(threadIdx.x % kUpdateWarp);
@@ -224,7 +237,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
   int64_t r = -1;
   if (lane < kUpdateRows && e0 + lane < total) {
     const int64_t e = e0 + lane;
-    while (t + 1 < tab.count && tab.begin[t + 1] <= e) ++t;
+    t = entry_table(tab, e);
     const int64_t i = e - tab.begin[t];
     slot = tab.slots[t][i];
     r = tab.grad_rows[t] ? tab.grad_rows[t][i] : -1;

@@ -99,8 +99,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
     summing_update_kernel(OptimizerParams o, const __grid_constant__ UpdateTables<float> tab,
                           KeyGradients kg) {
   constexpr unsigned kAll = 0xffffffffu;
-  const int64_t e0 =
-      (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kUpdateWarp * kUpdateRows;
+  const int64_t e0 = warp_first_entry();
   const int64_t total = tab.begin[tab.count];
   if (e0 >= total) return;  // whole warps leave together: e0 is the warp's
   const int lane = static_cast<int>(threadIdx.x % kUpdateWarp);
@@ -112,7 +111,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
   int32_t single = 0;
   if (lane < kUpdateRows && e0 + lane < total) {
     const int64_t entry = e0 + lane;
-    while (t + 1 < tab.count && tab.begin[t + 1] <= entry) ++t;
+    t = entry_table(tab, entry);
     slot = tab.slots[t][entry - tab.begin[t]];
     const int64_t u = kg.first_key + entry;
     int64_t from = kg.starts[u];
