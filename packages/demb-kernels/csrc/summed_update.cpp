@@ -9,12 +9,12 @@
 // longer keys are summed before it (summing_update.h).
 // Autograd runs a CUDA backward on its device thread: here that thread runs no Python and takes
 // no GIL, so the update's first launch follows the node's start by a few calls, and what does
-// not need the gradients (the slots split per table, the pinned byte the NaN/inf flag comes
-// back in) is made in the forward. On the CPU the sums go into a tensor the module keeps
-// (sum_segments_into).
+// not need the gradients (the slots split per table, the zeroed NaN/inf flag) is made in the
+// forward. The flag comes back to the host in the thread's pinned scratch (PinnedScratch): no
+// allocation, address query or event per step. On the CPU the sums go into a tensor the module
+// keeps (sum_segments_into).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -31,6 +31,8 @@
 #include "lookup_checks.h"
 #include "lookup_rule.h"
 #ifdef DEMB_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+
 #include "cuda/host_copy.h"
 #include "cuda/segment_sums.h"
 #include "cuda/summing_update.h"
@@ -51,7 +53,7 @@ struct SummedUpdateState : torch::CustomClassHolder {
   std::optional<at::Tensor> scale;   // (N,) float32 each entry's factor (pooled)
   std::vector<int64_t> table_sizes;  // T: unique keys per table, in order
   std::vector<at::Tensor> table_slots;  // T: (U_t,) int64 slot of each unique key (-1: none),
-                                        // split in the forward (see host_flag)
+                                        // split in the forward
   std::vector<at::Tensor> values;    // T value buffers (updated in place)
   std::vector<int64_t> dims;         // T embedding widths
   at::Tensor steps;                  // (T,) int64 CPU updates so far, advanced on success
@@ -63,15 +65,10 @@ struct SummedUpdateState : torch::CustomClassHolder {
   // CPU: the tensor the sums go into, kept by the module across steps (sum_segments_into).
   std::optional<at::Tensor> workspace;
   // CUDA, unscaled: the sums' NaN/inf flag, zeroed in the forward, for a backward that
-  // launches the sums straight away (segment_sums_launch); used once (undefined after).
+  // launches the sums straight away (segment_sums_launch); used once (undefined after). Made in
+  // the forward, like table_slots: autograd runs a CUDA backward on its device thread, whose
+  // core is often cold, and each call there before the update's launch can leave the GPU idle.
   at::Tensor nonfinite;
-  // With `nonfinite` and `check`: the pinned byte the flag comes back in, zeroed. Made in the
-  // forward, like table_slots: autograd runs a CUDA backward on its device thread, whose core is
-  // often cold, and each call there before the update's launch can leave the GPU idle.
-  at::Tensor host_flag;
-  // host_flag's device address: the sums store a NaN/inf straight into it, and no copy is
-  // queued behind them (null: it has none, and the flag is copied).
-  bool* host_flag_device = nullptr;
 };
 
 using OptionalTensor = std::optional<at::Tensor>;
@@ -109,19 +106,6 @@ at::Tensor single_rows(const SummedUpdateState& s) {
                              .findSchemaOrThrow("demb::segment_single_rows", "")
                              .typed<SingleOp>();
   return op.call(s.order, s.starts);
-}
-
-at::Tensor pinned_flag() {
-  return at::empty({}, at::TensorOptions().dtype(at::kBool).pinned_memory(true));
-}
-
-// The CUDA flag `bad` into the pinned byte `flag`, queued on bad's current stream.
-void copy_flag(const at::Tensor& flag, const at::Tensor& bad) {
-#ifdef DEMB_WITH_CUDA
-  copy_to_pinned_async(flag, bad);
-#else
-  flag.copy_(bad, /*non_blocking=*/true);
-#endif
 }
 
 // Whether the backward launches the sums itself (segment_sums_launch): a CUDA build, the flag
@@ -169,11 +153,10 @@ bool fused_summing(const SummedUpdateState& s, const at::Tensor& grads, bool dir
 }
 
 // Waits for the work queued on a device's current stream when an exception leaves its scope:
-// the sums may still store a NaN/inf into the pinned byte, or a copy may still write it, and
-// the byte must not go back to the host allocator (which knows of no such use) before they
-// finish. Armed where the first such store or copy is queued; it holds the byte once the
-// backward takes it from the state (its members go after its wait). On a normal exit the
-// backward has waited for its own event already.
+// the sums may still store a NaN/inf into the thread's pinned scratch, or a copy may still
+// write it, and the next use of the scratch (which zeroes the byte first) must not see a late
+// store. Armed where the first such store or copy is queued. On a normal exit the backward has
+// waited for its own event already.
 class DrainOnThrow {
  public:
   DrainOnThrow() = default;
@@ -191,17 +174,10 @@ class DrainOnThrow {
     device_ = device;
     exceptions_ = std::uncaught_exceptions();
   }
-  // Arms the guard and keeps `pinned` until after its wait; returns the kept tensor.
-  const at::Tensor& hold(at::Tensor pinned, c10::Device device) {
-    arm(device);
-    pinned_ = std::move(pinned);
-    return pinned_;
-  }
 
  private:
   std::optional<c10::Device> device_;
   int exceptions_ = 0;
-  at::Tensor pinned_;
 };
 
 void check_finite(bool bad) {
@@ -235,15 +211,25 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     if (skip_single) grads = grads.contiguous();
     at::Tensor summed;
     at::Tensor single;  // the direct path's single rows, from its sums
-    bool flagged_on_host = false;  // the sums store a NaN/inf into host_flag themselves
+    bool flagged_on_host = false;  // the sums store a NaN/inf into the host flag themselves
     at::Tensor bad = std::exchange(s->nonfinite, at::Tensor());
     const bool direct_path = direct_sums(*s, grads, bad);
     const bool summing = fused_summing(*s, grads, direct_path);  // implies skip_single
+#ifdef DEMB_WITH_CUDA
+    // Checked on CUDA: the pinned byte the flag comes back in (zeroed here), held until the
+    // backward returns; declared before `drain`, whose wait on a throw comes first.
+    std::optional<PinnedScratch> host_flag;
+#endif
     DrainOnThrow drain;
     if (direct_path) {  // the first launch a few calls after the node's start
 #ifdef DEMB_WITH_CUDA
-      bool* const host_bad = s->check && s->host_flag.defined() ? s->host_flag_device : nullptr;
-      if (host_bad != nullptr) drain.arm(grads.device());
+      bool* host_bad = nullptr;
+      if (s->check) {
+        host_flag.emplace(grads.device().index(), sizeof(bool));
+        *static_cast<bool*>(host_flag->host()) = false;
+        host_bad = static_cast<bool*>(host_flag->device());  // null: not mapped, copied below
+        if (host_bad != nullptr) drain.arm(grads.device());
+      }
       DirectSums sums = segment_sums_launch(grads, s->order, s->starts, s->plan, skip_single,
                                             summing, bad.data_ptr<bool>(), host_bad);
       summed = std::move(sums.sums);
@@ -276,19 +262,24 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
       check_finite(bad.item<bool>());
       update(*s, sums, steps, std::nullopt, direct);
     } else {
+#ifdef DEMB_WITH_CUDA
       // The flag goes to the host behind the sums (stored there by the sums themselves, or
       // copied) and the update is queued behind it, skipped on the device when set; the host
       // waits for the sums and the flag only.
-      const at::Tensor& flag = drain.hold(
-          s->host_flag.defined() ? std::exchange(s->host_flag, at::Tensor()) : pinned_flag(),
-          bad.device());
-      if (!flagged_on_host) copy_flag(flag, bad);
-      const c10::impl::VirtualGuardImpl guard(bad.device().type());
-      c10::Event copied(bad.device().type());
-      copied.record(guard.getStream(bad.device()));
+      if (!host_flag) {
+        host_flag.emplace(bad.device().index(), sizeof(bool));
+        *static_cast<bool*>(host_flag->host()) = false;
+      }
+      drain.arm(bad.device());
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(bad.device().index()).stream();
+      if (!flagged_on_host) host_flag->copy_from(bad.const_data_ptr(), sizeof(bool), stream);
+      host_flag->record(stream);
       update(*s, sums, steps, bad, direct);
-      copied.synchronize();
-      check_finite(*flag.const_data_ptr<bool>());
+      host_flag->wait();
+      check_finite(*static_cast<const bool*>(host_flag->host()));
+#else
+      TORCH_CHECK(false, "summed_update: a CUDA flag in a build without CUDA");
+#endif
     }
     std::copy(steps.begin(), steps.end(), s->steps.data_ptr<int64_t>());
     return {at::Tensor(), at::Tensor()};
@@ -366,13 +357,6 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
   state->workspace = workspace;
   state->nonfinite = direct_flag(*state);
   state->table_slots = slots.split_with_sizes(table_sizes);
-  if (state->nonfinite.defined() && check) {
-    state->host_flag = pinned_flag();
-    *state->host_flag.data_ptr<bool>() = false;
-#ifdef DEMB_WITH_CUDA
-    state->host_flag_device = static_cast<bool*>(pinned_device_address(state->host_flag));
-#endif
-  }
   return SummedUpdate::apply(trigger, std::move(state));
 }
 

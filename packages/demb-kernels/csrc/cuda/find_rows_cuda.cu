@@ -21,6 +21,7 @@
 #include "cuda/dedup_cuda.h"
 #include "cuda/feature_tables.cuh"
 #include "cuda/gather_rows.cuh"
+#include "cuda/host_copy.h"
 #include "cuda/row_dispatch.cuh"
 #include "cuda/table_find.cuh"
 #include "dedup_checks.h"
@@ -186,13 +187,12 @@ std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cuda(
     // Allocated and freed on `side`, waited for before returning: no cross-stream reuse.
     const at::Tensor words =
         batch_checks_cuda(indices, offsets, feature_tables, ix.num_tables(), batch_size);
-    const at::Tensor host =
-        at::empty(words.sizes(), words.options().device(at::kCPU).pinned_memory(true));
-    host.copy_(words, /*non_blocking=*/true);
-    at::cuda::CUDAEvent copied;
-    copied.record(side);
-    copied.synchronize();
-    raise_batch_checks(host.const_data_ptr<int64_t>(), indices.numel(), ix.num_tables());
+    const PinnedScratch host(indices.device().index(), words.nbytes());
+    host.copy_from(words.const_data_ptr(), words.nbytes(), side.stream());
+    host.record(side.stream());
+    host.wait();
+    raise_batch_checks(static_cast<const int64_t*>(host.host()), indices.numel(),
+                       ix.num_tables());
   }
   return found;
 }

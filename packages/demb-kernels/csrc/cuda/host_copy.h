@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <functional>
 
 namespace demb {
 
@@ -25,5 +26,45 @@ void copy_to_pinned_async(const at::Tensor& host, const at::Tensor& src);
 // copy_to_pinned_async uses it), or null when it has none (registered without mapping): a
 // kernel may then store into it directly.
 void* pinned_device_address(const at::Tensor& host);
+
+// The calling thread's pinned scratch on one device, for the small read-backs on a step's
+// critical path: a pinned block from PyTorch's host allocator with its device mapping (none:
+// copies go through the copy engine) and an event, made on the thread's first use of the device
+// and kept for the thread's life, so a read-back makes no allocation, no device-address query
+// and no event of its own (on the H200 machine each CUDA runtime call costs several us of host
+// time). A lease holds it for one read-back or one backward's flag: a nested lease on the same
+// thread and device gets a scratch of its own, made and dropped with it.
+class PinnedScratch {
+ public:
+  PinnedScratch(c10::DeviceIndex device, size_t bytes);
+  ~PinnedScratch();
+  PinnedScratch(const PinnedScratch&) = delete;
+  PinnedScratch& operator=(const PinnedScratch&) = delete;
+
+  // The first `bytes` bytes asked for: host address, and device address or null.
+  void* host() const;
+  void* device() const;
+
+  // Queues a copy of `bytes` bytes (at most the lease's) from device address `src` into the
+  // scratch on `stream`, by a kernel through the device mapping, else by cudaMemcpyAsync.
+  void copy_from(const void* src, size_t bytes, cudaStream_t stream) const;
+
+  // Records the scratch's event on `stream` / waits for it.
+  void record(cudaStream_t stream) const;
+  void wait() const;
+
+  struct Slot;  // one thread's scratch on one device (host_copy.cu)
+
+ private:
+  Slot* slot_;
+  bool owned_;  // a nested lease's own slot, freed with the lease
+};
+
+// `count` elements of `dtype` at device address `src`, read back into a new CPU tensor on
+// `stream` through the thread's PinnedScratch: the host waits for the copy only (and the work
+// before it), after `between` has queued its work behind the copy.
+at::Tensor read_back_words(const void* src, int64_t count, at::ScalarType dtype,
+                           cudaStream_t stream, c10::DeviceIndex device,
+                           const std::function<void()>& between);
 
 }  // namespace demb

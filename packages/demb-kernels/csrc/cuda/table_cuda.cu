@@ -5,7 +5,6 @@
 // them all.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -48,24 +47,14 @@ int end_bit_for(uint64_t skip) {
   return bits;
 }
 
-// `count` elements of `dtype` at device address `src`, copied to pinned host memory on `stream`
-// (copy_to_pinned_async: a kernel, no copy-engine hand-over before the work `between` queues);
-// the host waits for the copy only (and the work before it), after `between` has queued its
-// work behind the copy.
+// `count` elements of `dtype` at device address `src`, read back to the host on `stream`
+// (read_back_words: a kernel into the thread's pinned scratch, no copy-engine hand-over before
+// the work `between` queues, and no allocation, address query or event of its own); the host
+// waits for the copy only (and the work before it), after `between` has queued its work behind
+// the copy.
 at::Tensor read_back(const void* src, int64_t count, at::ScalarType dtype,
                      const at::cuda::CUDAStream& stream, const std::function<void()>& between) {
-  const at::Tensor host = at::empty({count}, at::TensorOptions().dtype(dtype).pinned_memory(true));
-  copy_to_pinned_async(host.data_ptr(), src, count * host.element_size(), stream.stream());
-  at::cuda::CUDAEvent copied;
-  copied.record(stream);
-  try {
-    if (between) between();
-  } catch (...) {
-    copied.synchronize();  // `host` goes back to the pinned cache only once the copy is done
-    throw;
-  }
-  copied.synchronize();
-  return host;
+  return read_back_words(src, count, dtype, stream.stream(), stream.device_index(), between);
 }
 
 // The phase-B schedule: entries stably sorted by sort key (bucket order, batch order within a
