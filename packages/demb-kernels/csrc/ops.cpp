@@ -97,11 +97,12 @@ TORCH_LIBRARY(demb, m) {
       "Tensor, Tensor, Tensor, Tensor)");
   // dedup_batch's outputs at full size, with no sync (CUDA only): U and the checks stay in the
   // returned info words on the device (cuda/dedup_cuda.cu); counts=False: no counts (a (0,)
-  // tensor in their place).
+  // tensor in their place); clock_words: that many copies of the GPU's global timer, read by
+  // the first kernel (the last output).
   m.def(
       "dedup_launch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
-      "int batch_size, Tensor? counters, int key_bits=64, int key_radix=0, bool counts=True) -> "
-      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "int batch_size, Tensor? counters, int key_bits=64, int key_radix=0, bool counts=True, "
+      "int clock_words=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "index_tables(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size) -> (Tensor, Tensor)");

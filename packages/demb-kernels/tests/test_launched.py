@@ -100,6 +100,34 @@ def test_dedup_launch_matches_dedup_batch(
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("n", [0, 5, 3000])
+def test_the_clock_words_hold_one_reading_of_the_gpu_timer(n):
+    """dedup_launch's clock words: C copies of one GPU timer reading, taken by its first kernel
+    (between two readings by ops.timestamp queued before and after it), even with no index;
+    none by default, and the info words stay the same."""
+    gen = torch.Generator().manual_seed(n)
+    indices = torch.randint(0, 50, (n,), generator=gen).cuda()
+    offsets = torch.tensor([0, n // 2, n], device="cuda")
+    ftab = torch.tensor([0, 1], device="cuda")
+    before = ops.timestamp("cuda")
+    got = dedup_launch(indices, offsets, ftab, 2, 1, clock_words=5)
+    after = ops.timestamp("cuda")
+    plain = dedup_launch(indices, offsets, ftab, 2, 1)
+    clock = got.clock.tolist()
+    assert len(clock) == 5
+    assert len(set(clock)) == 1
+    assert int(before) <= clock[0] <= int(after)
+    assert plain.clock.shape == (0,)
+    assert got.info.shape == plain.info.shape
+    host, plain_host = got.info.cpu(), plain.info.cpu()
+    assert torch.equal(host[:-4], plain_host[:-4])  # up to the scatter's count of blocks
+    assert gate_words(host) == gate_words(plain_host)  # U, go, missed
+    for bad in (-1, 1025):
+        with pytest.raises(ValueError, match="clock_words"):
+            dedup_launch(indices, offsets, ftab, 2, 1, clock_words=bad)
+
+
+@pytest.mark.cuda
 def test_a_bad_batch_closes_the_gate_and_launch_info_raises():
     indices = torch.tensor([1, 2, -1, 4], device="cuda")
     offsets = torch.tensor([0, 2, 4], device="cuda")
@@ -269,6 +297,8 @@ def test_fake_kernels_give_shapes_without_data():
         out = dedup_launch(indices, offsets, ftab, T, 2)
         assert all(t.shape == (40,) for t in out[:6])
         assert out.info.shape == (T + 6 + F + 1 + 6,)
+        assert out.clock.shape == (0,)
+        assert dedup_launch(indices, offsets, ftab, T, 2, clock_words=T).clock.shape == (T,)
 
 
 def test_packed_radix_saves_a_pass_when_the_last_keys_fit():

@@ -183,7 +183,7 @@ def test_launched_find_or_insert_refuses_tables_that_may_grow():
     table = one_table(S.LFU, init_capacity=32, max_capacity=1024)
     assert table.may_grow
     before = table.index.sizes.clone()
-    launched = LaunchedDedup(*[torch.tensor([1, 2])] * 7)  # never read: the check comes first
+    launched = LaunchedDedup(*[torch.tensor([1, 2])] * 8)  # never read: the check comes first
     with pytest.raises(TableConfigError, match="find_or_insert_launched"):
         find_or_insert_launched(table, launched, table.next_score_args())
     assert torch.equal(table.index.sizes, before)
@@ -205,7 +205,7 @@ def test_launched_find_or_insert_needs_counts_where_asked_for_them():
     assert not one_table(S.TIMESTAMP).counts_keys
     assert one_table((S.TIMESTAMP, S.LFU)).counts_keys
     keys = torch.tensor([1, 2])
-    parts = [keys, keys, keys, torch.zeros(0, dtype=torch.int64), keys, keys, keys]
+    parts = [keys, keys, keys, torch.zeros(0, dtype=torch.int64), keys, keys, keys, keys[:0]]
     launched = LaunchedDedup(*parts)  # counts (0,): made with counts=False
     before = table.index.sizes.clone()
     with pytest.raises(TableConfigError, match="counts=True: the dedup was launched"):
@@ -465,6 +465,28 @@ def test_scores_made_ahead_are_the_scores_find_or_insert_would_make(strategy):
     with pytest.raises(ValueError, match=r"score_args must be \(1,\) int64"):
         ahead.find_or_insert(torch.tensor([4]), ids(1), score_args=torch.tensor([1.0]))
     assert ahead.steps == [3]
+
+
+@pytest.mark.parametrize(
+    ("device", "strategies", "clock", "expected"),
+    [
+        ("cpu", (S.TIMESTAMP, S.TIMESTAMP), None, False),  # the CPU's clock is the host's
+        pytest.param("cuda", (S.TIMESTAMP, S.TIMESTAMP), None, True, marks=pytest.mark.cuda),
+        pytest.param("cuda", (S.TIMESTAMP, S.STEP), None, False, marks=pytest.mark.cuda),
+        pytest.param("cuda", (S.TIMESTAMP,), Clock(), False, marks=pytest.mark.cuda),
+    ],
+)
+def test_scores_from_gpu_clock_only_when_every_table_reads_the_gpu_timer(
+    device, strategies, clock, expected
+):
+    """scores_from_gpu_clock: on CUDA, every table timed and no clock given (then a caller may
+    pass a later reading of the GPU timer as the score args)."""
+    configs = [
+        TableConfig(dim=4, score_strategy=s, max_capacity=64, bucket_capacity=16)
+        for s in strategies
+    ]
+    table = ScoredHashTable(configs, device, clock=clock)
+    assert table.scores_from_gpu_clock is expected
 
 
 def test_find_or_insert_reads_the_rows_of_a_batch_found_whole():

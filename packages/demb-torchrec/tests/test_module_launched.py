@@ -15,6 +15,7 @@ from pathlib import Path
 import demb_torchrec.batched_tables as bt
 import pytest
 import torch
+from demb_kernels.table import timestamp
 from demb_torchrec import (
     DynamicEmbeddingTables,
     DynamicEmbPoolingMode,
@@ -115,10 +116,38 @@ def test_a_bad_batch_raises_and_changes_nothing():
         assert torch.equal(a, b)
 
 
+def test_timed_scores_come_from_the_dedups_clock(monkeypatch):
+    """With every table scoring by the clock (TIMESTAMP), the one-sync forward takes the batch's
+    scores from the GPU timer its dedup's first kernel read (dedup_launch's clock words), not
+    from a launch of their own (next_score_args is never called): every key the step touched
+    scores one reading, taken between two readings of the GPU timer before and after it."""
+    m = module(DynamicEmbPoolingMode.NONE, DynamicEmbScoreStrategy.TIMESTAMP)
+    assert m.tables.scores_from_gpu_clock
+
+    def not_called(self):
+        raise AssertionError("next_score_args: the one-sync forward reads the dedup's clock")
+
+    monkeypatch.setattr(type(m.tables), "next_score_args", not_called)
+    offsets = torch.tensor([0, 2, 3, 5], device="cuda")
+    for indices in ([1, 2, 3, 4, 5], [2, 7, 7, 9, 1]):  # new keys, then some found again
+        before = int(timestamp("cuda"))
+        m(torch.tensor(indices, device="cuda"), offsets).sum().backward()
+        after = int(timestamp("cuda"))
+        touched = {0: set(indices[:2]), 1: set(indices[2:])}
+        for t, keys in touched.items():
+            ex = m.tables.export(t)
+            mine = torch.isin(ex.keys, torch.tensor(sorted(keys), device="cuda"))
+            scores = ex.scores[mine, 0].unique().tolist()
+            assert int(mine.sum()) == len(keys)
+            assert len(scores) == 1, (t, scores)
+            assert before <= scores[0] <= after, (t, scores, before, after)
+
+
 def test_the_read_backs_work_with_registered_pinned_memory():
     """The forward's read-back of its sizes and the backward's NaN/inf flag are copied into
     pinned memory by a kernel storing through the buffer's device mapping (demb-kernels'
-    copy_to_pinned_async). With PyTorch's pinned memory made by cudaHostRegister instead of
+    PinnedScratch, a block from PyTorch's pinned allocator kept per thread). With PyTorch's
+    pinned memory made by cudaHostRegister instead of
     cudaHostAlloc (``pinned_use_cuda_host_register``), the one-sync forward and the NaN check
     still pass their tests: in a child process, as the allocator reads its settings once."""
     behaviour = Path(__file__).with_name("test_module_behaviour.py")

@@ -40,6 +40,10 @@ at::Tensor zeroed(int64_t n, const at::TensorOptions& opts, cudaStream_t stream)
   return out;
 }
 
+// dedup_launch's clock words at most (one per table of a module; a first block's thread writes
+// them).
+constexpr int64_t kMaxClockWords = 1024;
+
 int bits_for(int64_t max_value) {
   int bits = 1;
   while (bits < 32 && (max_value >> bits) != 0) ++bits;
@@ -49,11 +53,12 @@ int bits_for(int64_t max_value) {
 using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                             at::Tensor, at::Tensor>;
 using LaunchOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                             at::Tensor>;
+                             at::Tensor, at::Tensor>;
 
 // One dedup of a batch on the device: its buffers, and the launches that fill them (no sync).
 // `info` holds the words read back (dedup_bounds', see kDedupFlags), then the keys' varying
-// bits and the largest low bits (dedup_prepare_kernel), then `extra` more words (zeroed).
+// bits and the largest low bits (dedup_prepare_kernel), then `extra` more words (zeroed), then
+// `clock_words` copies of the global timer (dedup_prepare_kernel; dedup_launch's clock).
 struct DedupRun {
   at::Tensor indices, offsets, feature_tables, counters;
   const int64_t* cnt;
@@ -71,11 +76,13 @@ struct DedupRun {
   at::Tensor scratch64, scratch32, outputs, counters_sorted;
   int table_bits;
   uint64_t radix;  // > 0: sort keys table * radix + low bits (dedup_launch's key_radix)
+  int64_t clock_at, clock_words;  // info[clock_at, + clock_words): the global timer
   int prepared = -1;  // the low bits the sort keys were made with
 
   DedupRun(const at::Tensor& indices_in, const at::Tensor& offsets_in,
            const at::Tensor& feature_tables_in, int64_t num_tables_, int64_t batch_size_,
-           const std::optional<at::Tensor>& counters_in, int64_t extra, int64_t radix_)
+           const std::optional<at::Tensor>& counters_in, int64_t extra, int64_t radix_,
+           int64_t clock_words_ = 0)
       : indices(indices_in.contiguous()),
         offsets(offsets_in.contiguous()),
         feature_tables(feature_tables_in.contiguous()),
@@ -89,7 +96,7 @@ struct DedupRun {
         words(num_tables_ + kDedupFlags + feature_tables.numel() + 1),
         opts(indices.options()),
         stream(at::cuda::getCurrentCUDAStream()),
-        info(zeroed(words + 2 + extra, indices.options(), stream)),
+        info(zeroed(words + 2 + extra + clock_words_, indices.options(), stream)),
         kept(stream_capturing(stream) ? nullptr : SortScratchCache::get(opts, stream, n)),
         hold(kept ? std::unique_lock<std::mutex>(kept->mutex) : std::unique_lock<std::mutex>()),
         scratch64(kept ? kept->scratch64 : at::empty({4, n}, opts)),
@@ -97,7 +104,9 @@ struct DedupRun {
         outputs(at::empty({5, n}, opts)),
         counters_sorted(cnt ? at::empty({n}, opts) : at::Tensor()),
         table_bits(bits_for(num_tables_ - 1)),
-        radix(static_cast<uint64_t>(radix_)) {
+        radix(static_cast<uint64_t>(radix_)),
+        clock_at(words + 2 + extra),
+        clock_words(clock_words_) {
     if (kept) ++kept->uses;
   }
 
@@ -140,7 +149,7 @@ struct DedupRun {
         end_bit, p.shift, p.radix, k_in,
         narrow(p) ? reinterpret_cast<uint32_t*>(k_in) : nullptr,
         p.bits > 0 ? nullptr : reinterpret_cast<uint32_t*>(s32(0)), s32(3), words_out,
-        words_out + words, words_out + words + 1);
+        words_out + words, words_out + words + 1, words_out + clock_at, clock_words);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 
@@ -305,25 +314,33 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
 // (table_find_or_insert_gated). key_radix > 0 sorts (table, key) as table * key_radix + the
 // key's low key_bits bits: fewer radix passes than the table above those bits, when T *
 // key_radix fits fewer bytes. want_counts=false skips the counts (a (0,) tensor in their
-// place: a caller whose tables count no occurrences saves their launch).
+// place: a caller whose tables count no occurrences saves their launch). With clock_words = C > 0
+// the last output holds C copies of the global timer read by the first kernel (the timed scores
+// of the batch, as timestamp_kernel makes them, with no launch of their own); else it is (0,).
+// Both `info` and the clock are views of one buffer.
 LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
                             const at::Tensor& feature_tables, int64_t num_tables,
                             int64_t batch_size, const std::optional<at::Tensor>& counters,
-                            int64_t key_bits, int64_t key_radix, bool want_counts) {
+                            int64_t key_bits, int64_t key_radix, bool want_counts,
+                            int64_t clock_words) {
   check_dedup_args(indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits);
   check_dedup_size(indices.numel());
   TORCH_CHECK_VALUE(key_radix >= 0 && (key_radix == 0 || key_radix <= (int64_t{1} << 62) /
                                                                            num_tables),
                     "key_radix=", key_radix, ": must be 0 (no radix) or in [1, 2^62 / ",
                     num_tables, "] (num_tables * key_radix must fit the sort keys)");
+  TORCH_CHECK_VALUE(clock_words >= 0 && clock_words <= kMaxClockWords, "clock_words=",
+                    clock_words, ": must be in [0, ", kMaxClockWords, "]");
   const c10::cuda::CUDAGuard guard(indices.device());
   DedupRun d(indices, offsets, feature_tables, num_tables, batch_size, counters, 4,
-             key_bits < 64 ? key_radix : 0);
+             key_bits < 64 ? key_radix : 0, clock_words);
   d.sort_and_scatter(static_cast<int>(key_bits), d.gate_for(key_bits));
   int64_t* const info = d.info.data_ptr<int64_t>();
   const at::Tensor counts =
       want_counts ? d.counts(d.n, d.n, info + d.words + 3) : at::empty({0}, d.opts);
-  return {d.output(2), d.output(3), d.output(0), counts, d.output(1), d.output(4), d.info};
+  return {d.output(2),  d.output(3), d.output(0),
+          counts,       d.output(1), d.output(4),
+          d.info.narrow(0, 0, d.clock_at), d.info.narrow(0, d.clock_at, clock_words)};
 }
 
 // The batch's checks, and each index's table into `tables` when it is given.

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cuda/device_clock.cuh"
 #include "dedup_checks.h"
 
 namespace demb {
@@ -83,7 +84,9 @@ unsigned prepare_blocks(int64_t n) {
 // and into *low_max the largest low (both reduced per thread, warp and block first). A thread
 // takes kPrepareItems indices a block apart (prepare_blocks); the block's indices take the
 // feature of its first and last when those agree (the features own consecutive ranges when the
-// offsets are in order; when they are not, the checks fail and the keys are not used).
+// offsets are in order; when they are not, the checks fail and the keys are not used). Block 0's
+// first thread writes the global timer, read once, into clock[0, clock_words) (dedup_launch's
+// clock words: a training forward's timed scores, with no launch of their own).
 __global__ void __launch_bounds__(kDedupThreads)
     dedup_prepare_kernel(const int64_t* __restrict__ indices,
                          const int64_t* __restrict__ offsets, int64_t bags,
@@ -93,12 +96,17 @@ __global__ void __launch_bounds__(kDedupThreads)
                          uint64_t* __restrict__ keys, uint32_t* __restrict__ keys32,
                          uint32_t* __restrict__ tables, int32_t* __restrict__ positions,
                          int64_t* __restrict__ info, int64_t* __restrict__ varying,
-                         int64_t* __restrict__ low_max) {
+                         int64_t* __restrict__ low_max, int64_t* __restrict__ clock,
+                         int64_t clock_words) {
   __shared__ unsigned long long block_varying;
   __shared__ unsigned long long block_low;
   __shared__ int64_t block_feature;  // the feature of every index of the block, or -1
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x * kPrepareItems;
   if (threadIdx.x == 0) {
+    if (blockIdx.x == 0 && clock_words > 0) {
+      const int64_t now = cuda::global_timer();
+      for (int64_t t = 0; t < clock_words; ++t) clock[t] = now;
+    }
     block_varying = 0;
     block_low = 0;
     const int64_t last = min(first + int64_t{blockDim.x} * kPrepareItems, n) - 1;

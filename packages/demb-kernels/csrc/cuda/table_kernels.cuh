@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/device_clock.cuh"
 #include "cuda/table_find.cuh"
 #include "table_rule.h"
 
@@ -235,9 +236,8 @@ __global__ void bucket_keys_kernel(TableView v, BatchIn in, BatchOut out, PhaseB
 
 // out[0, count) = the global timer, read once.
 __global__ void timestamp_kernel(int64_t* out, int64_t count) {
-  uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int64_t>(now);
+  const int64_t now = global_timer();
+  for (int64_t i = 0; i < count; ++i) out[i] = now;
 }
 
 }  // namespace cuda

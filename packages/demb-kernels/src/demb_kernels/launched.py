@@ -51,6 +51,10 @@ class LaunchedDedup(NamedTuple):
     """``(N,)`` int64 where each unique key's occurrences start in ``order`` (rows ``[0, U)``)."""
     info: torch.Tensor
     """``(T + 6 + F + 1 + 6,)`` int64 on the device: the words :func:`launch_info` reads."""
+    clock: torch.Tensor
+    """``(C,)`` int64 on the device: ``C`` (``clock_words``) copies of the GPU's global timer
+    (ns), read once by the dedup's first kernel: the batch's timed scores, as
+    :func:`demb_kernels.table.timestamp` makes them, with no launch of their own."""
 
 
 class LaunchInfo(NamedTuple):
@@ -83,6 +87,7 @@ def dedup_launch(
     key_bits: int = 64,
     key_radix: int = 0,
     counts: bool = True,
+    clock_words: int = 0,
 ) -> LaunchedDedup:
     """:func:`demb_kernels.lookup.dedup_batch` with no sync (CUDA only): the same kernels, the
     sort by key on the low ``key_bits`` bits only, outputs at full size, and on the device the
@@ -98,6 +103,7 @@ def dedup_launch(
             (:func:`packed_radix` picks one).
         counts: make :attr:`LaunchedDedup.counts` (False: a ``(0,)`` tensor, one launch fewer,
             for a caller whose tables count no occurrences).
+        clock_words: ``C`` in ``[0, 1024]``: :attr:`LaunchedDedup.clock`'s size.
         others: as :func:`demb_kernels.lookup.dedup_batch`.
     """
     out = torch.ops.demb.dedup_launch(
@@ -110,6 +116,7 @@ def dedup_launch(
         key_bits,
         key_radix,
         counts,
+        clock_words,
     )
     return LaunchedDedup(*out)
 
@@ -241,13 +248,14 @@ def _dedup_launch_fake(
     key_bits: int = 64,
     key_radix: int = 0,
     counts: bool = True,
+    clock_words: int = 0,
 ) -> tuple[torch.Tensor, ...]:
     n = indices.shape[0]
     words = num_tables + _BATCH_CHECK_WORDS + feature_tables.shape[0] + 1 + _EXTRA_WORDS
     outs = [indices.new_empty((n,)) for _ in range(6)]
     if not counts:
         outs[3] = indices.new_empty((0,))
-    return (*outs, indices.new_empty((words,)))
+    return (*outs, indices.new_empty((words,)), indices.new_empty((clock_words,)))
 
 
 @torch.library.register_fake("demb::table_find_or_insert_gated")  # type: ignore[untyped-decorator]

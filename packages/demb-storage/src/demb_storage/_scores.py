@@ -9,9 +9,10 @@ from collections.abc import Callable, Sequence
 import torch
 from demb_kernels.table import ScorePolicy
 
-__all__ = ["batch_scores", "checked_scores"]
+__all__ = ["TIME_POLICIES", "batch_scores", "checked_scores"]
 
-_TIME_POLICIES = (ScorePolicy.TIMESTAMP, ScorePolicy.NO_EVICTION, ScorePolicy.TIMESTAMP_LFU)
+TIME_POLICIES = (ScorePolicy.TIMESTAMP, ScorePolicy.NO_EVICTION, ScorePolicy.TIMESTAMP_LFU)
+"""The policies whose batch score is the clock's reading."""
 
 
 def batch_scores(
@@ -23,7 +24,7 @@ def batch_scores(
 ) -> torch.Tensor:
     """``(T,)`` int64 on ``device``: per table its step (STEP), the clock's reading
     (``now(count)``: ``(count,)`` int64 copies of it) or its set score."""
-    timed = [p in _TIME_POLICIES for p in policies]
+    timed = [p in TIME_POLICIES for p in policies]
     if all(timed):  # every table scores with the clock: no host values to send
         return now(len(policies))
     host = [steps[t] if p is ScorePolicy.STEP else custom[t] for t, p in enumerate(policies)]

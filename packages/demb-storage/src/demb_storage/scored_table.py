@@ -25,7 +25,7 @@ from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 from demb_storage._errors import TableConfigError
 from demb_storage._failures import count_failed, raise_or_warn
 from demb_storage._outcomes import EvictedRows, InsertOutcome, TableExport
-from demb_storage._scores import batch_scores, checked_scores
+from demb_storage._scores import TIME_POLICIES, batch_scores, checked_scores
 from demb_storage.options import SafeCheckMode, TableConfig
 
 __all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
@@ -105,6 +105,16 @@ class ScoredHashTable:
         )
         """Whether some table's scores count its keys' occurrences (LFU, TIMESTAMP_LFU): only
         then does a find_or_insert read the batch's counts."""
+        self.scores_from_gpu_clock = (
+            self.device.type == "cuda"
+            and clock is None
+            and all(layout.policy in TIME_POLICIES for layout in layouts)
+        )
+        """Whether :meth:`next_score_args` is the GPU's global timer for every table (on CUDA,
+        every policy timed, no ``clock`` given): a caller may then pass copies of that timer read
+        later on the stream as ``score_args`` instead (the table module's training forward
+        passes :attr:`demb_kernels.launched.LaunchedDedup.clock`, read by the dedup's first
+        kernel: no launch of its own)."""
 
     # ----------------------------------------------------------------------------- state
     @property

@@ -1,7 +1,9 @@
 """A training forward's dedup and find_or_insert with one sync (CUDA, tables that cannot grow):
 the dedup leaves its sizes on the device (:func:`demb_kernels.launched.dedup_launch`), the
 lookup reads them there, and one read-back after the lookup brings the sizes, the batch's
-checks and whether every key was found (:func:`demb_storage.find_or_insert_launched`)."""
+checks and whether every key was found (:func:`demb_storage.find_or_insert_launched`). When
+every table scores with the GPU's clock, the dedup's first kernel reads it for the batch's
+scores (:attr:`demb_kernels.launched.LaunchedDedup.clock`)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,8 @@ def launched_find_or_insert(
     num_tables = m.num_tables
     key_bits, key_radix = m._key_bits
     counted = m.tables.counts_keys  # else no table reads the counts: none are made
+    # Timed scores from the GPU's clock: read by the dedup's first kernel (no launch of theirs).
+    clocked = m.tables.scores_from_gpu_clock
     launched = dedup_launch(
         indices,
         offsets,
@@ -58,8 +62,10 @@ def launched_find_or_insert(
         key_bits,
         key_radix,
         counted,
+        num_tables if clocked else 0,
     )
-    scores = m.tables.next_score_args()  # after the dedup's launches: the GPU starts earlier
+    # Else made after the dedup's launches: the GPU starts earlier.
+    scores = launched.clock if clocked else m.tables.next_score_args()
     gather = (launched.inverse, m.dims[0]) if m._gathers_rows() else None
     outcome, words = find_or_insert_launched(
         m.tables, launched, scores, counts=counted, gather_rows=gather
