@@ -126,8 +126,10 @@ def test_clip_clamps_each_entry_before_the_sum(device):
 )  # fmt: skip
 def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key, workspace, n, dim):
     """On CUDA the first backward takes the direct path (the sums store the flag into the
-    forward's pinned byte), by the plan's chunks (3 floats) or by windows (8): with 300 entries
-    a key of several has more than one chunk, so its NaN/inf is found by the finish pass."""
+    thread's pinned scratch), by the plan's chunks (3 floats) or by windows (8): with 300
+    entries a key of several has more than one chunk, so its NaN/inf is found by the finish
+    pass. The next checked backward, of finite gradients, reuses that scratch: its byte is
+    zeroed again, so the step goes through."""
     if workspace and device != "cpu":
         pytest.skip("the workspace is the CPU backward's")
     gen = torch.Generator().manual_seed(4)
@@ -144,9 +146,12 @@ def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key, works
     for got, b in zip(c["values"], before, strict=True):
         assert torch.equal(got, b)
     assert steps.tolist() == [0, 0]
+    wired, steps = wire(c, out, steps=steps)  # checked again, finite: it goes through
+    wired.backward(torch.ones(n, c["dim"], device=device))
+    assert steps.tolist() == [1, 1]
     wired, steps = wire(c, out, check=False, steps=steps)  # unchecked: updated as given
     wired.backward(grad)
-    assert steps.tolist() == [1, 1]
+    assert steps.tolist() == [2, 2]
     assert not all(torch.equal(g, b) for g, b in zip(c["values"], before, strict=True))
 
 
@@ -155,7 +160,8 @@ def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key, works
 def test_an_update_that_fails_raises_changes_nothing_and_the_next_step_works(device, check):
     """The update's own checks fail after the sums were queued (a value buffer narrowed
     between the forward and the backward; on CUDA with the check, after the sums may store
-    into the forward's pinned byte: the backward waits for them before it lets the byte go):
+    into the thread's pinned scratch: the backward waits for them before it lets the scratch
+    go):
     its error comes out, no row changes, the step counts stay; the buffer restored, the next
     backward updates the rows as the closed form says."""
     gen = torch.Generator().manual_seed(8)

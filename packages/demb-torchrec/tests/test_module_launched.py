@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import demb_torchrec.batched_tables as bt
@@ -99,6 +100,48 @@ def test_one_sync_forward_equals_the_two_sync_forward(mode, strategy, monkeypatc
     assert True in used  # the one-sync path ran
     assert False in used  # and fell back once (the batch of wide keys)
     assert counted == [strategy is DynamicEmbScoreStrategy.LFU] * len(counted)
+
+
+def test_modules_trained_from_two_threads_at_once_match_one_trained_alone():
+    """Each thread reads back through pinned scratch of its own (PinnedScratch): two threads
+    training a module each over the same batches at once, forward and backward on the calling
+    thread, end with the tables and outputs of a module trained alone."""
+    gen = torch.Generator().manual_seed(5)
+    data = [(i.cuda(), o.cuda()) for i, o in batches(gen)]
+    grads = [torch.randn(int(o[-1]), 8, generator=gen).cuda() for _, o in data]
+
+    def train(m, outs):
+        with torch.autograd.set_multithreading_enabled(False):
+            for (indices, offsets), grad in zip(data, grads, strict=True):
+                out = m(indices, offsets)
+                outs.append(out.detach().clone())
+                out.backward(grad)
+        torch.cuda.synchronize()
+
+    mode, strategy = DynamicEmbPoolingMode.NONE, DynamicEmbScoreStrategy.STEP
+    alone, alone_outs = module(mode, strategy), []
+    train(alone, alone_outs)
+    pair = [module(mode, strategy), module(mode, strategy)]
+    pair_outs: list[list[torch.Tensor]] = [[], []]
+    errors: list[BaseException] = []
+
+    def run(k):
+        try:
+            train(pair[k], pair_outs[k])
+        except BaseException as e:  # re-raised below, on the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for m, outs in zip(pair, pair_outs, strict=True):
+        for got, want in zip(outs, alone_outs, strict=True):
+            assert torch.equal(got, want)
+        for a, b in zip(table_state(m), table_state(alone), strict=True):
+            assert torch.equal(a, b)
 
 
 def test_a_bad_batch_raises_and_changes_nothing():
