@@ -87,9 +87,10 @@ struct PinnedScratch::Slot {
   // At least `bytes` bytes and an event on `device`. A smaller block is replaced: the slot is
   // idle here, every earlier use waited for its copy.
   void fit(c10::DeviceIndex device, size_t bytes) {
-    if (capacity >= bytes && event != nullptr) return;
+    const bool small = capacity == 0 || capacity < bytes;  // a block of some size always
+    if (!small && event != nullptr) return;
     const c10::cuda::CUDAGuard guard(device);
-    if (capacity < bytes) {
+    if (small) {
       size_t want = kMinScratchBytes;
       while (want < bytes) want *= 2;
       block = at::empty({static_cast<int64_t>(want)},
