@@ -97,12 +97,14 @@ TORCH_LIBRARY(demb, m) {
       "Tensor, Tensor, Tensor, Tensor)");
   // dedup_batch's outputs at full size, with no sync (CUDA only): U and the checks stay in the
   // returned info words on the device (cuda/dedup_cuda.cu); counts=False: no counts (a (0,)
-  // tensor in their place); clock_words: that many copies of the GPU's global timer, read by
-  // the first kernel (the last output).
+  // tensor in their place); then a zeroed byte for a backward's NaN/inf flag (summed_update's
+  // `nonfinite`); clock_words: that many copies of the GPU's global timer, read by the first
+  // kernel (the last output).
   m.def(
       "dedup_launch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size, Tensor? counters, int key_bits=64, int key_radix=0, bool counts=True, "
-      "int clock_words=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "int clock_words=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+      "Tensor)");
   m.def(
       "index_tables(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size) -> (Tensor, Tensor)");
@@ -121,11 +123,13 @@ TORCH_LIBRARY(demb, m) {
   // identity on `out`, whose backward sums each unique key's gradient (segment_sum_rows) and
   // runs optimizer_update on the tables in place; `steps` (CPU) advances after each update. On
   // the CPU the sums go into `workspace` when given (resized; a module keeps it across steps).
+  // On CUDA `nonfinite`, a zeroed one-element bool tensor (dedup_launch's), is the sums' NaN/inf
+  // flag of a backward that launches them itself (else the forward makes one).
   m.def(
       "summed_update(Tensor trigger, Tensor(a) out, Tensor order, Tensor starts, Tensor? plan, "
       "Tensor? rows, Tensor? scale, Tensor slots, int[] table_sizes, Tensor[] values, "
       "int[] dims, Tensor steps, str optimizer, float[] hyper_parameters, float? clip, "
-      "bool check, int dim, Tensor? workspace=None) -> Tensor(a)");
+      "bool check, int dim, Tensor? workspace=None, Tensor? nonfinite=None) -> Tensor(a)");
 }
 
 // `import demb_kernels._C` loads the library (and runs the registrations above).

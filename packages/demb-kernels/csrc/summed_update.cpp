@@ -121,10 +121,10 @@ bool direct_sums(const SummedUpdateState& s, const at::Tensor& grads, const at::
 #endif
 }
 
-// The forward's half of direct_sums: the sums' flag, zeroed, when the backward may launch the
-// sums itself (CUDA, unscaled, starts and order contiguous on one device, and no plan or one
-// that segment_sum_rows would take), else undefined.
-at::Tensor direct_flag(const SummedUpdateState& s) {
+// The forward's half of direct_sums: the sums' flag, zeroed (`given`, else a new one), when the
+// backward may launch the sums itself (CUDA, unscaled, starts and order contiguous on one
+// device, and no plan or one that segment_sum_rows would take), else undefined.
+at::Tensor direct_flag(const SummedUpdateState& s, const std::optional<at::Tensor>& given) {
   if (!s.order.is_cuda() || s.rows || s.scale) return at::Tensor();
   const bool fits = s.order.is_contiguous() && s.starts.is_contiguous() &&
                     s.starts.device() == s.order.device() &&
@@ -132,9 +132,11 @@ at::Tensor direct_flag(const SummedUpdateState& s) {
                                  plan_matches(*s.plan, s.starts.numel(), s.order.numel(),
                                               s.order.device())));
 #ifdef DEMB_WITH_CUDA
-  return fits ? zeroed_flag(s.order) : at::Tensor();
+  if (!fits) return at::Tensor();
+  return given ? *given : zeroed_flag(s.order);
 #else
   (void)fits;  // a CPU build has no CUDA tensors
+  (void)given;
   return at::Tensor();
 #endif
 }
@@ -289,7 +291,8 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
 void check_args(const at::Tensor& out, const at::Tensor& order, const at::Tensor& starts,
                 const at::Tensor& slots, at::IntArrayRef table_sizes, at::TensorList values,
                 at::IntArrayRef dims, const at::Tensor& steps, at::ArrayRef<double> hyper,
-                int64_t dim, const std::optional<at::Tensor>& workspace) {
+                int64_t dim, const std::optional<at::Tensor>& workspace,
+                const std::optional<at::Tensor>& nonfinite) {
   const auto index = [](const at::Tensor& t, const char* name) {
     TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, ": expected int64, got ",
                      t.scalar_type());
@@ -325,6 +328,12 @@ void check_args(const at::Tensor& out, const at::Tensor& order, const at::Tensor
                                    !workspace->requires_grad()),
                     "workspace: expected a float32 CPU tensor that does not require grad, got ",
                     workspace->scalar_type(), " on ", workspace->device());
+  TORCH_CHECK_VALUE(!nonfinite || (nonfinite->scalar_type() == at::kBool &&
+                                   nonfinite->numel() == 1 &&
+                                   nonfinite->device() == order.device()),
+                    "nonfinite: expected a zeroed one-element bool tensor on order's device (",
+                    order.device(), "), got ", nonfinite->scalar_type(), " ", nonfinite->sizes(),
+                    " on ", nonfinite->device());
 }
 
 at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& out,
@@ -336,8 +345,10 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
                                   at::IntArrayRef dims, const at::Tensor& steps,
                                   c10::string_view optimizer, at::ArrayRef<double> hyper,
                                   std::optional<double> clip, bool check, int64_t dim,
-                                  const std::optional<at::Tensor>& workspace) {
-  check_args(out, order, starts, slots, table_sizes, values, dims, steps, hyper, dim, workspace);
+                                  const std::optional<at::Tensor>& workspace,
+                                  const std::optional<at::Tensor>& nonfinite) {
+  check_args(out, order, starts, slots, table_sizes, values, dims, steps, hyper, dim, workspace,
+             nonfinite);
   auto state = c10::make_intrusive<SummedUpdateState>();
   state->out = out;
   state->order = order;
@@ -355,7 +366,7 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
   state->check = check;
   state->dim = dim;
   state->workspace = workspace;
-  state->nonfinite = direct_flag(*state);
+  state->nonfinite = direct_flag(*state, nonfinite);
   state->table_slots = slots.split_with_sizes(table_sizes);
   return SummedUpdate::apply(trigger, std::move(state));
 }

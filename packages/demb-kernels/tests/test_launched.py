@@ -118,6 +118,12 @@ def test_the_clock_words_hold_one_reading_of_the_gpu_timer(n):
     assert len(set(clock)) == 1
     assert int(before) <= clock[0] <= int(after)
     assert plain.clock.shape == (0,)
+    for launched in (got, plain):  # a zeroed byte beside the info words, for a backward's flag
+        assert launched.nonfinite.shape == ()
+        assert launched.nonfinite.dtype == torch.bool
+        assert not bool(launched.nonfinite)
+        storage = launched.info.untyped_storage().data_ptr()
+        assert launched.nonfinite.untyped_storage().data_ptr() == storage
     assert got.info.shape == plain.info.shape
     host, plain_host = got.info.cpu(), plain.info.cpu()
     assert torch.equal(host[:-4], plain_host[:-4])  # up to the scatter's count of blocks
@@ -298,6 +304,8 @@ def test_fake_kernels_give_shapes_without_data():
         assert all(t.shape == (40,) for t in out[:6])
         assert out.info.shape == (T + 6 + F + 1 + 6,)
         assert out.clock.shape == (0,)
+        assert out.nonfinite.shape == ()
+        assert out.nonfinite.dtype == torch.bool
         assert dedup_launch(indices, offsets, ftab, T, 2, clock_words=T).clock.shape == (T,)
 
 

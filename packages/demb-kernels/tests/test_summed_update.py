@@ -40,7 +40,7 @@ def case(device, gen, n=40, unique=9, sizes=(4, 5), dim=3, rows=12):
 
 def wire(
     c, out, *, rows=None, scale=None, clip=None, check=True, steps=None, hyper=SGD, plan=True,
-    workspace=None,
+    workspace=None, nonfinite=None,
 ):  # fmt: skip
     trigger = torch.zeros((), device=out.device, requires_grad=True)
     steps = torch.zeros(len(c["sizes"]), dtype=torch.int64) if steps is None else steps
@@ -48,7 +48,7 @@ def wire(
     wired = torch.ops.demb.summed_update(
         trigger, out, c["order"], c["starts"], plan, rows, scale, c["slots"], c["sizes"],
         c["values"], [c["dim"]] * len(c["sizes"]), steps, "sgd", hyper, clip, check, c["dim"],
-        workspace,
+        workspace, nonfinite,
     )  # fmt: skip
     return wired, steps
 
@@ -153,6 +153,40 @@ def test_a_nonfinite_gradient_raises_and_changes_nothing(device, bad, key, works
     wired.backward(grad)
     assert steps.tolist() == [2, 2]
     assert not all(torch.equal(g, b) for g, b in zip(c["values"], before, strict=True))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dim", [3, 8], ids=["plan", "windows"])
+def test_a_given_flag_is_the_one_the_sums_set(dim):
+    """``nonfinite`` given (a zeroed byte, as dedup_launch makes one): the direct CUDA backward
+    uses it as the sums' NaN/inf flag (set after a rejected step; no flag of its own); one of
+    another dtype, size or device is named."""
+    gen = torch.Generator().manual_seed(6)
+    c = case("cuda", gen, n=300, dim=dim)
+    out = torch.zeros(300, c["dim"], device="cuda")
+    before = [v.clone() for v in c["values"]]
+    flag = torch.zeros((), dtype=torch.bool, device="cuda")
+    wired, steps = wire(c, out, nonfinite=flag)
+    grad = torch.ones(300, c["dim"], device="cuda")
+    grad[int(c["order"][c["starts"][3]]), 0] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        wired.backward(grad)
+    assert bool(flag)
+    for got, b in zip(c["values"], before, strict=True):
+        assert torch.equal(got, b)
+    assert steps.tolist() == [0, 0]
+    clean = torch.zeros((), dtype=torch.bool, device="cuda")
+    wired, steps = wire(c, out, nonfinite=clean, steps=steps)
+    wired.backward(torch.ones(300, c["dim"], device="cuda"))
+    assert not bool(clean)
+    assert steps.tolist() == [1, 1]
+    for bad in (
+        torch.zeros((), dtype=torch.int64, device="cuda"),
+        torch.zeros(2, dtype=torch.bool, device="cuda"),
+        torch.zeros((), dtype=torch.bool),
+    ):
+        with pytest.raises(ValueError, match="nonfinite: expected a zeroed one-element bool"):
+            wire(c, out, nonfinite=bad)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -183,7 +183,7 @@ def test_launched_find_or_insert_refuses_tables_that_may_grow():
     table = one_table(S.LFU, init_capacity=32, max_capacity=1024)
     assert table.may_grow
     before = table.index.sizes.clone()
-    launched = LaunchedDedup(*[torch.tensor([1, 2])] * 8)  # never read: the check comes first
+    launched = LaunchedDedup(*[torch.tensor([1, 2])] * 9)  # never read: the check comes first
     with pytest.raises(TableConfigError, match="find_or_insert_launched"):
         find_or_insert_launched(table, launched, table.next_score_args())
     assert torch.equal(table.index.sizes, before)
@@ -205,7 +205,8 @@ def test_launched_find_or_insert_needs_counts_where_asked_for_them():
     assert not one_table(S.TIMESTAMP).counts_keys
     assert one_table((S.TIMESTAMP, S.LFU)).counts_keys
     keys = torch.tensor([1, 2])
-    parts = [keys, keys, keys, torch.zeros(0, dtype=torch.int64), keys, keys, keys, keys[:0]]
+    flag = torch.zeros((), dtype=torch.bool)
+    parts = [keys, keys, keys, torch.zeros(0, dtype=torch.int64), keys, keys, keys, flag, keys[:0]]
     launched = LaunchedDedup(*parts)  # counts (0,): made with counts=False
     before = table.index.sizes.clone()
     with pytest.raises(TableConfigError, match="counts=True: the dedup was launched"):

@@ -53,11 +53,12 @@ int bits_for(int64_t max_value) {
 using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                             at::Tensor, at::Tensor>;
 using LaunchOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                             at::Tensor, at::Tensor>;
+                             at::Tensor, at::Tensor, at::Tensor>;
 
 // One dedup of a batch on the device: its buffers, and the launches that fill them (no sync).
 // `info` holds the words read back (dedup_bounds', see kDedupFlags), then the keys' varying
 // bits and the largest low bits (dedup_prepare_kernel), then `extra` more words (zeroed), then
+// one zeroed word no kernel here writes (dedup_launch's NaN/inf flag for the backward), then
 // `clock_words` copies of the global timer (dedup_prepare_kernel; dedup_launch's clock).
 struct DedupRun {
   at::Tensor indices, offsets, feature_tables, counters;
@@ -70,12 +71,14 @@ struct DedupRun {
   // (tables, tables by key, sorted tables, positions, positions by key, sorted positions) are
   // the stream's, kept across calls (held locked until the run's work is queued; new ones,
   // `kept` null, while the stream is being captured); the outputs are views of one new buffer
-  // (inverse, order, keys, tables, starts).
+  // (inverse, order, keys, tables, starts), made once the sort is queued (ensure_outputs: its
+  // allocation no longer delays the first kernels).
   std::shared_ptr<SortScratch> kept;
   std::unique_lock<std::mutex> hold;
   at::Tensor scratch64, scratch32, outputs, counters_sorted;
   int table_bits;
   uint64_t radix;  // > 0: sort keys table * radix + low bits (dedup_launch's key_radix)
+  int64_t flag_at;                // info[flag_at]: zeroed, written by no kernel here
   int64_t clock_at, clock_words;  // info[clock_at, + clock_words): the global timer
   int prepared = -1;  // the low bits the sort keys were made with
 
@@ -96,22 +99,27 @@ struct DedupRun {
         words(num_tables_ + kDedupFlags + feature_tables.numel() + 1),
         opts(indices.options()),
         stream(at::cuda::getCurrentCUDAStream()),
-        info(zeroed(words + 2 + extra + clock_words_, indices.options(), stream)),
+        info(zeroed(words + 2 + extra + 1 + clock_words_, indices.options(), stream)),
         kept(stream_capturing(stream) ? nullptr : SortScratchCache::get(opts, stream, n)),
         hold(kept ? std::unique_lock<std::mutex>(kept->mutex) : std::unique_lock<std::mutex>()),
         scratch64(kept ? kept->scratch64 : at::empty({4, n}, opts)),
         scratch32(kept ? kept->scratch32 : at::empty({6, n}, opts.dtype(at::kInt))),
-        outputs(at::empty({5, n}, opts)),
-        counters_sorted(cnt ? at::empty({n}, opts) : at::Tensor()),
         table_bits(bits_for(num_tables_ - 1)),
         radix(static_cast<uint64_t>(radix_)),
-        clock_at(words + 2 + extra),
+        flag_at(words + 2 + extra),
+        clock_at(flag_at + 1),
         clock_words(clock_words_) {
     if (kept) ++kept->uses;
   }
 
   int64_t* s64(int64_t k) const { return scratch64.data_ptr<int64_t>() + k * n; }
   int32_t* s32(int64_t k) const { return scratch32.data_ptr<int32_t>() + k * n; }
+  // The outputs' buffer (and the counters in order), made on the first call.
+  void ensure_outputs() {
+    if (outputs.defined()) return;
+    outputs = at::empty({5, n}, opts);
+    if (cnt) counters_sorted = at::empty({n}, opts);
+  }
   int64_t* out(int64_t k) const { return outputs.data_ptr<int64_t>() + k * n; }
   at::Tensor output(int64_t k) const { return outputs[k]; }  // inverse order keys tables starts
 
@@ -161,6 +169,7 @@ struct DedupRun {
     const Packing p = packing(end_bit);
     if (end_bit != prepared) prepare(end_bit);  // also with no index: the checks of the offsets
     if (n == 0) {
+      ensure_outputs();
       if (gate.info != nullptr) {
         dedup_gate_kernel<<<1, 1, 0, stream>>>(gate);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -237,6 +246,7 @@ struct DedupRun {
         return cub::DeviceScan::ExclusiveSum(temp, bytes, first_in, rank, n32, stream);
       });
     }
+    ensure_outputs();  // behind the sort's launches
     dedup_scatter_kernel<<<dedup_blocks(n), kDedupThreads, 0, stream>>>(
         indices.const_data_ptr<int64_t>(), order32, sorted, end_bit, flags, rank, cnt, n, out(0),
         out(1), out(2), out(3), out(4), cnt ? counters_sorted.data_ptr<int64_t>() : nullptr,
@@ -317,7 +327,9 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
 // place: a caller whose tables count no occurrences saves their launch). With clock_words = C > 0
 // the last output holds C copies of the global timer read by the first kernel (the timed scores
 // of the batch, as timestamp_kernel makes them, with no launch of their own); else it is (0,).
-// Both `info` and the clock are views of one buffer.
+// The one before it is a zeroed byte no kernel here writes, as summed_update's `nonfinite`
+// takes it (a backward's NaN/inf flag with no allocation or memset of its own). `info`, the
+// flag and the clock are views of one buffer.
 LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
                             const at::Tensor& feature_tables, int64_t num_tables,
                             int64_t batch_size, const std::optional<at::Tensor>& counters,
@@ -338,9 +350,15 @@ LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets
   int64_t* const info = d.info.data_ptr<int64_t>();
   const at::Tensor counts =
       want_counts ? d.counts(d.n, d.n, info + d.words + 3) : at::empty({0}, d.opts);
-  return {d.output(2),  d.output(3), d.output(0),
-          counts,       d.output(1), d.output(4),
-          d.info.narrow(0, 0, d.clock_at), d.info.narrow(0, d.clock_at, clock_words)};
+  return {d.output(2),
+          d.output(3),
+          d.output(0),
+          counts,
+          d.output(1),
+          d.output(4),
+          d.info.narrow(0, 0, d.flag_at),
+          d.info.narrow(0, d.flag_at, 1).view(at::kBool).select(0, 0),
+          d.info.narrow(0, d.clock_at, clock_words)};
 }
 
 // The batch's checks, and each index's table into `tables` when it is given.

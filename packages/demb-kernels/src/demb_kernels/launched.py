@@ -51,6 +51,10 @@ class LaunchedDedup(NamedTuple):
     """``(N,)`` int64 where each unique key's occurrences start in ``order`` (rows ``[0, U)``)."""
     info: torch.Tensor
     """``(T + 6 + F + 1 + 6,)`` int64 on the device: the words :func:`launch_info` reads."""
+    nonfinite: torch.Tensor
+    """``()`` bool on the device, zeroed, written by no kernel of the dedup or the gated find:
+    a backward's NaN/inf flag (``demb::summed_update``'s ``nonfinite``), with no allocation or
+    memset of its own."""
     clock: torch.Tensor
     """``(C,)`` int64 on the device: ``C`` (``clock_words``) copies of the GPU's global timer
     (ns), read once by the dedup's first kernel: the batch's timed scores, as
@@ -255,7 +259,8 @@ def _dedup_launch_fake(
     outs = [indices.new_empty((n,)) for _ in range(6)]
     if not counts:
         outs[3] = indices.new_empty((0,))
-    return (*outs, indices.new_empty((words,)), indices.new_empty((clock_words,)))
+    flag = indices.new_empty((), dtype=torch.bool)
+    return (*outs, indices.new_empty((words,)), flag, indices.new_empty((clock_words,)))
 
 
 @torch.library.register_fake("demb::table_find_or_insert_gated")  # type: ignore[untyped-decorator]

@@ -206,5 +206,6 @@ def summed_per_key(
         module.check_gradients,
         dim,
         module.sums_workspace,
+        batch.nonfinite,
     )
     return wired

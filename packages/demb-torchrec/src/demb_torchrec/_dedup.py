@@ -36,6 +36,10 @@ class DedupedBatch(NamedTuple):
     key_bits: int
     """A ``key_bits`` guess for the next batch: the low bits this batch's keys differ in,
     rounded up to whole radix passes of 8 bits."""
+    nonfinite: torch.Tensor | None = None
+    """A zeroed ``()`` bool on the device for the backward's NaN/inf flag
+    (:attr:`demb_kernels.launched.LaunchedDedup.nonfinite`: the one-sync path's), or None (the
+    backward's op makes one)."""
 
     def table_sizes(self) -> list[int]:
         """Per table, its unique keys (``U_t``)."""

@@ -87,5 +87,6 @@ def launched_find_or_insert(
         launched.order,
         launched.starts[:u],
         m._key_bits[0],
+        launched.nonfinite,
     )
     return batch, *m._initialize_new(batch, outcome)
