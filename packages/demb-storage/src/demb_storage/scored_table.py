@@ -110,11 +110,9 @@ class ScoredHashTable:
             and clock is None
             and all(layout.policy in TIME_POLICIES for layout in layouts)
         )
-        """Whether :meth:`next_score_args` is the GPU's global timer for every table (on CUDA,
-        every policy timed, no ``clock`` given): a caller may then pass copies of that timer read
-        later on the stream as ``score_args`` instead (the table module's training forward
-        passes :attr:`demb_kernels.launched.LaunchedDedup.clock`, read by the dedup's first
-        kernel: no launch of its own)."""
+        """Whether :meth:`next_score_args` is the GPU's global timer for every table (CUDA, all
+        policies timed, no ``clock``): a caller may pass a later reading as ``score_args``
+        (:attr:`demb_kernels.launched.LaunchedDedup.clock`)."""
 
     # ----------------------------------------------------------------------------- state
     @property
