@@ -1,4 +1,4 @@
-// copy_to_pinned_async, PinnedScratch and read_back_words (cuda/host_copy.h).
+// PinnedScratch and read_back_words (cuda/host_copy.h).
 #include "cuda/host_copy.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -40,19 +40,8 @@ void launch_copy_kernel(void* mapped, const void* src, size_t bytes, cudaStream_
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-}  // namespace
-
-void copy_to_pinned_async(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
-  if (bytes == 0) return;
-  void* mapped = nullptr;
-  if (cudaHostGetDevicePointer(&mapped, dst, 0) != cudaSuccess || mapped == nullptr) {
-    (void)cudaGetLastError();  // not mapped (e.g. registered without mapping): the copy engine
-    C10_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
-    return;
-  }
-  launch_copy_kernel(mapped, src, bytes, stream);
-}
-
+// The device address of pinned CPU tensor `host`'s data (its device mapping), or null when it
+// has none (registered without mapping): copies then go through the copy engine.
 void* pinned_device_address(const at::Tensor& host) {
   void* mapped = nullptr;
   if (cudaHostGetDevicePointer(&mapped, host.data_ptr(), 0) != cudaSuccess) {
@@ -62,11 +51,7 @@ void* pinned_device_address(const at::Tensor& host) {
   return mapped;
 }
 
-void copy_to_pinned_async(const at::Tensor& host, const at::Tensor& src) {
-  const c10::cuda::CUDAGuard guard(src.device());
-  copy_to_pinned_async(host.data_ptr(), src.const_data_ptr(), src.nbytes(),
-                       at::cuda::getCurrentCUDAStream());
-}
+}  // namespace
 
 // One thread's scratch on one device.
 struct PinnedScratch::Slot {
