@@ -428,6 +428,50 @@ def test_repeated_dedups_of_one_size_replay_the_sort_and_match_dedup_batch():
 
 
 @pytest.mark.cuda
+def test_replayed_dedups_take_each_call_s_batch_counters_and_words():
+    """Batches of one size n replay the sort and scan from a graph (its memsets made kernel
+    nodes) between launches of their own: with another bag count, with counters and without,
+    with clock words and without (another info size), each call gives dedup_batch's outputs,
+    its own batch checks (a bad one shuts only its own gate) and a zeroed NaN/inf byte, and the
+    outputs of earlier calls stay as they were."""
+    gen = torch.Generator().manual_seed(23)
+    n = 96
+    ftab = torch.tensor([0, 1, 2, 1]).cuda()
+    kept = []
+    for step in range(18):
+        batch = (2, 6, 24)[step % 3]  # F * batch bags of n indices in all
+        cuts = torch.sort(torch.randint(0, n + 1, (F * batch - 1,), generator=gen)).values
+        offsets = torch.cat([torch.tensor([0]), cuts, torch.tensor([n])]).cuda()
+        indices = torch.randint(0, 300, (n,), generator=gen).cuda()
+        weights = torch.randint(0, 4, (n,), generator=gen).cuda() if step % 2 else None
+        clock = T if step % 4 < 2 else 0
+        bad = step % 5 == 4  # a negative index: this batch's check fails, no other's
+        if bad:
+            indices[7] = -1
+        got = dedup_launch(indices, offsets, ftab, T, batch, weights, 16, 0, clock_words=clock)
+        assert got.clock.shape == (clock,)
+        host = got.info.cpu()
+        assert not bool(got.nonfinite)
+        if bad:
+            assert not gate_words(host.tolist())[1]
+            with pytest.raises(ValueError, match="indices"):
+                launch_info(host, n, T, F)
+            continue
+        want = dedup_batch(indices, offsets, ftab, T, batch, weights)
+        info = launch_info(host, n, T, F)
+        assert info.ready
+        assert info.bounds == want.bounds.tolist()
+        u = info.unique
+        outs = [got.keys[:u], got.tables[:u], got.inverse, got.counts[:u], got.order]
+        wanted = [want.keys, want.tables, want.inverse, want.counts, want.order]
+        assert all(torch.equal(a, b) for a, b in zip(outs, wanted, strict=True))
+        assert torch.equal(got.starts[:u], want.starts)
+        kept.append((outs, [t.clone() for t in outs]))
+    for outs, copies in kept:
+        assert all(torch.equal(a, b) for a, b in zip(outs, copies, strict=True))
+
+
+@pytest.mark.cuda
 def test_a_dedup_captured_in_a_caller_graph_replays_new_batches():
     """dedup_launch captured in a caller's torch.cuda.graph (its sort then uses scratch of its
     own, not the kept scratch later calls reuse) gives each new batch copied into its input
