@@ -8,9 +8,11 @@
 // 128 floats), the update sums each key of at most kSegmentChunk entries itself and only the
 // longer keys are summed before it (summing_update.h).
 // Autograd runs a CUDA backward on its device thread: here that thread runs no Python and takes
-// no GIL, so the update's first launch follows the node's start by a few calls, and what does
-// not need the gradients (the slots split per table, the zeroed NaN/inf flag) is made in the
-// forward. The flag comes back to the host in the thread's pinned scratch (PinnedScratch): no
+// no GIL, so the update's first launch follows the node's start by a few calls, and what the
+// sums need that does not need the gradients (the zeroed NaN/inf flag) is made in the forward.
+// The slots are split per table in the backward, behind the sums' launches (whose GPU work
+// hides it), not in the forward, whose host work after its read-back can outlast its last
+// kernel. The flag comes back to the host in the thread's pinned scratch (PinnedScratch): no
 // allocation, address query or event per step. On the CPU the sums go into a tensor the module
 // keeps (sum_segments_into).
 #include <ATen/ATen.h>
@@ -52,8 +54,7 @@ struct SummedUpdateState : torch::CustomClassHolder {
   std::optional<at::Tensor> rows;    // (N,) int64 the gradient row of each entry (pooled)
   std::optional<at::Tensor> scale;   // (N,) float32 each entry's factor (pooled)
   std::vector<int64_t> table_sizes;  // T: unique keys per table, in order
-  std::vector<at::Tensor> table_slots;  // T: (U_t,) int64 slot of each unique key (-1: none),
-                                        // split in the forward
+  at::Tensor slots;                  // (U,) int64 slot of each unique key (-1: none)
   std::vector<at::Tensor> values;    // T value buffers (updated in place)
   std::vector<int64_t> dims;         // T embedding widths
   at::Tensor steps;                  // (T,) int64 CPU updates so far, advanced on success
@@ -66,7 +67,7 @@ struct SummedUpdateState : torch::CustomClassHolder {
   std::optional<at::Tensor> workspace;
   // CUDA, unscaled: the sums' NaN/inf flag, zeroed in the forward, for a backward that
   // launches the sums straight away (segment_sums_launch); used once (undefined after). Made in
-  // the forward, like table_slots: autograd runs a CUDA backward on its device thread, whose
+  // the forward: autograd runs a CUDA backward on its device thread, whose
   // core is often cold, and each call there before the update's launch can leave the GPU idle.
   at::Tensor nonfinite;
 };
@@ -88,14 +89,14 @@ struct Direct {
   OptionalTensor grads;
 };
 
-void update(const SummedUpdateState& s, const std::vector<at::Tensor>& sums,
-            const std::vector<int64_t>& steps, const OptionalTensor& skip,
-            const Direct& direct) {
+void update(const SummedUpdateState& s, const std::vector<at::Tensor>& table_slots,
+            const std::vector<at::Tensor>& sums, const std::vector<int64_t>& steps,
+            const OptionalTensor& skip, const Direct& direct) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("demb::optimizer_update", "")
                              .typed<UpdateOp>();
   const std::vector<double>& h = s.hyper;
-  op.call(s.values, s.table_slots, sums, s.dims, steps, s.optimizer, h[0], h[1], h[2], h[3], h[4],
+  op.call(s.values, table_slots, sums, s.dims, steps, s.optimizer, h[0], h[1], h[2], h[3], h[4],
           h[5], h[6], h[7], h[8], skip, direct.rows, direct.grads);
 }
 
@@ -250,19 +251,20 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
     Direct direct;
     if (skip_single && !summing) direct = {single.defined() ? single : single_rows(*s), grads};
     const std::vector<at::Tensor> sums = summed.split_with_sizes(s->table_sizes);
+    const std::vector<at::Tensor> table_slots = s->slots.split_with_sizes(s->table_sizes);
     std::vector<int64_t> steps(s->steps.const_data_ptr<int64_t>(),
                                s->steps.const_data_ptr<int64_t>() + s->steps.numel());
     for (int64_t& step : steps) ++step;
     if (summing) {
 #ifdef DEMB_WITH_CUDA
-      summing_update_launch(s->values, s->table_slots, sums, s->dims, steps, s->optimizer,
+      summing_update_launch(s->values, table_slots, sums, s->dims, steps, s->optimizer,
                             s->hyper, grads, s->order, s->starts);
 #endif
     } else if (!s->check) {
-      update(*s, sums, steps, std::nullopt, direct);
+      update(*s, table_slots, sums, steps, std::nullopt, direct);
     } else if (!bad.is_cuda()) {  // CPU kernels run in order: the flag first
       check_finite(bad.item<bool>());
-      update(*s, sums, steps, std::nullopt, direct);
+      update(*s, table_slots, sums, steps, std::nullopt, direct);
     } else {
 #ifdef DEMB_WITH_CUDA
       // The flag goes to the host behind the sums (stored there by the sums themselves, or
@@ -276,7 +278,7 @@ struct SummedUpdate : torch::autograd::Function<SummedUpdate> {
       const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(bad.device().index()).stream();
       if (!flagged_on_host) host_flag->copy_from(bad.const_data_ptr(), sizeof(bool), stream);
       host_flag->record(stream);
-      update(*s, sums, steps, bad, direct);
+      update(*s, table_slots, sums, steps, bad, direct);
       host_flag->wait();
       check_finite(*static_cast<const bool*>(host_flag->host()));
 #else
@@ -367,7 +369,7 @@ at::Tensor summed_update_autograd(const at::Tensor& trigger, const at::Tensor& o
   state->dim = dim;
   state->workspace = workspace;
   state->nonfinite = direct_flag(*state, nonfinite);
-  state->table_slots = slots.split_with_sizes(table_sizes);
+  state->slots = slots;
   return SummedUpdate::apply(trigger, std::move(state));
 }
 
