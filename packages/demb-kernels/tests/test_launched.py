@@ -429,11 +429,11 @@ def test_repeated_dedups_of_one_size_replay_the_sort_and_match_dedup_batch():
 
 @pytest.mark.cuda
 def test_replayed_dedups_take_each_call_s_batch_counters_and_words():
-    """Batches of one size n replay the sort and scan from a graph (its memsets made kernel
-    nodes) between launches of their own: with another bag count, with counters and without,
-    with clock words and without (another info size), each call gives dedup_batch's outputs,
-    its own batch checks (a bad one shuts only its own gate) and a zeroed NaN/inf byte, and the
-    outputs of earlier calls stay as they were."""
+    """Batches of one size n replay the sort and scan from a graph between launches of their
+    own: with another bag count, with counters and without, with clock words and without
+    (another info size), each call gives dedup_batch's outputs, its own batch checks (a bad one
+    shuts only its own gate) and a zeroed NaN/inf byte, and the outputs of earlier calls stay as
+    they were."""
     gen = torch.Generator().manual_seed(23)
     n = 96
     ftab = torch.tensor([0, 1, 2, 1]).cuda()
@@ -469,6 +469,36 @@ def test_replayed_dedups_take_each_call_s_batch_counters_and_words():
         kept.append((outs, [t.clone() for t in outs]))
     for outs, copies in kept:
         assert all(torch.equal(a, b) for a, b in zip(outs, copies, strict=True))
+
+
+@pytest.mark.cuda
+def test_replayed_large_dedups_clear_their_sort_graph_s_counters():
+    """Batches large enough for cub's onesweep sort (a histogram, counters and a lookback
+    buffer per pass, zeroed inside its graph) replay it: three sorts of one size (32-bit keys,
+    64-bit keys, packed with a radix) in turn, and a batch of another size between them, each
+    equal to dedup_batch. A histogram or counter left from an earlier call would misplace the
+    keys."""
+    gen = torch.Generator().manual_seed(29)
+    ftab = torch.tensor([0, 1, 2, 1]).cuda()
+    radix = packed_radix(16, 19_999, T)
+    assert radix > 0
+    sorts = ((24, 0, 2**20), (40, 0, 2**20), (16, radix, 20_000))  # key bits, radix, key range
+    for step in range(14):
+        batch = 5_000 if step % 5 == 4 else 10_000
+        lengths = torch.randint(0, 3, (F * batch,), generator=gen)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).cuda()
+        bits, radix, key_range = sorts[step % 3]
+        high = key_range if step % 2 else 1_000  # few or many repeated keys
+        indices = torch.randint(0, high, (int(offsets[-1]),), generator=gen).cuda()
+        got = dedup_launch(indices, offsets, ftab, T, batch, None, bits, radix)
+        info = launch_info(got.info.cpu(), indices.numel(), T, F)
+        assert info.ready
+        want = dedup_batch(indices, offsets, ftab, T, batch)
+        u = info.unique
+        outs = [got.keys[:u], got.tables[:u], got.inverse, got.counts[:u], got.order]
+        wanted = [want.keys, want.tables, want.inverse, want.counts, want.order]
+        assert all(torch.equal(a, b) for a, b in zip(outs, wanted, strict=True))
+        assert torch.equal(got.starts[:u], want.starts)
 
 
 @pytest.mark.cuda
