@@ -2,10 +2,13 @@
 when the two run on two streams at once, on the reference batch (Adam, NONE): the dedup
 (``dedup_launch``), the lookup of its unique keys with and without touching their scores
 (``ScoredHashTable.find``), and the gather of the occurrences' rows (``gather_table_rows``),
-alone, one after the other, and side by side. Each case is queued behind a GPU sleep (so the
-host's launches are all in before the GPU starts) and timed between events, in microseconds;
-medians of 20 after 5. Then the forward's gated lookup op (lean phase A, scores touched, its
-one read-back) timed between events around it.
+alone, one after the other, and side by side. Also the forward's chain on one stream (dedup,
+touching lookup, gather) against the dedup and touching lookup on one stream beside eval's
+one-pass find and read of every occurrence (``table_find_batch_rows``, which needs no dedup) on
+another, the dedup's stream at the same or a higher priority. Each case is queued behind a GPU
+sleep (so the host's launches are all in before the GPU starts) and timed between events, in
+microseconds; medians of 20 after 5. Then the forward's gated lookup op (lean phase A, scores
+touched, its one read-back) timed between events around it.
 
 Usage: ``python forward_overlap.py`` (after ``source .device/setup.sh`` on the H200). A tidied
 copy of the scratch script whose output is ``results/forward_overlap_h200.txt``.
@@ -80,6 +83,8 @@ def main() -> None:
     print("score policies", m.tables.index.policy_list)
     main_stream = torch.cuda.current_stream()
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    high = torch.cuda.Stream(priority=-1)  # above the default priority (0)
+    ftab, index = m._feature_tables, m.tables.index
 
     def dedup() -> None:
         dedup_launch(idx, off, m._feature_tables, num_tables, batch_size, None, key_bits, radix,
@@ -95,9 +100,22 @@ def main() -> None:
         gather_table_rows(m.tables.values, slots, batch.tables, batch.inverse, m.dims[0],
                           check=False)  # fmt: skip
 
+    def find_rows() -> None:  # eval's pass: each occurrence found and its row read
+        torch.ops.demb.table_find_batch_rows(*index._tensors(), list(m.tables.values), idx, off,
+                                             ftab, batch_size, m.dims[0], False)  # fmt: skip
+
     def dedup_lookup() -> None:
         dedup()
         lookup()
+
+    def dedup_touch() -> None:
+        dedup()
+        touch()
+
+    def chain() -> None:  # the training forward's GPU work, in its order
+        dedup()
+        touch()
+        gather()
 
     def dedup_gather() -> None:
         dedup()
@@ -114,6 +132,11 @@ def main() -> None:
         "dedup then gather, one stream": [(dedup_gather, s1)],
         "lookup touching scores alone": [(touch, s1)],
         "lookup touching || gather": [(touch, s1), (gather, s2)],
+        "dedup, touch, gather, one stream": [(chain, s1)],
+        "dedup+touch alone": [(dedup_touch, s1)],
+        "find_rows alone": [(find_rows, s2)],
+        "find_rows || dedup+touch": [(find_rows, s2), (dedup_touch, s1)],
+        "find_rows || dedup+touch (high)": [(find_rows, s2), (dedup_touch, high)],
     }
     print_cases(cases, main_stream, 32)
 
