@@ -11,7 +11,7 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "bucketize_by_owner(Tensor lengths, Tensor values, Tensor? weights, int world_size, "
       "str dist_type, Tensor? block_sizes) -> (Tensor, Tensor, Tensor?, Tensor)");
-  // The scored hash table (HASH_TABLE.md). The first six arguments are the index tensors.
+  // The scored hash table (docs/hash_table.md). The first six arguments are the index tensors.
   m.def(
       "table_lookup(Tensor index_keys, Tensor digests, Tensor(a!) scores, Tensor slot_offsets, "
       "Tensor bucket_widths, Tensor policies, Tensor keys, Tensor table_ids, Tensor? score_args, "

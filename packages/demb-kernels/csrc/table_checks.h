@@ -12,7 +12,7 @@
 
 namespace demb {
 
-// The index tensors of HASH_TABLE.md, checked against each other. `scores` is (W, S).
+// The index tensors of docs/hash_table.md, checked against each other. `scores` is (W, S).
 struct IndexTensors {
   at::Tensor keys;           // int64 (S,)
   at::Tensor digests;        // uint8 (S,)

@@ -1,4 +1,4 @@
-// The rules of the scored hash table (HASH_TABLE.md), shared by the CPU and CUDA kernels.
+// The rules of the scored hash table (docs/hash_table.md), shared by the CPU and CUDA kernels.
 //
 // Plain C++ (no torch headers), callable from host and device code. Where a key lives must stay
 // bit-for-bit equal to demb_planner.table_hash (numpy), which is its definition; tests check it.
@@ -32,7 +32,7 @@ enum class InsertStatus : int64_t { kHit = 0, kInserted = 1, kEvicted = 2, kFail
 // What the bucket-sequential kernel does with each key.
 enum class BucketOp : int32_t { kInsert = 0, kAssign = 1, kErase = 2 };
 
-// Raw view of an index for one op (HASH_TABLE.md's tensors), the same on host and device.
+// Raw view of an index for one op (docs/hash_table.md's tensors), the same on host and device.
 struct TableView {
   int64_t* keys;
   uint8_t* digests;

@@ -2,7 +2,7 @@
 
 Keys are chosen through ``demb_planner.home_slots`` so that they collide in one bucket of a
 small table (capacity 32, bucket width 16: buckets 0 and 1), and every expectation below is
-worked out from ``HASH_TABLE.md`` by hand, not by re-running the algorithm.
+worked out from ``docs/hash_table.md`` by hand, not by re-running the algorithm.
 """
 
 from __future__ import annotations

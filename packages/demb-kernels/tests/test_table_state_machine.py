@@ -3,7 +3,7 @@
 Every rule runs one op on a fused ``TableIndex`` of 1-3 small tables and on
 :class:`demb_kernels.table_reference.TableModel`, and checks that the outputs agree. After every
 step each table's export (keys, slots, scores) and the sizes agree, and the kernel side alone
-keeps the promises of ``HASH_TABLE.md``: no key disappears except by a reported eviction, an
+keeps the promises of ``docs/hash_table.md``: no key disappears except by a reported eviction, an
 erase or a clear; every eviction is reported once, with the victim's scores; every key that did
 not fail sits at its returned slot. One machine per policy: table 0 has that policy, the other
 tables draw theirs. Keys come from a small range so that buckets overflow and evict.

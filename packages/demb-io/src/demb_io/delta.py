@@ -1,7 +1,7 @@
 """The delta format: the file form of the spec's ``DeltaDumpResult`` (what ``incremental_dump``
 returns and ``replay_increment`` applies), one folder per embedding collection, per table its
 rows (keys, embeddings, optional optimizer state, scores with timestamp columns as ages, the
-slot of each key), its erased and evicted keys, and a meta JSON. See ``FORMAT.md``.
+slot of each key), its erased and evicted keys, and a meta JSON. See ``docs/format.md``.
 """
 
 from __future__ import annotations

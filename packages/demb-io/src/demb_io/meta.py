@@ -1,6 +1,6 @@
 """The meta JSON of one table's shard (one rank's rows) in a checkpoint: what its files hold.
 
-See ``FORMAT.md``. Reading validates every field's type and range and raises
+See ``docs/format.md``. Reading validates every field's type and range and raises
 :class:`~demb_io.FormatError` naming the file and the field.
 """
 

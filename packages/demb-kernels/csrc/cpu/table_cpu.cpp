@@ -1,4 +1,4 @@
-// CPU kernels of the scored hash table (HASH_TABLE.md). Phase A (lookups) runs in parallel over
+// CPU kernels of the scored hash table (docs/hash_table.md). Phase A (lookups) runs in parallel over
 // keys; phase B runs in parallel over buckets, each bucket's keys in batch order; so the result
 // is the one the CUDA kernels give, whatever the number of threads.
 #include <ATen/ATen.h>

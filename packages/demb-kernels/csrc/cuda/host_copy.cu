@@ -103,7 +103,7 @@ PinnedScratch::PinnedScratch(c10::DeviceIndex device, size_t bytes) : slot_(null
   if (slots.size() <= static_cast<size_t>(device)) slots.resize(static_cast<size_t>(device) + 1);
   std::unique_ptr<Slot>& mine = slots[static_cast<size_t>(device)];
   if (!mine) mine = std::make_unique<Slot>();
-  if (mine->busy) {  // a nested lease: a slot of its own
+  if (mine->busy) {  // nested on this thread: a slot of its own
     auto own = std::make_unique<Slot>();
     own->fit(device, bytes);
     slot_ = own.release();

@@ -16,9 +16,9 @@ namespace demb {
 // critical path: a pinned block from PyTorch's host allocator with its device mapping (none:
 // copies go through the copy engine) and an event, made on the thread's first use of the device
 // and kept for the thread's life, so a read-back makes no allocation, no device-address query
-// and no event of its own (on the H200 machine each CUDA runtime call costs several us of host
-// time). A lease holds it for one read-back or one backward's flag: a nested lease on the same
-// thread and device gets a scratch of its own, made and dropped with it.
+// and no event of its own (on a virtualized host each CUDA runtime call can cost several us of host
+// time). One PinnedScratch holds it for one read-back or one backward's flag: a nested one on the
+// same thread and device gets a scratch of its own, made and dropped with it.
 class PinnedScratch {
  public:
   PinnedScratch(c10::DeviceIndex device, size_t bytes);
@@ -30,7 +30,7 @@ class PinnedScratch {
   void* host() const;
   void* device() const;
 
-  // Queues a copy of `bytes` bytes (at most the lease's) from device address `src` into the
+  // Queues a copy of `bytes` bytes (at most the scratch's) from device address `src` into the
   // scratch on `stream`, by a kernel through the device mapping, else by cudaMemcpyAsync.
   void copy_from(const void* src, size_t bytes, cudaStream_t stream) const;
 
@@ -42,7 +42,7 @@ class PinnedScratch {
 
  private:
   Slot* slot_;
-  bool owned_;  // a nested lease's own slot, freed with the lease
+  bool owned_;  // a nested scratch's own slot, freed with it
 };
 
 // `count` elements of `dtype` at device address `src`, read back into a new CPU tensor on

@@ -1,4 +1,4 @@
-// Phase B of the table ops (HASH_TABLE.md) on CUDA: one thread per run of a bucket's missing
+// Phase B of the table ops (docs/hash_table.md) on CUDA: one thread per run of a bucket's missing
 // keys (or, for insert_or_assign and erase, of all its keys), in batch order. A thread owns its
 // bucket, so it reads and writes it without atomics; threads of one warp own different buckets
 // and never wait on each other (sub-warp tiles would serialize their divergent paths).

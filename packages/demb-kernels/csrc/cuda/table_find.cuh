@@ -1,4 +1,4 @@
-// Finding a key in its bucket on CUDA (HASH_TABLE.md), by one lane alone: its digests 16 at a
+// Finding a key in its bucket on CUDA (docs/hash_table.md), by one lane alone: its digests 16 at a
 // time from its start slot's chunk (thread_find), after its start slot (lane_find_home). Device
 // functions only, so that several .cu files can share them (kernels defined in a header would
 // be defined twice).
@@ -41,7 +41,7 @@ __device__ __forceinline__ uint32_t chunk_mask(uint4 d, Match match) {
 // home start: an insert puts a key at the first empty slot from there, so it is most often in
 // that chunk or the next, and fewer digest matches elsewhere cost a key load first: the
 // reference batch's gated lookup took 41.1-41.6 us against 44.6-44.7 us scanning from the
-// bucket's first chunk, on one H200 lease). A key is in its bucket at most once: the same slot
+// bucket's first chunk, on an H200). A key is in its bucket at most once: the same slot
 // whatever the order.
 __device__ inline int64_t thread_find(const TableView& v, int64_t base, int64_t width,
                                       int64_t key, uint8_t digest, int64_t start) {

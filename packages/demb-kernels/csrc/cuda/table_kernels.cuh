@@ -1,4 +1,4 @@
-// CUDA kernels of the scored hash table (HASH_TABLE.md); plain CUDA, no torch headers.
+// CUDA kernels of the scored hash table (docs/hash_table.md); plain CUDA, no torch headers.
 //
 // What the ops share, and phase A (one lane per key, table_find.cuh). Phase B is in
 // table_bucket.cuh. The choices are those of the CPU kernels (cpu/table_cpu.cpp): same bucket,
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 8)
 // entry scheduled its idle blocks for nothing: 73 us against 64 us for the reference batch; one
 // 8-lane tile per entry took 69 us. A lane taking two entries at a time, both start slots
 // loaded before either is compared, took 44.1-44.2 us, or 41.5-42.0 us at 6 blocks per SM,
-// against 41.1-41.6 us for this kernel, on one H200 lease.)
+// against 41.1-41.6 us for this kernel, on an H200.)
 __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, kLookupBlocksPerSm)
     lookup_gated_kernel(TableView v, BatchIn in, BatchOut out, PhaseBPrep prep) {
   const int64_t limit = in.gate[1] != 0 ? in.gate[0] : 0;

@@ -1,7 +1,7 @@
 """demb-kernels: the native ops of demb (C++ CPU and CUDA kernels behind the ``demb`` library).
 
 Import this package to load the ops. :mod:`demb_kernels.ops` has the key-routing ops,
-:mod:`demb_kernels.table` the scored hash table's index and ops (HASH_TABLE.md),
+:mod:`demb_kernels.table` the scored hash table's index and ops (docs/hash_table.md),
 :mod:`demb_kernels.rows` the value-row copies; :mod:`demb_kernels.reference` and
 :mod:`demb_kernels.table_reference` are the pure references the tests compare against.
 """

@@ -1,4 +1,4 @@
-"""The index of fused scored hash tables: plain tensors, as defined in HASH_TABLE.md.
+"""The index of fused scored hash tables: plain tensors, as defined in docs/hash_table.md.
 
 :class:`TableIndex` holds ``T`` logical tables (keys, digests, score words, per-table layout);
 :class:`ScorePolicy` and :class:`InsertStatus` are the codes the kernels use. The ops are in
@@ -36,7 +36,7 @@ _MAX_BUCKET_WIDTH = 2**31 - 1
 
 
 class ScorePolicy(enum.IntEnum):
-    """How a table scores the keys a batch touches (see HASH_TABLE.md)."""
+    """How a table scores the keys a batch touches (see docs/hash_table.md)."""
 
     TIMESTAMP = 0
     """Score = the batch's timestamp (``score_args[t]``)."""
@@ -93,7 +93,7 @@ def _positive(name: str, value: int) -> int:
 
 @dataclass
 class TableIndex:
-    """The index of ``T`` fused tables: plain tensors on one device (see HASH_TABLE.md).
+    """The index of ``T`` fused tables: plain tensors on one device (see docs/hash_table.md).
 
     Build one with :meth:`create`. The ops mutate it in place, except :func:`rehash`, which
     returns a new one.

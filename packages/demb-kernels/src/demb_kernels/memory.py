@@ -4,7 +4,7 @@ Table rows and hash slots are read at random. With 4 KiB pages every such read o
 hundreds of MiB also misses the TLB; with 2 MiB pages the TLB covers the whole table. On a 2-core
 VM (THP mode ``madvise``), the scaled SUM module benchmark with SGD took 19.6 ms a training step
 against 22.2 ms when its 300 MiB of tables were re-backed by huge pages (same process,
-alternating; ninth session).
+alternating).
 
 :func:`full` allocates, asks the kernel for huge pages (``madvise(MADV_HUGEPAGE)`` on the 2 MiB
 aligned interior, before the first write, so that the first write faults in huge pages), then

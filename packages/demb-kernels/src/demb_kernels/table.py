@@ -1,4 +1,4 @@
-"""The scored hash table's index and its ops (``demb::table_*``), as defined in HASH_TABLE.md.
+"""The scored hash table's index and its ops (``demb::table_*``), as defined in docs/hash_table.md.
 
 A :class:`TableIndex` holds ``T`` fused logical tables in plain tensors (keys, digests, score
 words, per-table layout). The ops are the same algorithm on CPU (C++) and CUDA: fed the same
@@ -210,7 +210,7 @@ def find_or_insert(
     *,
     check: bool = True,
 ) -> InsertResult:
-    """Find each key, inserting the missing ones (evicting in full buckets); see HASH_TABLE.md.
+    """Find each key, inserting the missing ones (evicting in full buckets); see docs/hash_table.md.
 
     Keys present before the call are hits and are protected for the whole batch; missing keys
     are inserted bucket by bucket in batch order; duplicates map to one slot. No key of the

@@ -1,6 +1,6 @@
-"""Pure-Python model of the fused scored hash table of ``HASH_TABLE.md``, for tests.
+"""Pure-Python model of the fused scored hash table of ``docs/hash_table.md``, for tests.
 
-:class:`TableModel` implements the algorithm of ``packages/demb-kernels/HASH_TABLE.md`` literally,
+:class:`TableModel` implements the algorithm of ``docs/hash_table.md`` literally,
 on plain Python ints and lists, independent of the native kernels: the only shared piece is
 :func:`demb_planner.home_slots` (home bucket and start position of a key), which is the single
 definition of where a key lives. It keeps no digests (they are a kernel-side shortcut for
@@ -94,7 +94,7 @@ def _positive(name: str, value: int) -> int:
 
 
 class TableModel:
-    """The fused scored hash table of ``HASH_TABLE.md``: ``T`` tables, ``W`` score words.
+    """The fused scored hash table of ``docs/hash_table.md``: ``T`` tables, ``W`` score words.
 
     Args:
         capacities: slots of each table, a positive multiple of its bucket width.
