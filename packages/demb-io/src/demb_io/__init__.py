@@ -1,6 +1,6 @@
 """demb-io: the on-disk checkpoint and delta formats of dynamic embedding tables, their writers
 and validated readers, and offline tools (merge, apply, reshard, export; CLI ``demb-io``).
-numpy and demb-planner only, no torch import. See ``FORMAT.md``.
+numpy and demb-planner only, no torch import. See ``docs/format.md``.
 
 A checkpoint is a directory: a folder per embedding collection; per table and rank, files of
 keys, values (in the table's ``embedding_dtype``), optional optimizer state, scores and optional
@@ -8,7 +8,7 @@ admission counters, and a meta JSON with their sizes and CRC-32s.
 """
 
 from demb_io._errors import FormatError, IoError, LayoutError
-from demb_io._staging import MARKER, commit_directory
+from demb_io._staging import MARKER, commit_directory, commit_staged, staging_path
 from demb_io.checkpoint import Checkpoint, CheckpointWriter
 from demb_io.delta import (
     DELTA_FORMAT,
@@ -54,6 +54,7 @@ __all__ = [
     "ShardWriter",
     "apply_delta",
     "commit_directory",
+    "commit_staged",
     "export_npz",
     "export_parquet",
     "from_float32",
@@ -67,6 +68,7 @@ __all__ = [
     "read_shard",
     "reshard",
     "shard_stem",
+    "staging_path",
     "storage_dtype",
     "to_float32",
     "write_delta",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from demb_planner import DembError
+
 __all__ = ["FormatError", "IoError", "LayoutError"]
 
 
-class IoError(Exception):
+class IoError(DembError):
     """Base of demb-io's errors."""
 
 

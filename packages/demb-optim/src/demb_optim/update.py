@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import demb_kernels  # noqa: F401  (loads the native ops)
 import torch
-from demb_kernels import _library  # noqa: F401  (loads the native ops)
 
 from demb_optim.gradients import nonfinite
 from demb_optim.specs import FTRL, Adagrad, Adam, OptimizerSpec, RowWiseAdagrad

@@ -5,7 +5,7 @@ The key-ownership rule (:mod:`demb_planner.ownership`), where a key lives in a r
 (:mod:`demb_planner.capacity`; the per-row optimizer-state size comes from demb-optim).
 """
 
-from demb_planner._errors import PlannerConfigError
+from demb_planner._errors import DembError, PlannerConfigError
 from demb_planner.capacity import (
     BUCKET_ALIGNMENT,
     MAX_BUCKET_CAPACITY,
@@ -47,6 +47,7 @@ __all__ = [
     "MAX_BUCKET_CAPACITY",
     "TABLE_HASH_SEED",
     "BucketLayout",
+    "DembError",
     "DistType",
     "HomeSlots",
     "PlannerConfigError",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from demb_planner import DembError
+
 __all__ = ["InsertFailedError", "StorageError", "TableConfigError"]
 
 
-class StorageError(Exception):
+class StorageError(DembError):
     """Base class of demb-storage's errors."""
 
 

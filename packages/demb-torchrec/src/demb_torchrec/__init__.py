@@ -13,7 +13,27 @@ from typing import TYPE_CHECKING
 
 from demb_torchrec._args import optimizer_spec
 from demb_torchrec.batched_tables import BatchedDynamicEmbeddingTablesV2, DynamicEmbeddingTables
+from demb_torchrec.capacity import (
+    BUCKET_ALIGNMENT,
+    MAX_BUCKET_CAPACITY,
+    get_sharded_table_capacity,
+    get_table_value_bytes,
+)
 from demb_torchrec.dump import DynamicEmbDump, DynamicEmbLoad
+from demb_torchrec.errors import (
+    DembError,
+    FormatError,
+    InputError,
+    InputTypeError,
+    InsertFailedError,
+    IoError,
+    LayoutError,
+    NotSupportedError,
+    OptimizerConfigError,
+    PlannerConfigError,
+    StorageError,
+    TableConfigError,
+)
 from demb_torchrec.options import (
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,
@@ -27,8 +47,11 @@ from demb_torchrec.options import (
 )
 
 __all__ = [
+    "BUCKET_ALIGNMENT",
     "FTRL",
+    "MAX_BUCKET_CAPACITY",
     "BatchedDynamicEmbeddingTablesV2",
+    "DembError",
     "DynamicEmbCheckMode",
     "DynamicEmbDump",
     "DynamicEmbEvictStrategy",
@@ -46,12 +69,27 @@ __all__ = [
     "DynamicEmbeddingShardingPlanner",
     "DynamicEmbeddingTables",
     "EvictedItemMode",
+    "FormatError",
+    "InputError",
+    "InputTypeError",
+    "InsertFailedError",
+    "IoError",
+    "LayoutError",
+    "NotSupportedError",
+    "OptimizerConfigError",
+    "PlannerConfigError",
+    "StorageError",
+    "TableConfigError",
+    "complete_initializer_args",
+    "get_sharded_table_capacity",
+    "get_table_value_bytes",
     "optimizer_spec",
 ]
 
 _ON_TORCHREC = {
     "FTRL": "demb_torchrec.optimizers",
     "DynamicEmbParameterConstraints": "demb_torchrec.constraints",
+    "complete_initializer_args": "demb_torchrec.constraints",
     "DynamicEmbeddingEnumerator": "demb_torchrec.planner",
     "DynamicEmbeddingShardingPlanner": "demb_torchrec.planner",
     "DynamicEmbeddingBagCollectionSharder": "demb_torchrec.sharders",
@@ -59,7 +97,10 @@ _ON_TORCHREC = {
 }
 
 if TYPE_CHECKING:
-    from demb_torchrec.constraints import DynamicEmbParameterConstraints
+    from demb_torchrec.constraints import (
+        DynamicEmbParameterConstraints,
+        complete_initializer_args,
+    )
     from demb_torchrec.optimizers import FTRL
     from demb_torchrec.planner import DynamicEmbeddingEnumerator, DynamicEmbeddingShardingPlanner
     from demb_torchrec.sharders import (

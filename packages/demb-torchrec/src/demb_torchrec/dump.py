@@ -27,8 +27,15 @@ import numpy as np
 import numpy.typing as npt
 import torch
 import torch.distributed as dist
-from demb_io import Checkpoint, ShardData, ShardMeta, ShardWriter, iter_shard
-from demb_io._staging import commit_staged, staging_path
+from demb_io import (
+    Checkpoint,
+    ShardData,
+    ShardMeta,
+    ShardWriter,
+    commit_staged,
+    iter_shard,
+    staging_path,
+)
 from demb_io.meta import CHECKPOINT_FORMAT, FORMAT_VERSION
 from demb_planner import continuous_block_size, owner_rank
 from torch import nn

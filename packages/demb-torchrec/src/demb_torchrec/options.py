@@ -25,6 +25,8 @@ from demb_storage import (
     TableConfigError,
 )
 
+from demb_torchrec.errors import NotSupportedError
+
 __all__ = [
     "DynamicEmbCheckMode",
     "DynamicEmbEvictStrategy",
@@ -152,9 +154,10 @@ def check_supported(options: DynamicEmbTableOptions, table: str) -> None:
     value whose feature demb does not have yet."""
     for name, (is_set, why) in _NOT_YET.items():
         if is_set(getattr(options, name)):
-            raise NotImplementedError(
-                f"table {table!r}: DynamicEmbTableOptions.{name}={getattr(options, name)!r} is "
-                f"not supported yet ({why})"
+            raise NotSupportedError(
+                f"DynamicEmbTableOptions.{name}",
+                f"{getattr(options, name)!r} is not supported yet ({why})",
+                table=table,
             )
     if options.index_type not in (None, torch.int64, torch.int32):
         raise TableConfigError("index_type", options.index_type, "must be torch.int64 or int32")

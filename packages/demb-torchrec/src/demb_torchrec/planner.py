@@ -73,6 +73,7 @@ from demb_torchrec.options import DynamicEmbTableOptions
 
 __all__ = [
     "TABLES_KEY",
+    "DynamicEmbParameterConstraints",
     "DynamicEmbParameterSharding",
     "DynamicEmbPerfEstimator",
     "DynamicEmbStorageEstimator",
