@@ -1,4 +1,4 @@
-"""End to end (issue 7's first acceptance item): a model with an EmbeddingBagCollection and an
+"""End to end: a model with an EmbeddingBagCollection and an
 EmbeddingCollection, each holding a dynamic and a static table, plus a dense layer, planned by
 DynamicEmbeddingShardingPlanner and trained under DistributedModelParallel with
 apply_optimizer_in_backward on 1, 2 and 4 gloo ranks (each rank a process), and on one GPU over

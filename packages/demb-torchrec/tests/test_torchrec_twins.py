@@ -1,4 +1,4 @@
-"""TorchRec twins (issue 7): the same model with dynamic tables (under DistributedModelParallel on
+"""TorchRec twins: the same model with dynamic tables (under DistributedModelParallel on
 1 and 2 gloo ranks) and with TorchRec's static tables, from the same rows, fed the same batches
 and gradients for 10 steps: every step's outputs and, at the end, every key's row agree, for an
 EmbeddingCollection and an EmbeddingBagCollection (SUM and MEAN). The static twin runs SGD,
