@@ -134,7 +134,11 @@ def test_value_bytes_match_what_the_planner_plans():
 
 def test_a_data_type_dynamic_tables_cannot_hold_is_named():
     config = EmbeddingConfig(
-        name="clicks", embedding_dim=8, num_embeddings=10, feature_names=["f"], data_type=DataType.INT8
+        name="clicks",
+        embedding_dim=8,
+        num_embeddings=10,
+        feature_names=["f"],
+        data_type=DataType.INT8,
     )
     with pytest.raises(InputError, match=r"table 'clicks': embedding_config.data_type: INT8"):
         get_table_value_bytes(config, "sgd", 1)

@@ -10,11 +10,13 @@ naming it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import FunctionCtx
 from torchrec.distributed.embedding_kernel import BaseEmbedding
 from torchrec.distributed.embedding_lookup import (
     GroupedEmbeddingsLookup,
@@ -64,11 +66,14 @@ def planned_options(table: str, fused_params: Mapping[str, Any] | None) -> Dynam
 
 def kernel_arguments(
     table: str, fused_params: Mapping[str, Any] | None
-) -> tuple[DynamicEmbTableOptions, object, dict[str, Any]]:
-    """``(options, optimizer, hyper_parameters)`` of one dynamic table from its fused params.
+) -> tuple[DynamicEmbTableOptions, object | None, dict[str, Any]]:
+    """``(options, optimizer, hyper_parameters)`` of one dynamic table from its fused params;
+    ``optimizer`` None when the table has none (an eval or export build: no
+    ``apply_optimizer_in_backward`` and no ``optimizer`` in the sharder's fused params).
 
     Raises:
-        ValueError: no planned options (:func:`planned_options`), or no optimizer.
+        ValueError: no planned options (:func:`planned_options`); optimizer hyper-parameters
+            without an optimizer, naming them.
         NotImplementedError: a TorchRec setting dynamic tables do not have (caching,
             stochastic rounding, ...), naming it.
     """
@@ -76,11 +81,6 @@ def kernel_arguments(
     params = dict(fused_params or {})
     del params[TABLES_KEY]
     optimizer = params.pop("optimizer", None)
-    if optimizer is None:
-        raise ValueError(
-            f"table {table!r}: no optimizer; give the collection's parameters one with "
-            "apply_optimizer_in_backward (or the sharder fused_params={'optimizer': ...})"
-        )
     for key, inert in _INERT.items():
         if key in params:
             value = params.pop(key)
@@ -94,16 +94,58 @@ def kernel_arguments(
             f"table {table!r}: {', '.join(unsupported)}: TorchRec's UVM caching does not apply "
             "to dynamic tables (DynamicEmbTableOptions.caching is their cache)"
         )
+    if optimizer is None and params:
+        raise ValueError(
+            f"table {table!r}: {', '.join(sorted(params))} given, but no optimizer (give the "
+            "collection's parameters one with apply_optimizer_in_backward, or the sharder "
+            "fused_params={'optimizer': ...})"
+        )
     return options, optimizer, params
+
+
+def _training_refusal(names: list[str], optimizer: object | None, trainable: list[bool]) -> str:
+    """Why a group of tables cannot train ('' when it can): no optimizer, or every table built
+    with ``training=False``. (A group that mixes trainable and frozen tables is refused by
+    :class:`DynamicEmbeddingTables` itself in a training forward.)"""
+    if optimizer is None:
+        return (
+            f"dynamic tables {names}: no optimizer, so they cannot train (the model was sharded "
+            "without apply_optimizer_in_backward on their collection, or a sharder "
+            "fused_params={'optimizer': ...}); look them up in eval mode or under "
+            "torch.no_grad(), or detach their output"
+        )
+    if not any(trainable):
+        return (
+            f"dynamic tables {names}: planned with training=False, so they hold no optimizer "
+            "state and cannot train; look them up in eval mode or under torch.no_grad(), or "
+            "detach their output"
+        )
+    return ""
+
+
+class _CannotTrain(torch.autograd.Function):
+    """Identity on the looked-up rows of tables that cannot train; its backward raises."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, trigger: torch.Tensor, rows: torch.Tensor, refusal: str
+    ) -> torch.Tensor:
+        ctx.refusal = refusal  # type: ignore[attr-defined]
+        return rows.view_as(rows)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[None, None, None]:
+        raise RuntimeError(ctx.refusal)  # type: ignore[attr-defined]
 
 
 class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
     """The dynamic tables of one ``GroupedEmbeddingConfig`` on this rank. ``forward(features)``
     returns, without ``pooled``, ``(N, D)`` rows, one per value of ``features`` (TorchRec's
     sequence path; the features' weights, if any, are LFU frequency counters); with
-    ``pooled``, ``(B, sum of dims)`` bag sums, weighted by the features' weights when they have
-    them (TorchRec's row-wise pooled path sums partial bags across ranks and applies MEAN
-    afterwards). The backward updates the rows in place."""
+    ``pooled``, ``(B, sum of dims)`` bag sums, weighted by the features' weights when the
+    group's tables are weighted (a collection built ``is_weighted=True``; an unweighted one's
+    weights are ignored) (TorchRec's row-wise pooled path sums partial bags across ranks and
+    applies MEAN afterwards). The backward updates the rows in place."""
 
     def __init__(
         self, config: GroupedEmbeddingConfig, device: torch.device | None, pooled: bool = False
@@ -123,16 +165,23 @@ class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
         for t in tables:
             if t.local_cols != t.embedding_dim:
                 raise ValueError(f"table {t.name!r}: dynamic tables are not column-sharded")
+        options = [a[0] for a in args]
+        names = [t.name for t in tables]
+        self._refusal = _training_refusal(names, optimizer, [o.training for o in options])
+        """Why these tables cannot train ('' when they can)."""
+        if optimizer is None:  # no optimizer state; SGD (stateless) only stands in for one
+            options = [dataclasses.replace(o, training=False) for o in options]
         self.tables = DynamicEmbeddingTables(
-            [a[0] for a in args],
-            table_names=[t.name for t in tables],
+            options,
+            table_names=names,
             feature_table_map=[i for i, t in enumerate(tables) for _ in range(t.num_features())],
             pooling_mode=DynamicEmbPoolingMode.SUM if pooled else DynamicEmbPoolingMode.NONE,
             output_dtype=data_type_to_dtype(config.data_type),
             device=device,
-            optimizer=optimizer,
+            optimizer="sgd" if optimizer is None else optimizer,
             **hyper,
         )
+        self._trigger = torch.zeros((), device=self.tables.device, requires_grad=True)
 
     @property
     def config(self) -> GroupedEmbeddingConfig:
@@ -141,10 +190,27 @@ class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """``(N, D)`` rows or ``(B, sum of dims)`` bag sums of ``features`` (feature-major, one
-        stride)."""
+        stride). Tables that cannot train (no optimizer, or all planned ``training=False``)
+        look up in training mode as under ``torch.no_grad()`` (inserting missing keys, as a
+        training-mode lookup does), and the backward of such a lookup made with grad enabled
+        raises ``RuntimeError`` naming them; in eval mode nothing is inserted."""
+        if self._refusal and self.training and torch.is_grad_enabled():
+            with torch.no_grad():  # what a training-mode lookup does under no_grad
+                rows = self._lookup(features)
+            wired: torch.Tensor = _CannotTrain.apply(  # type: ignore[no-untyped-call]
+                self._trigger, rows, self._refusal
+            )
+            return wired
+        return self._lookup(features)
+
+    def _lookup(self, features: KeyedJaggedTensor) -> torch.Tensor:
         weights = features.weights_or_none()
         if self._pooled:
-            rows: torch.Tensor = self.tables(features.values(), features.offsets(), weights)
+            # Pooling weights only for a weighted collection: an unweighted one ignores the
+            # KJT's weights (TorchRec's unsharded EmbeddingBagCollection passes them to its
+            # bags only when ``is_weighted``; the channel carries other things too).
+            pooling = weights if self._config.is_weighted else None
+            rows: torch.Tensor = self.tables(features.values(), features.offsets(), pooling)
             return rows
         # The sequence path's weights are LFU frequency counters (the input dist's dedup
         # counts, or the user's).

@@ -36,14 +36,17 @@ from torchrec.distributed.embedding_types import (
     BaseEmbeddingLookup,
     BaseGroupedFeatureProcessor,
     EmbeddingComputeKernel,
+    KJTList,
 )
 from torchrec.distributed.embeddingbag import (
+    EmbeddingBagCollectionContext,
     EmbeddingBagCollectionSharder,
     ShardedEmbeddingBagCollection,
 )
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import (
+    Awaitable,
     ParameterSharding,
     QuantizedCommCodecs,
     ShardingEnv,
@@ -229,10 +232,42 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):  # ty
             sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
         )
 
+    def input_dist(
+        self,
+        ctx: EmbeddingBagCollectionContext,
+        features: KeyedJaggedTensor,
+    ) -> Awaitable[Awaitable[KJTList]]:
+        """TorchRec's input dist; for a collection built ``is_weighted=False``, of the features
+        without their weights: an unweighted collection ignores them (as TorchRec's unsharded
+        one does), so neither its lookups pool by them nor TorchRec's row-wise MEAN divides a
+        bag by their sum instead of its size. (TorchRec also takes a ``TensorDict``, which has
+        no weights.)"""
+        unweighted = isinstance(features, KeyedJaggedTensor) and not self._is_weighted
+        if unweighted and features.weights_or_none() is not None:
+            features = _without_weights(features)
+        out: Awaitable[Awaitable[KJTList]] = super().input_dist(ctx, features)
+        return out
+
     def reset_parameters(self) -> None:
         """TorchRec's initialization of the static tables only."""
         with _static_configs(self, "_embedding_bag_configs"):
             super().reset_parameters()
+
+
+def _without_weights(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """``features`` with no weights (the same values, lengths, strides and inverse indices)."""
+    variable = features.variable_stride_per_key()
+    return KeyedJaggedTensor(
+        keys=features.keys(),
+        values=features.values(),
+        lengths=features.lengths(),
+        offsets=features.offsets_or_none(),
+        stride=None if variable else features.stride(),
+        stride_per_key_per_rank=features.stride_per_key_per_rank() if variable else None,
+        length_per_key=features.length_per_key_or_none(),
+        offset_per_key=features.offset_per_key_or_none(),
+        inverse_indices=features.inverse_indices_or_none(),
+    )
 
 
 class _OffersDynamicRowWise:
