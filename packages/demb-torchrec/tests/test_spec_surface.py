@@ -5,14 +5,9 @@ from __future__ import annotations
 import importlib
 import math
 
+import demb_torchrec
 import pytest
 import torch
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from torchrec.modules.embedding_configs import DataType, EmbeddingConfig
-
-import demb_torchrec
 from demb_torchrec import (
     BUCKET_ALIGNMENT,
     MAX_BUCKET_CAPACITY,
@@ -26,6 +21,10 @@ from demb_torchrec import (
     get_sharded_table_capacity,
     get_table_value_bytes,
 )
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchrec.modules.embedding_configs import DataType, EmbeddingConfig
 
 SPEC_PATHS = {  # what the spec imports, by module (its "dynamicemb" becomes "demb_torchrec")
     "demb_torchrec": [
