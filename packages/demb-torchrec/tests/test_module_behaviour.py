@@ -3,6 +3,8 @@ scores, frozen tables, the weighted-SUM error paths and bad configurations."""
 
 from __future__ import annotations
 
+import demb_torchrec._direct as direct
+import demb_torchrec._find_or_insert as fi
 import demb_torchrec.batched_tables as bt
 import pytest
 import torch
@@ -331,9 +333,9 @@ def test_a_batch_of_known_keys_initializes_and_counts_nothing(monkeypatch):
     new key all run again."""
     calls = {"init": 0, "count": 0, "gather": 0}
     real_init, real_count, real_gather = (
-        bt.init_new_rows,
+        fi.init_new_rows,
         bt.status_count_tensor,
-        bt.gather_table_rows,
+        direct.gather_table_rows,
     )
 
     def gather(*args, **kwargs):
@@ -348,9 +350,9 @@ def test_a_batch_of_known_keys_initializes_and_counts_nothing(monkeypatch):
         calls["count"] += 1
         return real_count(*args, **kwargs)
 
-    monkeypatch.setattr(bt, "init_new_rows", init)
+    monkeypatch.setattr(fi, "init_new_rows", init)
     monkeypatch.setattr(bt, "status_count_tensor", count)
-    monkeypatch.setattr(bt, "gather_table_rows", gather)
+    monkeypatch.setattr(direct, "gather_table_rows", gather)
     module = tables(mode=DynamicEmbPoolingMode.NONE)
     offsets = torch.arange(4)
     out = module(torch.tensor([3, 1, 3]), offsets)

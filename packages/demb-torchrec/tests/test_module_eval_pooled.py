@@ -15,6 +15,7 @@ from demb_torchrec import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
+from demb_torchrec._direct import EvalPooledFromTables
 
 SUM, MEAN = DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.MEAN
 NORMAL = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=1.0)
@@ -75,7 +76,7 @@ def test_eval_pools_straight_from_the_tables(device, mode, weighted):
     module = _module(mode, device)
     module(*_batch(gen, device))  # training: inserts some keys
     module.eval()
-    assert module._eval_pools_slots
+    assert isinstance(module._eval_path, EvalPooledFromTables)
     before = [module.tables.export(t) for t in range(len(DIMS))]
     for _ in range(3):
         keys, offsets = _batch(gen, device)
@@ -104,7 +105,7 @@ def test_other_tables_take_the_general_path(dtype, eval_init):
     module = _module(MEAN, "cpu", dtype, eval_init)
     module(*_batch(gen, "cpu"))
     module.eval()
-    assert not module._eval_pools_slots
+    assert not isinstance(module._eval_path, EvalPooledFromTables)
     keys, offsets = _batch(gen, "cpu")
     got = module(keys, offsets)
     if eval_init is None:  # zeros for missing keys: the straight path's answer, to fp16

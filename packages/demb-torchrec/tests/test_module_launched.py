@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-import demb_torchrec.batched_tables as bt
+import demb_torchrec._find_or_insert as fi
 import pytest
 import torch
 from demb_kernels.table import timestamp
@@ -68,21 +68,21 @@ def table_state(m):
 @pytest.mark.parametrize("strategy", [DynamicEmbScoreStrategy.STEP, DynamicEmbScoreStrategy.LFU])
 def test_one_sync_forward_equals_the_two_sync_forward(mode, strategy, monkeypatch):
     one, two = module(mode, strategy), module(mode, strategy)
-    real = bt.launched_find_or_insert
+    real = fi.launched_find_or_insert
     used: list[bool] = []
 
     counted: list[bool] = []
 
-    def route(m, *args):
-        if m is two:
+    def route(state, *args):  # state: the module's ForwardState
+        if state.tables is two.tables:
             return None  # the two-sync path
-        out = real(m, *args)
+        out = real(state, *args)
         used.append(out is not None)
         if out is not None:  # counts are made only for tables that read them (LFU)
             counted.append(out[0].counts is not None)
         return out
 
-    monkeypatch.setattr(bt, "launched_find_or_insert", route)
+    monkeypatch.setattr(fi, "launched_find_or_insert", route)
     gen = torch.Generator().manual_seed(11)
     for cpu_indices, cpu_offsets in batches(gen):
         indices, offsets = cpu_indices.cuda(), cpu_offsets.cuda()

@@ -38,7 +38,8 @@ infinite)."""
 
 
 class Updatable(Protocol):
-    """What the update needs of the module."""
+    """What the update needs of the module (the module's
+    :class:`~demb_torchrec._state.ForwardState` provides it)."""
 
     optimizer: OptimizerSpec
     dims: list[int]
@@ -55,7 +56,7 @@ class TrainStep:
     """One training forward's rows and what its backward does with their gradients.
 
     Args:
-        module: the tables.
+        module: the tables (the module's forward state).
         rows: the tensors the forward hands autograd.
         slots: per table, ``(U_t,)`` int64 slot of each unique key (-1: not in the table).
         reduce: from the gradients of ``rows`` to per table ``(U_t, D_t)`` summed gradients
@@ -174,7 +175,8 @@ def summed_per_key(
     now: a table that grows before the backward would miss this step's update.
 
     Args:
-        module: the tables; trigger: the zero-size tensor that requires grad.
+        module: the tables (the module's forward state); trigger: the zero-size tensor that
+            requires grad.
         batch: the deduplicated batch; slots: ``(U,)`` int64 slot of each unique key.
         out: the forward's output; dim: the tables' dim.
         rows, scale: as :func:`demb_kernels.lookup.segment_sum_rows` takes them.

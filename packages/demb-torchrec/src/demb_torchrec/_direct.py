@@ -1,120 +1,220 @@
-"""Table-module forwards that read straight from the tables' rows, without gathering the
-unique keys' rows first: the eval forwards, which also skip the dedup (each index is found on its
-own; nothing inserted, no score touched), and the pooled training forward, which pools from the
-tables once the batch's keys are found or inserted."""
+"""The table module's paths that read straight from the tables' rows, without gathering the
+unique keys' rows first: the training paths of one dim (:class:`DirectRows` without pooling,
+:class:`PooledFromTables` for SUM / MEAN), which read once the batch's keys are found or
+inserted, and the eval paths (:class:`EvalDirectRows`, :class:`EvalPooledFromTables`), which
+also skip the dedup (each index is found on its own; nothing inserted, no score touched)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
-from demb_kernels.lookup import check_batch, index_tables
+from demb_kernels.lookup import check_batch, gather_table_rows, index_tables
 from demb_kernels.pooling import pool_table_rows
 from demb_storage import initialize_rows
 
 from demb_torchrec._autograd import summed_per_key
-from demb_torchrec._dedup import DedupedBatch
+from demb_torchrec._find_or_insert import FindOrInsert, TrainOutput
 from demb_torchrec._pooling import bag_rows, pool_slots
+from demb_torchrec._state import ForwardState, is_zero
 from demb_torchrec.options import DynamicEmbPoolingMode
 
-if TYPE_CHECKING:
-    from demb_torchrec.batched_tables import DynamicEmbeddingTables
+__all__ = ["DirectRows", "EvalDirectRows", "EvalPooledFromTables", "PooledFromTables"]
 
-__all__ = ["eval_none", "eval_pooled", "pooled_from_tables"]
-
-
-def eval_none(
-    m: DynamicEmbeddingTables, indices: torch.Tensor, offsets: torch.Tensor, batch_size: int
-) -> torch.Tensor:
-    """``(N, D)``: an eval forward without pooling (every table of one dim). Each index's row
-    is read from its table, its table taken from its feature, in one pass
-    (:meth:`ScoredHashTable.find_batch_rows`); missing keys read ``eval_initializer_args``.
-    The batch's checks run in the same op, before the lookup: on a GPU the host waits for them
-    only, so the forward returns while the lookup runs."""
-    n, ftab = indices.numel(), m._feature_tables
-    out, slots = m.tables.find_batch_rows(indices, offsets, ftab, batch_size, m.dims[0])
-    if m._eval_fills:
-        tables, _ = index_tables(indices, offsets, ftab, m.num_tables, batch_size)
-    for t in m._eval_fills:
-        missing = (slots < 0) & (tables == t)
-        where = torch.where(missing, torch.arange(n, device=m.device), -1)
-        initialize_rows(out, where, indices, m.dims[t], m.eval_args[t], m.seeds[t], check=False)
-    return out
+_SlotPool = Callable[
+    [ForwardState, torch.Tensor, torch.Tensor, int, list[int], torch.Tensor | None], torch.Tensor
+]
 
 
-def eval_pooled(
-    m: DynamicEmbeddingTables,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    batch_size: int,
-    weights: torch.Tensor | None,
-) -> torch.Tensor:
-    """``(B, sum of dims)`` in ``output_dtype``: an eval SUM / MEAN, every bag pooled straight
-    from its table's rows (:func:`_pooled`). Only for float32 tables whose eval initializer is
-    zeros: a missing key is then a zero row."""
-    if indices.is_cuda:  # each index's table by one kernel, with the batch's checks
-        features = len(m.feature_table_map)
-        tables, checks = index_tables(indices, offsets, m._feature_tables, m.num_tables, batch_size)
-        bounds = check_batch(checks, indices.numel(), features)  # one sync; raises if bad
-        slots = m.tables.find(indices, tables, check=False)  # its data checks are the batch's
-    else:  # cheaper on the CPU than index_tables' searchsorted (the CPU lookup checks its data)
-        bounds = offsets[::batch_size].tolist()
-        sizes = torch.tensor(bounds, device=m.device).diff()
-        slots = m.tables.find(indices, m._feature_tables.repeat_interleave(sizes))
-    return _pooled(m, slots, offsets, batch_size, bounds, weights).to(m.output_dtype)
+class DirectRows:
+    """Training, NONE pooling over tables of one dim and dtype (<= 64 tables: one-launch
+    gathers). Each occurrence's row is read straight from its table (one launch, or the rows
+    find_or_insert read when every key was found), and in backward each key's occurrence
+    gradients are summed in the dedup's sorted order (``demb::summed_update``)."""
+
+    __slots__ = ("_lookup", "_state")
+
+    def __init__(self, state: ForwardState, lookup: FindOrInsert) -> None:
+        self._state = state
+        self._lookup = lookup
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        counters: torch.Tensor | None,
+        grad: bool,
+    ) -> TrainOutput:
+        """:data:`~demb_torchrec._find_or_insert.TrainOutput` of a checked batch."""
+        batch, slots, status, out = self._lookup.find_or_insert(
+            indices, offsets, batch_size, counters
+        )
+        s = self._state
+        if out is None:
+            out = gather_table_rows(
+                s.tables.values, slots, batch.tables, batch.inverse, s.dim, check=False
+            )
+        if grad:
+            out = summed_per_key(s, s.trigger, batch, slots, out, s.dim)
+        return out, status, batch.table_bounds
 
 
-def _pooled(
-    m: DynamicEmbeddingTables,
+class PooledFromTables:
+    """Training, SUM / MEAN over float32 tables of one dim, no per-occurrence gradient clipping.
+    Once find_or_insert has written the new rows, the bags are pooled straight from the tables
+    by each index's slot (a failed insert, slot -1, is a zero row), outside autograd; in
+    backward each key's gradient is summed from its bags' output gradients (scaled by weight, or
+    by ``1 / bag size`` for MEAN) in the dedup's order: no ``(U, D)`` gradient of the pooling and
+    no sort in backward."""
+
+    __slots__ = ("_lookup", "_pool", "_state")
+    _pool: _SlotPool
+
+    def __init__(self, state: ForwardState, lookup: FindOrInsert) -> None:
+        self._state = state
+        self._lookup = lookup
+        self._pool = pool_in_one_pass if state.pools_in_one_pass else pool_per_feature
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        counters: torch.Tensor | None,
+        grad: bool,
+    ) -> TrainOutput:
+        """:data:`~demb_torchrec._find_or_insert.TrainOutput` of a checked batch."""
+        batch, slots, status, _ = self._lookup.find_or_insert(
+            indices, offsets, batch_size, counters
+        )
+        s = self._state
+        with torch.no_grad():
+            out = self._pool(
+                s,
+                slots.index_select(0, batch.inverse),
+                offsets,
+                batch_size,
+                batch.feature_bounds,
+                weights,
+            )
+        if grad:
+            n = batch.order.numel()
+            rows, scale = bag_rows(offsets, batch_size, s.num_features, n, s.pooling_mode, weights)
+            out = summed_per_key(s, s.trigger, batch, slots, out, s.dim, rows, scale)
+        return out, status, batch.table_bounds
+
+
+class EvalDirectRows:
+    """Eval, NONE pooling over tables of one dim and dtype (<= 64 tables). Each index's row is
+    read from its table, its table taken from its feature, in one pass
+    (:meth:`ScoredHashTable.find_batch_rows`); missing keys read ``eval_initializer_args``. The
+    batch's checks run in the same op, before the lookup: on a GPU the host waits for them only,
+    so the forward returns while the lookup runs."""
+
+    __slots__ = ("_fills", "_state")
+
+    def __init__(self, state: ForwardState) -> None:
+        self._state = state
+        # Tables whose missing keys this path fills (eval_initializer_args not zeros).
+        self._fills = [
+            t
+            for t, a in enumerate(state.eval_args)
+            if state.features_of_table[t] and not is_zero(a)
+        ]
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        counters: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``(N, D)`` in ``output_dtype`` for a checked batch (weights and counters unused)."""
+        s = self._state
+        n, ftab = indices.numel(), s.feature_tables
+        out, slots = s.tables.find_batch_rows(indices, offsets, ftab, batch_size, s.dim)
+        if self._fills:
+            tables, _ = index_tables(indices, offsets, ftab, s.num_tables, batch_size)
+            for t in self._fills:
+                missing = (slots < 0) & (tables == t)
+                where = torch.where(missing, torch.arange(n, device=s.device), -1)
+                initialize_rows(
+                    out, where, indices, s.dims[t], s.eval_args[t], s.seeds[t], check=False
+                )
+        return out.to(s.output_dtype)
+
+
+class EvalPooledFromTables:
+    """Eval, SUM / MEAN over float32 tables whose eval initializer is zeros (a missing key is
+    then a zero row). Each index's slot is found on its own (on CUDA after the batch's checks,
+    one sync; on the CPU the lookup checks its data), then every bag is pooled straight from its
+    table's rows."""
+
+    __slots__ = ("_cuda", "_pool", "_state")
+    _pool: _SlotPool
+
+    def __init__(self, state: ForwardState) -> None:
+        self._state = state
+        self._cuda = state.device.type == "cuda"  # the batch is checked to be on the device
+        self._pool = pool_in_one_pass if state.pools_in_one_pass else pool_per_feature
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        counters: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """``(B, sum of dims)`` in ``output_dtype`` for a checked batch (counters unused)."""
+        s = self._state
+        if self._cuda:  # each index's table by one kernel, with the batch's checks
+            tables, checks = index_tables(
+                indices, offsets, s.feature_tables, s.num_tables, batch_size
+            )
+            bounds = check_batch(checks, indices.numel(), s.num_features)  # one sync; raises
+            slots = s.tables.find(indices, tables, check=False)  # its data checks: the batch's
+        else:  # cheaper on the CPU than index_tables' searchsorted (the CPU lookup checks data)
+            bounds = offsets[::batch_size].tolist()
+            sizes = torch.tensor(bounds, device=s.device).diff()
+            slots = s.tables.find(indices, s.feature_tables.repeat_interleave(sizes))
+        return self._pool(s, slots, offsets, batch_size, bounds, weights).to(s.output_dtype)
+
+
+def pool_in_one_pass(
+    s: ForwardState,
     slots: torch.Tensor,
     offsets: torch.Tensor,
     batch_size: int,
     bounds: list[int],
     weights: torch.Tensor | None,
 ) -> torch.Tensor:
-    """``(B, sum of dims)`` float32: each bag pooled straight from its table's rows by its
-    indices' slots (-1: a zero row, counted by a MEAN), in one pass over every feature
-    (:func:`demb_kernels.pooling.pool_table_rows`) when the module's ``_pools_in_one_pass``,
-    else one ``embedding_bag`` per feature (:func:`demb_torchrec._pooling.pool_slots`)."""
-    if m._pools_in_one_pass:
-        mean = m.pooling_mode is DynamicEmbPoolingMode.MEAN
-        return pool_table_rows(
-            m.tables.values, slots, offsets, m._feature_tables, batch_size, m.dims[0],
-            mean=mean, weights=weights,
-        )  # fmt: skip
-    values = [v[:, :d] for v, d in zip(m.tables.values, m.dims, strict=True)]
-    return pool_slots(
-        values, m.feature_table_map, slots, offsets, batch_size, bounds, m.pooling_mode, weights
-    )
+    """``(B, F * D)`` float32: each bag pooled straight from its table's rows by its indices'
+    ``(N,)`` slots (-1: a zero row, counted by a MEAN), every feature in one pass
+    (:func:`demb_kernels.pooling.pool_table_rows`: one-launch gathers from float32 rows)."""
+    mean = s.pooling_mode is DynamicEmbPoolingMode.MEAN
+    return pool_table_rows(
+        s.tables.values, slots, offsets, s.feature_tables, batch_size, s.dim,
+        mean=mean, weights=weights,
+    )  # fmt: skip
 
 
-def pooled_from_tables(
-    m: DynamicEmbeddingTables,
-    batch: DedupedBatch,
+def pool_per_feature(
+    s: ForwardState,
     slots: torch.Tensor,
     offsets: torch.Tensor,
     batch_size: int,
+    bounds: list[int],
     weights: torch.Tensor | None,
-    grad: bool,
 ) -> torch.Tensor:
-    """``(B, F * D)``: a training SUM / MEAN over tables of one dim, after find_or_insert
-    (new rows already written): the bags pooled straight from the tables by each index's slot
-    (a failed insert, slot -1, is a zero row), outside autograd; with ``grad``, wired to the
-    update as :meth:`DynamicEmbeddingTables._pooled_trained` wires it (each key's gradient
-    summed from its bags' output gradients). Only for float32 tables and no gradient
-    clipping."""
-    with torch.no_grad():
-        out = _pooled(
-            m,
-            slots.index_select(0, batch.inverse),
-            offsets,
-            batch_size,
-            batch.feature_bounds,
-            weights,
-        )
-    if not grad:
-        return out
-    features = len(m.feature_table_map)
-    n = batch.order.numel()
-    rows, scale = bag_rows(offsets, batch_size, features, n, m.pooling_mode, weights)
-    return summed_per_key(m, m._trigger, batch, slots, out, m.dims[0], rows, scale)
+    """As :func:`pool_in_one_pass`, by one ``embedding_bag`` per feature
+    (:func:`demb_torchrec._pooling.pool_slots`; ``bounds``: each feature's ``F + 1`` host
+    offsets), for float32 tables that do not gather in one launch."""
+    values = [v[:, :d] for v, d in zip(s.tables.values, s.dims, strict=True)]
+    return pool_slots(
+        values, s.feature_table_map, slots, offsets, batch_size, bounds, s.pooling_mode, weights
+    )

@@ -7,36 +7,32 @@ scores (:attr:`demb_kernels.launched.LaunchedDedup.clock`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from demb_kernels.launched import dedup_launch, launch_info, packed_radix
-from demb_storage import find_or_insert_launched
+from demb_storage import InsertOutcome, find_or_insert_launched
 
 from demb_torchrec._dedup import DedupedBatch, next_key_bits
-
-if TYPE_CHECKING:
-    from demb_torchrec.batched_tables import DynamicEmbeddingTables
+from demb_torchrec._state import ForwardState
 
 __all__ = ["Launched", "launched_find_or_insert"]
 
-Launched = tuple[DedupedBatch, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
-"""The deduplicated batch, its ``(U,)`` slots, their statuses (None: every key was found) and,
-for NONE pooling from one-launch gathers, the occurrences' rows when every key was found."""
+Launched = tuple[DedupedBatch, InsertOutcome]
+"""The deduplicated batch and the outcome of its find_or_insert (new rows not initialized yet:
+:meth:`demb_torchrec._find_or_insert.FindOrInsert.find_or_insert` does it)."""
 
 
 def launched_find_or_insert(
-    m: DynamicEmbeddingTables,
+    s: ForwardState,
     indices: torch.Tensor,
     offsets: torch.Tensor,
     batch_size: int,
     frequency_counters: torch.Tensor | None,
 ) -> Launched | None:
-    """Deduplicate the batch and find or insert its keys with one sync, initializing new rows
-    (queued: :meth:`DynamicEmbeddingTables._initialize_new`).
+    """Deduplicate the batch and find or insert its keys with one sync (the caller then
+    initializes the new rows: :class:`demb_torchrec._find_or_insert.FindOrInsert`).
 
     Args:
-        m: the module (training, on CUDA, its tables unable to grow).
+        s: the module's state (training, on CUDA, its tables unable to grow).
         indices, offsets, batch_size, frequency_counters: the checked batch.
 
     Returns:
@@ -47,15 +43,15 @@ def launched_find_or_insert(
         ValueError: a bad batch (as the dedup raises it); nothing changed.
     """
     counters = None if frequency_counters is None else frequency_counters.to(torch.int64)
-    num_tables = m.num_tables
-    key_bits, key_radix = m._key_bits
-    counted = m.tables.counts_keys  # else no table reads the counts: none are made
+    num_tables = s.num_tables
+    key_bits, key_radix = s.key_bits
+    counted = s.tables.counts_keys  # else no table reads the counts: none are made
     # Timed scores from the GPU's clock: read by the dedup's first kernel (no launch of theirs).
-    clocked = m.tables.scores_from_gpu_clock
+    clocked = s.tables.scores_from_gpu_clock
     launched = dedup_launch(
         indices,
         offsets,
-        m._feature_tables,
+        s.feature_tables,
         num_tables,
         batch_size,
         counters,
@@ -65,15 +61,15 @@ def launched_find_or_insert(
         num_tables if clocked else 0,
     )
     # Else made after the dedup's launches: the GPU starts earlier.
-    scores = launched.clock if clocked else m.tables.next_score_args()
-    gather = (launched.inverse, m.dims[0]) if m._gathers_rows() else None
+    scores = launched.clock if clocked else s.tables.next_score_args()
+    gather = (launched.inverse, s.dim) if s.gathers_rows() else None
     outcome, words = find_or_insert_launched(
-        m.tables, launched, scores, counts=counted, gather_rows=gather
+        s.tables, launched, scores, counts=counted, gather_rows=gather
     )
-    info = launch_info(words, indices.numel(), num_tables, len(m.feature_table_map))
-    m._key_bits[0] = next_key_bits(info.key_bits)
-    same_bits = m._key_bits[0] == key_bits  # low_max is of this sort's low bits
-    m._key_bits[1] = packed_radix(key_bits, info.low_max, num_tables) if same_bits else 0
+    info = launch_info(words, indices.numel(), num_tables, s.num_features)
+    s.key_bits[0] = next_key_bits(info.key_bits)
+    same_bits = s.key_bits[0] == key_bits  # low_max is of this sort's low bits
+    s.key_bits[1] = packed_radix(key_bits, info.low_max, num_tables) if same_bits else 0
     if outcome is None:
         return None
     u, bounds = info.unique, info.bounds
@@ -86,7 +82,7 @@ def launched_find_or_insert(
         bounds[num_tables + 1 :],
         launched.order,
         launched.starts[:u],
-        m._key_bits[0],
+        s.key_bits[0],
         launched.nonfinite,
     )
-    return batch, *m._initialize_new(batch, outcome)
+    return batch, outcome

@@ -1,67 +1,287 @@
-"""The rows of a deduplicated batch's unique keys, per table, for the forwards that pool or
-train from them (tables of several dims, gradient clipping, eval fills): gathered from the
-tables, missing keys read as zeros or, in eval, from ``eval_initializer_args``."""
+"""The table module's general paths: the rows of a deduplicated batch's unique keys gathered
+from the tables (missing keys read as zeros or, in eval, from ``eval_initializer_args``), then
+pooled with ``embedding`` / ``embedding_bag``, and trained through autograd to those rows.
+:class:`UniformRows` (training, one dim) and :class:`MixedRows` (training, several dims) run
+what the direct paths of :mod:`demb_torchrec._direct` do not (gradient clipping, tables that
+are not float32, several dims); :class:`EvalUniformRows` and :class:`EvalMixedRows` are the
+eval paths of the same cases (and of eval fills for SUM / MEAN)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import torch
 from demb_kernels.lookup import gather_table_rows
-from demb_storage import InitializerArgs, InitializerMode, initialize_rows
+from demb_optim import reduce_gradients
+from demb_storage import initialize_rows
+from torch.nn import functional
 
-from demb_torchrec._dedup import DedupedBatch
+from demb_torchrec._autograd import Reduced, TrainStep, summed_per_key, trained_rows
+from demb_torchrec._dedup import DedupedBatch, dedup
+from demb_torchrec._find_or_insert import FindOrInsert, TrainOutput
+from demb_torchrec._pooling import bag_rows, pool, pool_uniform
+from demb_torchrec._state import ForwardState, is_zero
+from demb_torchrec.options import DynamicEmbPoolingMode
 
-if TYPE_CHECKING:
-    from demb_torchrec.batched_tables import DynamicEmbeddingTables
+__all__ = ["EvalMixedRows", "EvalUniformRows", "MixedRows", "UniformRows"]
 
-__all__ = ["is_zero", "unique_rows"]
+_Trained = Callable[
+    [
+        ForwardState,
+        DedupedBatch,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        int,
+        torch.Tensor | None,
+    ],
+    torch.Tensor,
+]
+"""A wiring of a one-dim batch's ``(U, D)`` rows to the update, pooled: ``(state, batch,
+slots, whole, offsets, batch_size, weights) -> output``."""
+
+_TrainedMixed = Callable[
+    [ForwardState, DedupedBatch, torch.Tensor, list[torch.Tensor], list[torch.Tensor]],
+    tuple[list[torch.Tensor], list[torch.Tensor]],
+]
+"""A wiring of each table's unique rows to the update: ``(state, batch, slots, rows, local)
+-> (sources, index)`` of the per-feature pooling."""
 
 
-def is_zero(args: InitializerArgs) -> bool:
-    """Whether ``args`` initializes rows to zeros (CONSTANT 0)."""
-    return args.mode is InitializerMode.CONSTANT and args.value == 0.0
+class UniformRows:
+    """Training over tables of one dim that the direct paths do not take: gradients clipped per
+    occurrence, SUM / MEAN from tables that are not float32, or NONE from tables that do not
+    gather in one launch. The unique keys' rows are gathered into one ``(U, D)`` tensor (failed
+    inserts read zeros) and pooled by one ``embedding`` / ``embedding_bag``; with a gradient,
+    they are wired to the update as chosen at construction: each occurrence's row clipped, then
+    summed per key (clipping); bags pooled outside autograd and each key's gradient summed from
+    its bags' output gradients (SUM / MEAN); the unique rows' gradients as they are (NONE)."""
+
+    __slots__ = ("_lookup", "_state", "_trained")
+    _trained: _Trained
+
+    def __init__(self, state: ForwardState, lookup: FindOrInsert) -> None:
+        self._state = state
+        self._lookup = lookup
+        if state.optimizer.gradient_clipping:
+            self._trained = _clipped_uniform
+        elif state.pooling_mode is not DynamicEmbPoolingMode.NONE:
+            self._trained = _pooled_uniform
+        else:
+            self._trained = _rows_uniform
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        counters: torch.Tensor | None,
+        grad: bool,
+    ) -> TrainOutput:
+        """:data:`~demb_torchrec._find_or_insert.TrainOutput` of a checked batch."""
+        batch, slots, status, _ = self._lookup.find_or_insert(
+            indices, offsets, batch_size, counters
+        )
+        s = self._state
+        whole = whole_rows(s, batch, slots, None, None)
+        if grad:
+            out = self._trained(s, batch, slots, whole, offsets, batch_size, weights)
+        else:
+            out = pool_uniform(
+                whole, batch.inverse, offsets, batch_size, s.num_features, s.pooling_mode, weights
+            )
+        return out, status, batch.table_bounds
 
 
-def unique_rows(
-    m: DynamicEmbeddingTables,
+class MixedRows:
+    """Training over tables of several dims (SUM / MEAN; or NONE whose features' tables share
+    a dim while other tables do not): per table, its unique keys' rows (failed inserts read
+    zeros), pooled per feature; with a gradient, autograd brings each table's rows their
+    gradients (each occurrence's clipped first when the optimizer clips: chosen at
+    construction) and the update runs on them."""
+
+    __slots__ = ("_lookup", "_state", "_trained")
+    _trained: _TrainedMixed
+
+    def __init__(self, state: ForwardState, lookup: FindOrInsert) -> None:
+        self._state = state
+        self._lookup = lookup
+        self._trained = _clipped_mixed if state.optimizer.gradient_clipping else _rows_mixed
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        counters: torch.Tensor | None,
+        grad: bool,
+    ) -> TrainOutput:
+        """:data:`~demb_torchrec._find_or_insert.TrainOutput` of a checked batch."""
+        batch, slots, status, _ = self._lookup.find_or_insert(
+            indices, offsets, batch_size, counters
+        )
+        s = self._state
+        rows = rows_per_table(s, batch, slots, None, None, None)
+        local = feature_index(s, batch)
+        if grad:
+            sources, local = self._trained(s, batch, slots, rows, local)
+        else:
+            sources = [rows[t] for t in s.feature_table_map]
+        out = pool(
+            sources, local, offsets, batch_size, batch.feature_bounds, s.pooling_mode, weights
+        )
+        return out, status, batch.table_bounds
+
+
+class EvalUniformRows:
+    """Eval over tables of one dim that the direct eval paths do not take: NONE from tables
+    that do not gather in one launch; SUM / MEAN from tables that are not float32, or whose
+    missing keys read an eval initializer other than zeros. The batch is deduplicated and its
+    unique keys found (:func:`_found_in_eval`), their rows gathered into one ``(U, D)`` tensor
+    (missing keys: zeros, or ``eval_initializer_args``) and pooled by one ``embedding`` /
+    ``embedding_bag``."""
+
+    __slots__ = ("_fill", "_state")
+
+    def __init__(self, state: ForwardState) -> None:
+        self._state = state
+        self._fill = _eval_fills(state)
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        counters: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The output in ``output_dtype`` for a checked batch."""
+        s = self._state
+        batch, slots, missing = _found_in_eval(s, indices, offsets, batch_size, counters)
+        whole = whole_rows(s, batch, slots, missing, self._fill)
+        out = pool_uniform(
+            whole, batch.inverse, offsets, batch_size, s.num_features, s.pooling_mode, weights
+        )
+        return out if out.dtype == s.output_dtype else out.to(s.output_dtype)
+
+
+class EvalMixedRows:
+    """Eval over tables of several dims that the direct eval paths do not take: SUM / MEAN
+    whose missing keys read an eval initializer other than zeros or from tables that are not
+    float32, and NONE with tables of other dims besides the features'. The batch is
+    deduplicated and its unique keys found (:func:`_found_in_eval`), each table's rows gathered
+    (missing keys: zeros, or ``eval_initializer_args``) and pooled per feature."""
+
+    __slots__ = ("_fill", "_state")
+
+    def __init__(self, state: ForwardState) -> None:
+        self._state = state
+        self._fill = _eval_fills(state)
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        counters: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The output in ``output_dtype`` for a checked batch."""
+        s = self._state
+        batch, slots, missing = _found_in_eval(s, indices, offsets, batch_size, counters)
+        rows = rows_per_table(s, batch, slots, missing, self._fill, None)
+        sources = [rows[t] for t in s.feature_table_map]
+        local = feature_index(s, batch)
+        out = pool(
+            sources, local, offsets, batch_size, batch.feature_bounds, s.pooling_mode, weights
+        )
+        return out if out.dtype == s.output_dtype else out.to(s.output_dtype)
+
+
+def _eval_fills(s: ForwardState) -> list[bool] | None:
+    """Per table, whether its missing keys read ``eval_initializer_args`` (None: every table's
+    are zeros)."""
+    fill = [not is_zero(a) for a in s.eval_args]
+    return fill if any(fill) else None
+
+
+def _found_in_eval(
+    s: ForwardState,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    batch_size: int,
+    counters: torch.Tensor | None,
+) -> tuple[DedupedBatch, torch.Tensor, list[int]]:
+    """An eval forward's lookup: the batch deduplicated (one sync), its unique keys' ``(U,)``
+    slots (-1: missing; nothing inserted, no score touched) and per table its missing keys
+    (one sync)."""
+    batch = dedup(
+        indices, offsets, s.feature_tables, s.num_tables, batch_size, counters, s.key_bits[0]
+    )
+    s.key_bits[0] = batch.key_bits  # the next batch's keys likely span as many
+    slots = s.tables.find(batch.keys, batch.tables, check=False)
+    return batch, slots, batch.count_per_table(slots < 0)
+
+
+# ------------------------------------------------------------------------------ unique rows
+def whole_rows(
+    s: ForwardState,
     batch: DedupedBatch,
     slots: torch.Tensor,
     missing_counts: list[int] | None,
-    missing_from_eval: bool,
-) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """Per table, ``(U_t, D_t)`` float32 rows of its unique keys (missing keys: zeros, or
-    ``eval_initializer_args`` with ``missing_from_eval``); when all tables have one dim they
-    are views of one ``(U, D)`` tensor, returned too.
+    fill: list[bool] | None,
+) -> torch.Tensor:
+    """``(U, D)`` float32 rows of the unique keys of tables of one dim (missing keys: zeros,
+    then ``eval_initializer_args`` where ``fill``): one launch with one-launch gathers, else one
+    ``index_select`` per table into the tensor.
 
     Args:
-        m: the module; batch: its deduplicated batch.
+        s: the module's state; batch: the deduplicated batch.
         slots: ``(U,)`` int64 slot of each unique key (-1: missing).
         missing_counts: per table, the keys without a slot, or None when not counted (any table
             may have some).
-        missing_from_eval: fill missing keys from ``eval_initializer_args``.
+        fill: per table, whether its missing keys read ``eval_initializer_args`` (an eval
+            forward's; None: none does).
     """
     b = batch.table_bounds
-    whole: torch.Tensor | None = None
-    if m._fused_gather:  # one dim: every unique key's row in one launch
-        whole = gather_table_rows(
-            m.tables.values, slots, batch.tables, None, m.dims[0], check=False
-        )
-    elif len(set(m.dims)) == 1:
-        whole = torch.empty(b[-1], m.dims[0], device=m.device, dtype=torch.float32)
+    if not s.fused_gather:
+        whole = torch.empty(b[-1], s.dim, device=s.device, dtype=torch.float32)
+        rows_per_table(s, batch, slots, missing_counts, fill, whole)
+        return whole
+    # Every unique key's row in one launch (a missing key's row: zeros).
+    whole = gather_table_rows(s.tables.values, slots, batch.tables, None, s.dim, check=False)
+    if fill is not None:
+        for t, filled in enumerate(fill):
+            if filled and (missing_counts is None or missing_counts[t] > 0):
+                _fill_missing(s, batch, t, slots[b[t] : b[t + 1]], whole[b[t] : b[t + 1]])
+    return whole
+
+
+def rows_per_table(
+    s: ForwardState,
+    batch: DedupedBatch,
+    slots: torch.Tensor,
+    missing_counts: list[int] | None,
+    fill: list[bool] | None,
+    whole: torch.Tensor | None,
+) -> list[torch.Tensor]:
+    """Per table, ``(U_t, D_t)`` float32 rows of its unique keys (missing keys: zeros, then
+    ``eval_initializer_args`` where ``fill``), one ``index_select`` each: views of ``whole``,
+    when given (``(U, D)``, tables of one dim), written in place.
+
+    Args:
+        s, batch, slots, missing_counts, fill: as :func:`whole_rows`.
+        whole: the ``(U, D)`` float32 tensor the rows go into, or None.
+    """
+    b = batch.table_bounds
     rows = []
-    for t in range(m.num_tables):
-        s = slots[b[t] : b[t + 1]]
+    for t in range(s.num_tables):
+        st = slots[b[t] : b[t + 1]]
         some_missing = missing_counts is None or missing_counts[t] > 0
-        if whole is not None and m._fused_gather:
-            r = whole[b[t] : b[t + 1]]
-            if some_missing and missing_from_eval and not is_zero(m.eval_args[t]):
-                _fill_missing(m, batch, t, s, r)
-            rows.append(r)
-            continue
-        values = m.tables.values[t][:, : m.dims[t]]
-        missing = s < 0
-        at = s.clamp_min(0) if some_missing else s
+        values = s.tables.values[t][:, : s.dims[t]]
+        at = st.clamp_min(0) if some_missing else st
         if whole is not None and values.dtype == torch.float32:
             r = torch.index_select(values, 0, at, out=whole[b[t] : b[t + 1]])
         else:
@@ -69,18 +289,16 @@ def unique_rows(
             if whole is not None:
                 whole[b[t] : b[t + 1]] = r
                 r = whole[b[t] : b[t + 1]]
-        if not some_missing:
-            rows.append(r)
-            continue
-        r.masked_fill_(missing[:, None], 0.0)
-        if missing_from_eval and not is_zero(m.eval_args[t]):
-            _fill_missing(m, batch, t, s, r)
+        if some_missing:
+            r.masked_fill_((st < 0)[:, None], 0.0)
+            if fill is not None and fill[t]:
+                _fill_missing(s, batch, t, st, r)
         rows.append(r)
-    return rows, whole
+    return rows
 
 
 def _fill_missing(
-    m: DynamicEmbeddingTables,
+    s: ForwardState,
     batch: DedupedBatch,
     t: int,
     slots: torch.Tensor,
@@ -89,8 +307,121 @@ def _fill_missing(
     """Rows of table ``t``'s missing keys (slot -1) from ``eval_initializer_args``."""
     b = batch.table_bounds
     missing = slots < 0
-    fill = torch.zeros(slots.numel(), m.dims[t], device=m.device)
-    where = torch.where(missing, torch.arange(slots.numel(), device=m.device), -1)
+    fill = torch.zeros(slots.numel(), s.dims[t], device=s.device)
+    where = torch.where(missing, torch.arange(slots.numel(), device=s.device), -1)
     keys = batch.keys[b[t] : b[t + 1]]
-    initialize_rows(fill, where, keys, m.dims[t], m.eval_args[t], m.seeds[t], check=False)
+    initialize_rows(fill, where, keys, s.dims[t], s.eval_args[t], s.seeds[t], check=False)
     rows.copy_(torch.where(missing[:, None], fill, rows))
+
+
+def feature_index(s: ForwardState, batch: DedupedBatch) -> list[torch.Tensor]:
+    """Per feature, the row of each of its indices in its table's unique rows."""
+    bounds, tb = batch.feature_bounds, batch.table_bounds
+    return [
+        batch.inverse[bounds[f] : bounds[f + 1]] - tb[t] for f, t in enumerate(s.feature_table_map)
+    ]
+
+
+# ------------------------------------------------------------------------ training wirings
+def _clipped_uniform(
+    s: ForwardState,
+    batch: DedupedBatch,
+    slots: torch.Tensor,
+    whole: torch.Tensor,
+    offsets: torch.Tensor,
+    batch_size: int,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """One row per occurrence, each occurrence's gradient clipped, then summed per key."""
+    occurrences = functional.embedding(batch.inverse, whole)
+    unique = whole.shape[0]
+
+    def reduce_occurrences(g: Sequence[torch.Tensor]) -> Reduced:
+        summed = reduce_gradients(s.optimizer, g[0], batch.inverse, unique)
+        return batch.per_table(summed), [summed]
+
+    step = TrainStep(s, [occurrences], batch.per_table(slots), reduce_occurrences)
+    (rows,) = trained_rows(s.trigger, step)
+    return pool_uniform(rows, None, offsets, batch_size, s.num_features, s.pooling_mode, weights)
+
+
+def _pooled_uniform(
+    s: ForwardState,
+    batch: DedupedBatch,
+    slots: torch.Tensor,
+    whole: torch.Tensor,
+    offsets: torch.Tensor,
+    batch_size: int,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """SUM / MEAN: the bags pooled outside autograd, and in backward each key's gradient
+    summed straight from its bags' output gradients (scaled by weight, or by ``1 / bag size``
+    for MEAN) in the dedup's order, as the NONE path sums its rows."""
+    features, mode = s.num_features, s.pooling_mode
+    with torch.no_grad():
+        out = pool_uniform(whole, batch.inverse, offsets, batch_size, features, mode, weights)
+    n = batch.order.numel()
+    rows, scale = bag_rows(offsets, batch_size, features, n, mode, weights)
+    return summed_per_key(s, s.trigger, batch, slots, out, whole.shape[1], rows, scale)
+
+
+def _rows_uniform(
+    s: ForwardState,
+    batch: DedupedBatch,
+    slots: torch.Tensor,
+    whole: torch.Tensor,
+    offsets: torch.Tensor,
+    batch_size: int,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """NONE: the unique rows' gradients (autograd sums the occurrences') are the update's."""
+    step = TrainStep(s, [whole], batch.per_table(slots), lambda g: (batch.per_table(g[0]), [g[0]]))
+    (rows,) = trained_rows(s.trigger, step)
+    return pool_uniform(
+        rows, batch.inverse, offsets, batch_size, s.num_features, s.pooling_mode, weights
+    )
+
+
+def _clipped_mixed(
+    s: ForwardState,
+    batch: DedupedBatch,
+    slots: torch.Tensor,
+    rows: list[torch.Tensor],
+    local: list[torch.Tensor],
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Tables of several dims, gradients clipped: one row per occurrence per feature, wired to
+    the update (each occurrence's gradient clipped, then summed per key of its table); the
+    pooling's sources and their index (row ``i`` is occurrence ``i``'s)."""
+    ftm = s.feature_table_map
+    per_feature = [functional.embedding(i, rows[t]) for t, i in zip(ftm, local, strict=True)]
+    at_occurrence = list(local)
+
+    def reduce_occurrences(g: Sequence[torch.Tensor]) -> Reduced:
+        summed = []
+        for t, feats in enumerate(s.features_of_table):
+            count = batch.table_bounds[t + 1] - batch.table_bounds[t]
+            if not feats:
+                summed.append(torch.zeros(count, s.dims[t], device=s.device))
+                continue
+            occ = torch.cat([g[f] for f in feats])
+            at = torch.cat([at_occurrence[f] for f in feats])
+            summed.append(reduce_gradients(s.optimizer, occ, at, count))
+        return summed, summed
+
+    step = TrainStep(s, per_feature, batch.per_table(slots), reduce_occurrences)
+    sources = list(trained_rows(s.trigger, step))
+    return sources, [torch.arange(r.shape[0], device=s.device) for r in sources]
+
+
+def _rows_mixed(
+    s: ForwardState,
+    batch: DedupedBatch,
+    slots: torch.Tensor,
+    rows: list[torch.Tensor],
+    local: list[torch.Tensor],
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Tables of several dims: each table's unique rows wired to the update (autograd sums
+    their features' gradients); the pooling's sources and their index (``local``)."""
+    step = TrainStep(s, rows, batch.per_table(slots), lambda g: (list(g), list(g)))
+    outs = trained_rows(s.trigger, step)
+    return [outs[t] for t in s.feature_table_map], local

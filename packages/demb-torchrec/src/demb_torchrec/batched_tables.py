@@ -9,6 +9,12 @@ state, scores per ``score_strategy``), then pools; ``loss.backward()`` sums each
 gradient (clipping each occurrence first when the optimizer clips) and runs demb-optim's fused
 update on the table rows in place. No dense gradient of a table exists at any point. An eval
 forward (``module.eval()``) inserts nothing: missing keys read ``eval_initializer_args``.
+
+How a forward runs is picked once, when the module is built (:mod:`demb_torchrec._paths`): one
+path object for training forwards and one for eval forwards, chosen from the tables' dims and
+dtypes, the pooling mode, the optimizer's clipping and the eval initializers; ``forward`` checks
+the batch and hands it to the one ``self.training`` selects. The paths share the module's tables
+and settings through one :class:`~demb_torchrec._state.ForwardState`, never the module itself.
 """
 
 from __future__ import annotations
@@ -16,35 +22,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from demb_kernels.init_rows import init_new_rows, new_rows_args
-from demb_kernels.lookup import (
-    MAX_GATHER_TABLES,
-    gather_table_rows,
-    status_count_tensor,
-)
-from demb_optim import reduce_gradients
-from demb_storage import (
-    InsertOutcome,
-    ScoredHashTable,
-    TableConfigError,
-    new_rows_spec,
-    table_seed,
-)
-from torch.nn import functional
+from demb_kernels.init_rows import new_rows_args
+from demb_kernels.lookup import status_count_tensor
+from demb_storage import ScoredHashTable, TableConfigError, new_rows_spec, table_seed
 
 from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_spec, resolve_device
-from demb_torchrec._autograd import Reduced, TrainStep, summed_per_key, trained_rows
-from demb_torchrec._dedup import DedupedBatch, dedup
-from demb_torchrec._direct import eval_none, eval_pooled, pooled_from_tables
-from demb_torchrec._launched import launched_find_or_insert
-from demb_torchrec._pooling import bag_rows, pool, pool_uniform
-from demb_torchrec._unique_rows import is_zero, unique_rows
+from demb_torchrec._autograd import TrainStep, trained_rows
+from demb_torchrec._paths import eval_path, train_path
+from demb_torchrec._state import ForwardState
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
 __all__ = ["BatchedDynamicEmbeddingTablesV2", "DynamicEmbeddingTables"]
 
 _OUTPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_NONE = DynamicEmbPoolingMode.NONE
 
 
 class DynamicEmbeddingTables(torch.nn.Module):
@@ -104,7 +94,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
         self.feature_table_map = ftm
         self.device = resolve_device(device, options)
         self.optimizer = optimizer_spec(optimizer, optimizer_kwargs)
-        self.check_gradients = check_gradients
         configs = []
         for name, o in zip(names, options, strict=True):
             dtype = o.embedding_dtype or torch.float32
@@ -137,59 +126,54 @@ class DynamicEmbeddingTables(torch.nn.Module):
             for c in configs
         ]
         specs = [new_rows_spec(a, s) for a, s in zip(self.init_args, self.seeds, strict=True)]
-        self._new_rows = new_rows_args(self.dims, specs, self.initial_states)
         self.step_counts = torch.zeros(len(configs), dtype=torch.int64)
         """``(T,)`` int64 on the CPU: each table's updates so far (Adam's bias correction)."""
-        self.features_of_table = [
-            [f for f, t in enumerate(ftm) if t == tt] for tt in range(len(configs))
-        ]
-        self._feature_tables = torch.tensor(ftm, dtype=torch.int64, device=self.device)
-        # Tables whose missing keys an eval forward fills (eval_initializer_args not zeros).
-        self._eval_fills = [
-            t for t, a in enumerate(self.eval_args) if self.features_of_table[t] and not is_zero(a)
-        ]
-        # An eval SUM / MEAN pools straight from float32 tables when no missing key needs an
-        # eval initializer other than zeros (no dedup).
-        self._eval_pools_slots = not self._eval_fills and all(
-            c.dtype == torch.float32 for c in configs
-        )
-        # A training SUM / MEAN pools straight from float32 tables of one dim (no gather of the
-        # unique keys' rows) unless gradients are clipped per occurrence.
-        self._train_pools_slots = (
-            len(set(self.dims)) == 1
-            and all(c.dtype == torch.float32 for c in configs)
-            and not self.optimizer.gradient_clipping
-        )
-        # One-launch gathers (demb::gather_table_rows) need one dim, one dtype, <= 64 tables.
-        self._fused_gather = (
-            len(set(self.dims)) == 1
-            and len({c.dtype for c in configs}) == 1
-            and len(configs) <= MAX_GATHER_TABLES
-        )
-        # So does pooling every feature's bags in one pass (demb::pool_table_rows), from float32
-        # rows. (On the CPU since f2cff25 and 233c0d4 too: the scaled SUM benchmark's eval
-        # forward took 0.84-0.86 ms with it against 1.06-1.17 ms for one embedding_bag per
-        # feature and their cat, on a 2-vCPU VM.)
-        self._pools_in_one_pass = self._fused_gather and configs[0].dtype == torch.float32
         self.sums_workspace: torch.Tensor | None = (
             torch.empty(0, dtype=torch.float32) if self.device.type == "cpu" else None
         )
         """On the CPU, the tensor a backward sums its keys' gradients into, kept across steps:
         a fresh one faults in new pages every step (on a 2-core VM, 5-15 ms of a 20 ms SUM
         backward went to zero-filling the sums)."""
-        self._trigger = torch.zeros((), device=self.device, requires_grad=True)
-        # The dedup's guesses: the low bits the keys differ in, and a radix that packs (table,
-        # key) in fewer sort passes (demb_kernels.launched.packed_radix; 0: none). A list: set
-        # in place on the hot path, no nn.Module attribute set.
-        self._key_bits = [64, 0]
-        # Whether the last training batch had every key in the table: then the next one asks
-        # find_or_insert for its rows (read before the all-found read-back, wasted on a miss).
-        self._found_whole = [False]
+        self._state = ForwardState(
+            tables=self.tables,
+            dims=self.dims,
+            feature_table_map=ftm,
+            feature_tables=torch.tensor(ftm, dtype=torch.int64, device=self.device),
+            pooling_mode=self.pooling_mode,
+            output_dtype=output_dtype,
+            device=self.device,
+            optimizer=self.optimizer,
+            check_gradients=check_gradients,
+            step_counts=self.step_counts,
+            sums_workspace=self.sums_workspace,
+            eval_args=self.eval_args,
+            seeds=self.seeds,
+            new_rows=new_rows_args(self.dims, specs, self.initial_states),
+            trigger=torch.zeros((), device=self.device, requires_grad=True),
+        )
+        self.features_of_table = self._state.features_of_table
+        # The forward's paths, picked now (docs/architecture.md, "The table module's paths").
+        self._train_path = train_path(self._state)
+        self._eval_path = eval_path(self._state)
+        # The tables built with training=False when a feature looks one up (else empty): a
+        # training forward with grad then raises.
+        self._frozen: list[str] = []
+        if not all(self.trainable[t] for t in ftm):
+            self._frozen = [n for n, ok in zip(names, self.trainable, strict=True) if not ok]
 
     @property
     def num_tables(self) -> int:
         """``T``."""
         return len(self.dims)
+
+    @property
+    def check_gradients(self) -> bool:
+        """Whether each update first rejects NaN/inf gradients (one sync); settable."""
+        return self._state.check_gradients
+
+    @check_gradients.setter
+    def check_gradients(self, check: bool) -> None:
+        self._state.check_gradients = check
 
     @property
     def steps(self) -> list[int]:
@@ -223,66 +207,27 @@ class DynamicEmbeddingTables(torch.nn.Module):
             SUM / MEAN: ``(B, sum of the features' dims)``; NONE: ``(N, D)``;
             ``output_dtype``.
         """
-        features = len(self.feature_table_map)
         indices, offsets, batch_size = check_batch_args(
-            indices, offsets, self.device, self.index_type, features
+            indices, offsets, self.device, self.index_type, self._state.num_features
         )
         check_weight_args(indices, pooling_weights, frequency_counters, self.pooling_mode)
         grad = self.training and torch.is_grad_enabled()
-        if grad and not all(self.trainable[t] for t in self.feature_table_map):
-            frozen = [n for n, ok in zip(self.table_names, self.trainable, strict=True) if not ok]
+        if grad and self._frozen:
             raise RuntimeError(
-                f"tables {frozen} were built with training=False (no optimizer state): use "
-                "module.eval() or torch.no_grad() to look them up"
+                f"tables {self._frozen} were built with training=False (no optimizer state): "
+                "use module.eval() or torch.no_grad() to look them up"
             )
         if indices.numel() == 0 or batch_size == 0:
             return self._empty(batch_size, grad)
-        if not self.training and self._fused_gather and self.pooling_mode is _NONE:
-            return eval_none(self, indices, offsets, batch_size).to(self.output_dtype)
-        if not self.training and self.pooling_mode is not _NONE and self._eval_pools_slots:
-            return eval_pooled(self, indices, offsets, batch_size, pooling_weights)
-        status: torch.Tensor | None = None
-        missing: list[int] | None = None  # per table, keys without a slot (None: unknown)
-        gathered: torch.Tensor | None = None  # the NONE rows, read by find_or_insert
-        launched = None
-        if self.training and self.device.type == "cuda" and not self.tables.may_grow:
-            launched = launched_find_or_insert(
-                self, indices, offsets, batch_size, frequency_counters
-            )  # one sync; None: the dedup must sort on more key bits
-        if launched is not None:
-            batch, slots, status, gathered = launched
-        else:
-            # The batch scores are made before the dedup's sync, not in the idle gap after it.
-            scores = self.tables.next_score_args() if self.training else None
-            batch = dedup(
-                indices,
-                offsets,
-                self._feature_tables,
-                self.num_tables,
-                batch_size,
-                frequency_counters,
-                self._key_bits[0],
+        if not self.training:
+            return self._eval_path.forward(
+                indices, offsets, batch_size, pooling_weights, frequency_counters
             )
-            self._key_bits[0] = batch.key_bits  # the next batch's keys likely span as many
-            if scores is not None:
-                slots, status, gathered = self._find_or_insert(batch, scores)
-            else:
-                slots, missing = self._find(batch)
-        fills = missing is not None and any(missing)
-        fills = fills and not all(is_zero(a) for a in self.eval_args)
-        if self._fused_gather and self.pooling_mode is _NONE and not fills:
-            out = self._forward_none(batch, slots, grad, gathered)
-        elif self.training and self.pooling_mode is not _NONE and self._train_pools_slots:
-            out = pooled_from_tables(self, batch, slots, offsets, batch_size, pooling_weights, grad)
-        else:
-            rows, whole = unique_rows(self, batch, slots, missing, not self.training)
-            args = (offsets, batch_size)
-            if whole is not None:
-                out = self._forward_uniform(batch, slots, whole, grad, args, pooling_weights)
-            else:
-                out = self._forward_mixed(batch, slots, rows, grad, args, pooling_weights)
+        out, status, bounds = self._train_path.forward(
+            indices, offsets, batch_size, pooling_weights, frequency_counters, grad
+        )
         if status is not None:  # the forward's work is queued: failed inserts are counted now
-            counts = status_count_tensor(status, batch.table_bounds)
+            counts = status_count_tensor(status, bounds)
             self.tables.record_failures(counts[1], int(status.numel()))
         return out if out.dtype == self.output_dtype else out.to(self.output_dtype)
 
@@ -291,127 +236,6 @@ class DynamicEmbeddingTables(torch.nn.Module):
         return self.tables.values
 
     # ------------------------------------------------------------------------------ internals
-    def _forward_none(
-        self,
-        batch: DedupedBatch,
-        slots: torch.Tensor,
-        grad: bool,
-        gathered: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """No pooling: each occurrence's row read straight from its table (one launch, or
-        ``gathered``: those rows, read by find_or_insert), and in backward each key's
-        occurrence gradients summed in the dedup's sorted order."""
-        out = gathered
-        if out is None:
-            out = gather_table_rows(
-                self.tables.values, slots, batch.tables, batch.inverse, self.dims[0], check=False
-            )
-        if not grad:
-            return out
-        return summed_per_key(self, self._trigger, batch, slots, out, self.dims[0])
-
-    def _forward_uniform(
-        self,
-        batch: DedupedBatch,
-        slots: torch.Tensor,
-        whole: torch.Tensor,
-        grad: bool,
-        args: tuple[torch.Tensor, int],
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Every feature of one dim: rows of all tables in one ``(U, D)`` tensor."""
-        offsets, batch_size = args
-        features = len(self.feature_table_map)
-        index: torch.Tensor | None = batch.inverse
-        if grad and self.optimizer.gradient_clipping:  # one row per occurrence: clipped first
-            occurrences = functional.embedding(batch.inverse, whole)
-            unique = whole.shape[0]
-
-            def reduce_occurrences(g: Sequence[torch.Tensor]) -> Reduced:
-                summed = reduce_gradients(self.optimizer, g[0], batch.inverse, unique)
-                return batch.per_table(summed), [summed]
-
-            step = TrainStep(self, [occurrences], batch.per_table(slots), reduce_occurrences)
-            (whole,) = trained_rows(self._trigger, step)
-            index = None
-        elif grad and self.pooling_mode is not _NONE:
-            return self._pooled_trained(batch, slots, whole, offsets, batch_size, weights)
-        elif grad:
-            step = TrainStep(
-                self,
-                [whole],
-                batch.per_table(slots),
-                lambda g: (batch.per_table(g[0]), [g[0]]),
-            )
-            (whole,) = trained_rows(self._trigger, step)
-        return pool_uniform(whole, index, offsets, batch_size, features, self.pooling_mode, weights)
-
-    def _pooled_trained(
-        self,
-        batch: DedupedBatch,
-        slots: torch.Tensor,
-        whole: torch.Tensor,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """SUM / MEAN over one dim, trained: the bags pooled outside autograd, and in backward
-        each key's gradient summed straight from its bags' output gradients (scaled by weight,
-        or by ``1 / bag size`` for MEAN) in the dedup's order, as the NONE path sums its rows:
-        no ``(U, D)`` gradient of the pooling and no sort in backward."""
-        features = len(self.feature_table_map)
-        with torch.no_grad():
-            out = pool_uniform(
-                whole, batch.inverse, offsets, batch_size, features, self.pooling_mode, weights
-            )
-        n = batch.order.numel()
-        rows, scale = bag_rows(offsets, batch_size, features, n, self.pooling_mode, weights)
-        return summed_per_key(self, self._trigger, batch, slots, out, whole.shape[1], rows, scale)
-
-    def _forward_mixed(
-        self,
-        batch: DedupedBatch,
-        slots: torch.Tensor,
-        rows: list[torch.Tensor],
-        grad: bool,
-        args: tuple[torch.Tensor, int],
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Tables of several dims: per-feature pooling over per-table rows."""
-        offsets, batch_size = args
-        ftm, bounds = self.feature_table_map, batch.feature_bounds
-        local = [
-            batch.inverse[bounds[f] : bounds[f + 1]] - batch.table_bounds[t]
-            for f, t in enumerate(ftm)
-        ]
-        sources = [rows[t] for t in ftm]
-        if grad and self.optimizer.gradient_clipping:
-            per_feature = [
-                functional.embedding(i, rows[t]) for t, i in zip(ftm, local, strict=True)
-            ]
-            at_occurrence = list(local)
-
-            def reduce_occurrences(g: Sequence[torch.Tensor]) -> Reduced:
-                summed = []
-                for t, feats in enumerate(self.features_of_table):
-                    count = batch.table_bounds[t + 1] - batch.table_bounds[t]
-                    if not feats:
-                        summed.append(torch.zeros(count, self.dims[t], device=self.device))
-                        continue
-                    occ = torch.cat([g[f] for f in feats])
-                    at = torch.cat([at_occurrence[f] for f in feats])
-                    summed.append(reduce_gradients(self.optimizer, occ, at, count))
-                return summed, summed
-
-            step = TrainStep(self, per_feature, batch.per_table(slots), reduce_occurrences)
-            sources = list(trained_rows(self._trigger, step))
-            local = [torch.arange(s.shape[0], device=self.device) for s in sources]
-        elif grad:
-            step = TrainStep(self, rows, batch.per_table(slots), lambda g: (list(g), list(g)))
-            outs = trained_rows(self._trigger, step)
-            sources = [outs[t] for t in ftm]
-        return pool(sources, local, offsets, batch_size, bounds, self.pooling_mode, weights)
-
     def _empty(self, batch_size: int, grad: bool) -> torch.Tensor:
         """The output of a batch without indices; in training it still takes part in
         backward (a step with no rows: Adam's step count advances, as in FBGEMM)."""
@@ -423,64 +247,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
         if grad:
             empty = [torch.zeros(0, d, device=self.device) for d in self.dims]
             none = [torch.zeros(0, dtype=torch.int64, device=self.device) for _ in self.dims]
-            (out,) = trained_rows(
-                self._trigger, TrainStep(self, [out], none, lambda g: (empty, []))
-            )
+            step = TrainStep(self._state, [out], none, lambda g: (empty, []))
+            (out,) = trained_rows(self._state.trigger, step)
         return out.to(self.output_dtype)
-
-    def _find_or_insert(
-        self, batch: DedupedBatch, scores: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Slots of the batch's unique keys, inserting missing ones, and their
-        :class:`InsertStatus` (None when every key was found: all HIT); the new rows (and their
-        optimizer state) are initialized by one launch queued behind the insert: no sync. Keys
-        that got no slot (FAILED) have slot -1, and are counted once the forward's work is
-        queued. ``scores``: the batch scores, made before the dedup (``next_score_args``).
-        With NONE pooling from one-launch gathers, a batch whose keys are all found also
-        returns its output rows, read by find_or_insert (None otherwise), when the previous
-        batch was found whole too (a batch with a new key would waste that read)."""
-        gather = (batch.inverse, self.dims[0]) if self._gathers_rows() else None
-        outcome = self.tables.find_or_insert(
-            batch.keys,
-            batch.tables,
-            counts=batch.occurrence_counts(),
-            zero_new_rows=False,
-            check=False,
-            count_failures=False,
-            score_args=scores,
-            gather_rows=gather,
-        )
-        return self._initialize_new(batch, outcome)
-
-    def _gathers_rows(self) -> bool:
-        """Whether find_or_insert also reads the NONE output rows (kept only when every key is
-        found): one-launch gathers from tables on the module's device, and the previous batch
-        found whole (a batch with a new key would waste that read)."""
-        fused = self._fused_gather and self.pooling_mode is _NONE
-        return fused and self._found_whole[0] and self.tables.values[0].device == self.device
-
-    def _initialize_new(
-        self, batch: DedupedBatch, outcome: InsertOutcome
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """After a find_or_insert of ``batch``'s unique keys: ``(slots, status, rows)``, the new
-        rows (and their optimizer state) initialized by one launch queued behind the insert;
-        status and rows None as :meth:`_find_or_insert` returns them."""
-        self._found_whole[0] = outcome.all_hit
-        if outcome.all_hit:  # no row is new and none failed: nothing to initialize or count
-            return outcome.slots, None, outcome.rows
-        init_new_rows(
-            self.tables.values,
-            outcome.slots,
-            batch.keys,
-            batch.tables,
-            outcome.status,
-            self._new_rows,
-        )
-        return outcome.slots, outcome.status, None
-
-    def _find(self, batch: DedupedBatch) -> tuple[torch.Tensor, list[int]]:
-        slots = self.tables.find(batch.keys, batch.tables, check=False)
-        return slots, batch.count_per_table(slots < 0)
 
 
 BatchedDynamicEmbeddingTablesV2 = DynamicEmbeddingTables
