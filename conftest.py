@@ -53,5 +53,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if deselected is not None:
         count, reason = deselected
         terminalreporter.write_line(
-            f"{count} CUDA tests deselected ({reason}); on a GPU machine run: pytest -m cuda"
+            f"{count} CUDA test{'s' if count != 1 else ''} deselected ({reason}); "
+            "on a GPU machine run: pytest -m cuda"
         )

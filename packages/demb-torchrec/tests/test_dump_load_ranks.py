@@ -35,7 +35,7 @@ def _merged(results: list[dict], world: int) -> dict:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("optim", ["optim", "rows"])
+@pytest.mark.parametrize("optim", ["optim", pytest.param("rows", marks=pytest.mark.slow)])
 def test_dump_on_two_ranks_loads_on_one_and_four(run_ranks, tmp_path, optim):
     check_round_trips(run_ranks, tmp_path / "ckpt", 2, [1, 4], optim, "cpu")
 

@@ -62,7 +62,7 @@ def expected_outputs(rank: int, rows: dict[str, dict[int, torch.Tensor]]) -> dic
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_an_eval_build_loads_looks_up_and_refuses_to_train(run_ranks, tmp_path, world):
     m = _rank_module()
     ckpt = str(tmp_path / "ckpt")

@@ -17,7 +17,7 @@ RANK_SCRIPT = Path(__file__).with_name("_mixed_model_rank.py")
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, pytest.param(4, marks=pytest.mark.slow)])
 def test_mixed_model_trains_on_gloo_ranks(run_ranks, world):
     check_training(run_ranks, world, "cpu")
 

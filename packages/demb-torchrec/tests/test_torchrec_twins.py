@@ -17,7 +17,7 @@ RANK_SCRIPT = Path(__file__).with_name("_twin_rank.py")
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_dynamic_and_static_twins_agree(run_ranks, world):
     per_rank = run_ranks(RANK_SCRIPT, world)
     assert len(per_rank[0]) == 12  # 3 collection kinds x 4 optimizers

@@ -112,7 +112,7 @@ def torchrec_bags(rank: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_weights_pool_only_in_a_weighted_collection(run_ranks, world):
     m = _rank_module()
     results = run_ranks(RANK_SCRIPT, world)
