@@ -278,7 +278,7 @@ def test_index_type_is_what_indices_must_be():
     module = tables(index_type=torch.int32)
     out = module(torch.tensor([1, 2], dtype=torch.int32), torch.tensor([0, 2]))
     assert out.shape == (1, 4)
-    with pytest.raises(TypeError, match=r"indices are torch\.int64, but the tables' index_type"):
+    with pytest.raises(TypeError, match=r"indices: torch\.int64, but the tables' index_type"):
         module(torch.tensor([1, 2]), torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="index_type"):
         DynamicEmbeddingTables(
@@ -292,7 +292,7 @@ def test_index_type_is_what_indices_must_be():
 
 def test_bad_batches_are_named():
     module = tables()
-    with pytest.raises(TypeError, match="indices must be a 1-D int64 or int32"):
+    with pytest.raises(TypeError, match="indices: must be a 1-D int64 or int32"):
         module(torch.tensor([1.0]), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="offsets: must start at 0, never decrease and end at 2"):
         module(torch.tensor([1, 2]), torch.tensor([0, 1]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from demb_torchrec import errors
 from demb_torchrec._args import optimizer_spec
 from demb_torchrec.batched_tables import BatchedDynamicEmbeddingTablesV2, DynamicEmbeddingTables
 from demb_torchrec.capacity import (
@@ -33,6 +34,7 @@ from demb_torchrec.errors import (
     PlannerConfigError,
     StorageError,
     TableConfigError,
+    TrainingStateError,
 )
 from demb_torchrec.options import (
     DynamicEmbCheckMode,
@@ -80,7 +82,9 @@ __all__ = [
     "PlannerConfigError",
     "StorageError",
     "TableConfigError",
+    "TrainingStateError",
     "complete_initializer_args",
+    "errors",
     "get_sharded_table_capacity",
     "get_table_value_bytes",
     "optimizer_spec",

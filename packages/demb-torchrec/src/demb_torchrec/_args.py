@@ -11,6 +11,7 @@ import torch
 from demb_optim import SPEC_TYPES, OptimizerKind, OptimizerSpec
 from demb_storage import TableConfigError
 
+from demb_torchrec.errors import InputError, InputTypeError
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 
 __all__ = ["check_batch_args", "check_weight_args", "optimizer_spec", "resolve_device"]
@@ -26,18 +27,18 @@ def optimizer_spec(optimizer: object, hyper_parameters: dict[str, float | bool])
     """
     if isinstance(optimizer, OptimizerSpec):
         if hyper_parameters:
-            raise TypeError(
-                f"optimizer is an OptimizerSpec; pass no more hyper-parameters, got "
-                f"{sorted(hyper_parameters)}"
+            raise InputTypeError(
+                "hyper_parameters",
+                f"{sorted(hyper_parameters)} given beside an OptimizerSpec (it holds them all)",
             )
         return optimizer
     spec_type = SPEC_TYPES[OptimizerKind.parse(optimizer)]
     known = [f.name for f in dataclasses.fields(spec_type)]
     unknown = sorted(set(hyper_parameters) - set(known))
     if unknown:
-        raise TypeError(
-            f"{', '.join(unknown)}: not hyper-parameters of {spec_type.kind} "
-            f"(it takes {', '.join(known)})"
+        raise InputTypeError(
+            ", ".join(unknown),
+            f"not hyper-parameters of {spec_type.kind} (it takes {', '.join(known)})",
         )
     return spec_type(**cast(dict[str, Any], hyper_parameters))
 
@@ -73,16 +74,18 @@ def check_batch_args(
     ValueError naming the argument."""
     for name, t in (("indices", indices), ("offsets", offsets)):
         if t.dtype not in (torch.int64, torch.int32) or t.dim() != 1:
-            raise TypeError(
-                f"{name} must be a 1-D int64 or int32 tensor, got {t.dtype} {tuple(t.shape)}"
+            raise InputTypeError(
+                name, f"must be a 1-D int64 or int32 tensor, got {t.dtype} {tuple(t.shape)}"
             )
         if t.device != device:
-            raise ValueError(f"{name} is on {t.device}, the module on {device}")
+            raise InputError(name, f"on {t.device}, the module on {device}")
     if index_type is not None and indices.dtype != index_type:
-        raise TypeError(f"indices are {indices.dtype}, but the tables' index_type is {index_type}")
+        raise InputTypeError(
+            "indices", f"{indices.dtype}, but the tables' index_type is {index_type}"
+        )
     if offsets.numel() < 1 or (offsets.numel() - 1) % features:
-        raise ValueError(
-            f"offsets: {offsets.numel()} entries; expected F * B + 1 with F={features} features"
+        raise InputError(
+            "offsets", f"{offsets.numel()} entries; expected F * B + 1 with F={features} features"
         )
     return _int64(indices), _int64(offsets), (offsets.numel() - 1) // features
 
@@ -99,24 +102,25 @@ def check_weight_args(
 ) -> None:
     """The spec's rules for ``pooling_weights`` and ``frequency_counters`` (ValueError)."""
     if counters is not None and (counters.shape != indices.shape or counters.is_floating_point()):
-        raise ValueError("frequency_counters: must be an integer tensor shaped like indices")
+        raise InputError("frequency_counters", "must be an integer tensor shaped like indices")
     if weights is None:
         return
     if mode is not DynamicEmbPoolingMode.SUM:
-        raise ValueError(f"pooling_weights: only SUM pooling takes weights, not {mode.name}")
+        raise InputError("pooling_weights", f"only SUM pooling takes weights, not {mode.name}")
     if weights.dtype != torch.float32:
-        raise ValueError(f"pooling_weights: must be float32, got {weights.dtype}")
+        raise InputError("pooling_weights", f"must be float32, got {weights.dtype}")
     if weights.numel() != indices.numel():
-        raise ValueError(
-            f"pooling_weights: {weights.numel()} weights for {indices.numel()} indices"
+        raise InputError(
+            "pooling_weights", f"{weights.numel()} weights for {indices.numel()} indices"
         )
     if weights.requires_grad and torch.is_grad_enabled():
-        raise ValueError(
-            "pooling_weights: requires grad, but weights are not differentiable (detach them, "
-            "or look up under torch.no_grad())"
+        raise InputError(
+            "pooling_weights",
+            "requires grad, but weights are not differentiable (detach them, or look up under "
+            "torch.no_grad())",
         )
     if counters is not None:
-        raise ValueError(
-            "pooling_weights and frequency_counters: pass one of them (both ride the one "
-            "KJT weights channel)"
+        raise InputError(
+            "pooling_weights and frequency_counters",
+            "pass one of them (both ride the one KJT weights channel)",
         )

@@ -21,6 +21,7 @@ from demb_optim import OptimizerSpec, apply_update, nonfinite, update_parameters
 from torch.autograd.function import FunctionCtx
 
 from demb_torchrec._dedup import DedupedBatch
+from demb_torchrec.errors import InputError
 
 __all__ = [
     "Reduced",
@@ -117,8 +118,8 @@ class TrainStep:
 
 
 def _raise_nonfinite() -> None:
-    raise ValueError(
-        "grads: the embedding gradients contain NaN or infinite values; no row was updated"
+    raise InputError(
+        "grads", "the embedding gradients contain NaN or infinite values; no row was updated"
     )
 
 

@@ -30,6 +30,7 @@ from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_s
 from demb_torchrec._autograd import TrainStep, trained_rows
 from demb_torchrec._paths import eval_path, train_path
 from demb_torchrec._state import ForwardState
+from demb_torchrec.errors import TrainingStateError
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
 __all__ = ["BatchedDynamicEmbeddingTablesV2", "DynamicEmbeddingTables"]
@@ -213,9 +214,10 @@ class DynamicEmbeddingTables(torch.nn.Module):
         check_weight_args(indices, pooling_weights, frequency_counters, self.pooling_mode)
         grad = self.training and torch.is_grad_enabled()
         if grad and self._frozen:
-            raise RuntimeError(
-                f"tables {self._frozen} were built with training=False (no optimizer state): "
-                "use module.eval() or torch.no_grad() to look them up"
+            raise TrainingStateError(
+                self._frozen,
+                "built with training=False (no optimizer state): use module.eval() or "
+                "torch.no_grad() to look them up",
             )
         if indices.numel() == 0 or batch_size == 0:
             return self._empty(batch_size, grad)

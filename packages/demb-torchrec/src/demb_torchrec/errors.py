@@ -15,6 +15,7 @@ the specification (``except ValueError``) keeps working::
     │   └── InsertFailedError (RuntimeError) keys that found no slot (safe-check ERROR)
     ├── InputError (ValueError)              a bad value given to a module or model API
     ├── InputTypeError (TypeError)           an argument of the wrong type or dtype
+    ├── TrainingStateError (RuntimeError)    a step the tables' state does not allow
     └── NotSupportedError (NotImplementedError)  an option whose feature demb does not have
 
 Every message names the table (where there is one) and the argument.
@@ -40,6 +41,7 @@ __all__ = [
     "PlannerConfigError",
     "StorageError",
     "TableConfigError",
+    "TrainingStateError",
 ]
 
 
@@ -77,3 +79,16 @@ class NotSupportedError(DembError, NotImplementedError):
         self.option = option
         self.table = table
         super().__init__(f"{_where(table, option)}: {reason}")
+
+
+class TrainingStateError(DembError, RuntimeError):
+    """A training step the tables cannot take in their state (built with ``training=False``, or
+    sharded without an optimizer); the message names the tables and what to do instead.
+
+    Attributes:
+        tables: the tables concerned.
+    """
+
+    def __init__(self, tables: list[str], reason: str) -> None:
+        self.tables = tables
+        super().__init__(f"tables {tables}: {reason}")
