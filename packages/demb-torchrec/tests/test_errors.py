@@ -30,6 +30,8 @@ BUILT_IN = {
     "InsertFailedError": RuntimeError,
     "InputError": ValueError,
     "InputTypeError": TypeError,
+    "ConfigError": ValueError,
+    "CheckpointError": RuntimeError,
     "NotSupportedError": NotImplementedError,
     "TrainingStateError": RuntimeError,
 }

@@ -22,6 +22,8 @@ from demb_torchrec.capacity import (
 )
 from demb_torchrec.dump import DynamicEmbDump, DynamicEmbLoad
 from demb_torchrec.errors import (
+    CheckpointError,
+    ConfigError,
     DembError,
     FormatError,
     InputError,
@@ -53,6 +55,8 @@ __all__ = [
     "FTRL",
     "MAX_BUCKET_CAPACITY",
     "BatchedDynamicEmbeddingTablesV2",
+    "CheckpointError",
+    "ConfigError",
     "DembError",
     "DynamicEmbCheckMode",
     "DynamicEmbDump",

@@ -26,6 +26,7 @@ from demb_storage import InitializerArgs, InitializerMode
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
+from demb_torchrec.errors import ConfigError
 from demb_torchrec.options import DynamicEmbTableOptions
 
 __all__ = [
@@ -69,15 +70,15 @@ def check_constraints(
     names = [c.name for c in eb_configs]
     twice = sorted(n for n, k in Counter(names).items() if k > 1)
     if twice:
-        raise ValueError(f"eb_configs: tables {twice} appear more than once")
+        raise ConfigError(f"eb_configs: tables {twice} appear more than once")
     if constraints is None:
         return
     missing = sorted(set(names) - set(constraints))
     if missing:
-        raise ValueError(f"constraints: no entry for tables {missing} of eb_configs")
+        raise ConfigError(f"constraints: no entry for tables {missing} of eb_configs")
     extra = sorted(set(constraints) - set(names))
     if extra:
-        raise ValueError(f"constraints: keys {extra} are not tables of eb_configs")
+        raise ConfigError(f"constraints: keys {extra} are not tables of eb_configs")
 
 
 def complete_initializer_args(

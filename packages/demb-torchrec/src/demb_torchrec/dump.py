@@ -41,6 +41,7 @@ from demb_planner import continuous_block_size, owner_rank
 from torch import nn
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
+from demb_torchrec.errors import CheckpointError, ConfigError
 
 __all__ = ["DynamicEmbDump", "DynamicEmbLoad", "dynamic_tables"]
 
@@ -73,7 +74,7 @@ class _Table:
         if self.dist_type != "continuous":
             return None
         if self.num_embeddings is None:
-            raise ValueError(f"table {self.name!r}: continuous sharding needs num_embeddings")
+            raise ConfigError(f"table {self.name!r}: continuous sharding needs num_embeddings")
         return continuous_block_size(self.num_embeddings, self.world_size)
 
 
@@ -122,7 +123,7 @@ def _select(tables: list[_Table], table_names: TableNames) -> list[_Table]:
         missing = {("*", n) for n in names - {t.name for t in tables}}
         picked = [t for t in tables if t.name in names]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"table_names: no dynamic table {sorted(missing)} in the model (it has "
             f"{sorted({(t.collection, t.name) for t in tables})})"
         )
@@ -132,7 +133,7 @@ def _select(tables: list[_Table], table_names: TableNames) -> list[_Table]:
 def _group(pg: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
     if not dist.is_available() or not dist.is_initialized():
         if pg is not None:
-            raise ValueError("pg: given, but torch.distributed is not initialized")
+            raise ConfigError("pg: given, but torch.distributed is not initialized")
         return None
     return pg if pg is not None else dist.group.WORLD
 
@@ -141,7 +142,7 @@ def _check_group(group: dist.ProcessGroup | None, tables: list[_Table]) -> None:
     size = 1 if group is None else group.size()
     for t in tables:
         if t.world_size > 1 and t.world_size != size:
-            raise ValueError(
+            raise ConfigError(
                 f"pg: {size} ranks, but table {t.collection}/{t.name} is sharded over "
                 f"{t.world_size}; every rank of the sharding takes part in a dump or load"
             )
@@ -272,7 +273,7 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
     if group is not None:
         dist.barrier(group=group)
     if errors:
-        raise RuntimeError(f"DynamicEmbDump to {target}: {'; '.join(errors)}") from error
+        raise CheckpointError(f"DynamicEmbDump to {target}: {'; '.join(errors)}") from error
 
 
 def _check_layout(t: _Table, meta: ShardMeta, optim: bool) -> None:
@@ -281,7 +282,7 @@ def _check_layout(t: _Table, meta: ShardMeta, optim: bool) -> None:
     config = t.module.tables.configs[t.index]
     columns = tuple(c.name for c in config.score_layout.columns)
     if tuple(meta.score_strategy) != columns:
-        raise ValueError(
+        raise ConfigError(
             f"{where}: the checkpoint scores {meta.score_strategy}, the table {columns} "
             "(a checkpoint loads only into tables of the same score_strategy order)"
         )
@@ -289,9 +290,9 @@ def _check_layout(t: _Table, meta: ShardMeta, optim: bool) -> None:
         return
     kind = t.module.optimizer.kind.value
     if meta.state_width == 0 and config.state_dim:
-        raise ValueError(f"{where}: optim=True, but the checkpoint holds no optimizer state")
+        raise ConfigError(f"{where}: optim=True, but the checkpoint holds no optimizer state")
     if meta.optimizer != kind or meta.state_width != config.state_dim:
-        raise ValueError(
+        raise ConfigError(
             f"{where}: optim=True, but the checkpoint's optimizer state is {meta.optimizer!r} "
             f"({meta.state_width} wide) and the table's {kind!r} ({config.state_dim} wide)"
         )

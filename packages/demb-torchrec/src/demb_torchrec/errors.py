@@ -14,6 +14,8 @@ the specification (``except ValueError``) keeps working::
     │   ├── TableConfigError (ValueError)    a table option
     │   └── InsertFailedError (RuntimeError) keys that found no slot (safe-check ERROR)
     ├── InputError (ValueError)              a bad value given to a module or model API
+    ├── ConfigError (ValueError)             a model, plan, sharding or checkpoint setting
+    ├── CheckpointError (RuntimeError)       a dump that failed on some rank (nothing committed)
     ├── InputTypeError (TypeError)           an argument of the wrong type or dtype
     ├── TrainingStateError (RuntimeError)    a step the tables' state does not allow
     └── NotSupportedError (NotImplementedError)  an option whose feature demb does not have
@@ -29,6 +31,8 @@ from demb_planner import DembError, PlannerConfigError
 from demb_storage import InsertFailedError, StorageError, TableConfigError
 
 __all__ = [
+    "CheckpointError",
+    "ConfigError",
     "DembError",
     "FormatError",
     "InputError",
@@ -61,6 +65,17 @@ class InputError(DembError, ValueError):
         self.argument = argument
         self.table = table
         super().__init__(f"{_where(table, argument)}: {reason}")
+
+
+class CheckpointError(DembError, RuntimeError):
+    """A dump failed on some rank; the previous checkpoint is left as it was. The message names
+    the target and every rank's error."""
+
+
+class ConfigError(DembError, ValueError):
+    """A model, plan, sharding or checkpoint setting that cannot work (constraints that rule
+    out row-wise sharding, an optimizer dynamic tables lack, a checkpoint of another layout);
+    the message names the table and the setting."""
 
 
 class InputTypeError(DembError, TypeError):

@@ -29,6 +29,7 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from demb_torchrec._dedup import dedup
+from demb_torchrec.errors import ConfigError
 
 __all__ = ["DynamicRwSparseFeaturesDist"]
 
@@ -66,7 +67,7 @@ class DynamicRwSparseFeaturesDist(RwSparseFeaturesDist):  # type: ignore[misc]
         dedup: bool = False,
     ) -> None:
         if dedup and not is_sequence:
-            raise ValueError("dedup: only a sequence dist (one row per id) deduplicates ids")
+            raise ConfigError("dedup: only a sequence dist (one row per id) deduplicates ids")
         BaseSparseFeaturesDist.__init__(self)  # not RwSparseFeaturesDist's row blocks
         self._world_size: int = pg.size()
         self._dist_type = dist_type

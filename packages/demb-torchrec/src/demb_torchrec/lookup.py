@@ -28,6 +28,7 @@ from torchrec.modules.embedding_configs import data_type_to_dtype
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
+from demb_torchrec.errors import ConfigError, TrainingStateError
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 from demb_torchrec.planner import TABLES_KEY, PlannedTables
 
@@ -57,7 +58,7 @@ def planned_options(table: str, fused_params: Mapping[str, Any] | None) -> Dynam
     """
     planned = (fused_params or {}).get(TABLES_KEY)
     if not isinstance(planned, PlannedTables) or table not in planned:
-        raise ValueError(
+        raise ConfigError(
             f"table {table!r}: no planned dynamic-table options in its fused params; plan "
             "dynamic tables with DynamicEmbeddingShardingPlanner"
         )
@@ -95,7 +96,7 @@ def kernel_arguments(
             "to dynamic tables (DynamicEmbTableOptions.caching is their cache)"
         )
     if optimizer is None and params:
-        raise ValueError(
+        raise ConfigError(
             f"table {table!r}: {', '.join(sorted(params))} given, but no optimizer (give the "
             "collection's parameters one with apply_optimizer_in_backward, or the sharder "
             "fused_params={'optimizer': ...})"
@@ -103,20 +104,20 @@ def kernel_arguments(
     return options, optimizer, params
 
 
-def _training_refusal(names: list[str], optimizer: object | None, trainable: list[bool]) -> str:
+def _training_refusal(optimizer: object | None, trainable: list[bool]) -> str:
     """Why a group of tables cannot train ('' when it can): no optimizer, or every table built
     with ``training=False``. (A group that mixes trainable and frozen tables is refused by
     :class:`DynamicEmbeddingTables` itself in a training forward.)"""
     if optimizer is None:
         return (
-            f"dynamic tables {names}: no optimizer, so they cannot train (the model was sharded "
+            "no optimizer, so they cannot train (the model was sharded "
             "without apply_optimizer_in_backward on their collection, or a sharder "
             "fused_params={'optimizer': ...}); look them up in eval mode or under "
             "torch.no_grad(), or detach their output"
         )
     if not any(trainable):
         return (
-            f"dynamic tables {names}: planned with training=False, so they hold no optimizer "
+            "planned with training=False, so they hold no optimizer "
             "state and cannot train; look them up in eval mode or under torch.no_grad(), or "
             "detach their output"
         )
@@ -128,14 +129,18 @@ class _CannotTrain(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: FunctionCtx, trigger: torch.Tensor, rows: torch.Tensor, refusal: str
+        ctx: FunctionCtx,
+        trigger: torch.Tensor,
+        rows: torch.Tensor,
+        names: list[str],
+        refusal: str,
     ) -> torch.Tensor:
-        ctx.refusal = refusal  # type: ignore[attr-defined]
+        ctx.refusal = (names, refusal)  # type: ignore[attr-defined]
         return rows.view_as(rows)
 
     @staticmethod
-    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[None, None, None]:
-        raise RuntimeError(ctx.refusal)  # type: ignore[attr-defined]
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[None, None, None, None]:
+        raise TrainingStateError(*ctx.refusal)  # type: ignore[attr-defined]
 
 
 class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
@@ -158,16 +163,17 @@ class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
         optimizer, hyper = args[0][1], args[0][2]
         for t, (_, opt, hp) in zip(tables, args, strict=True):
             if opt != optimizer or hp != hyper:
-                raise ValueError(
+                raise ConfigError(
                     f"tables {tables[0].name!r} and {t.name!r} are grouped together but have "
                     "different optimizers"
                 )
         for t in tables:
             if t.local_cols != t.embedding_dim:
-                raise ValueError(f"table {t.name!r}: dynamic tables are not column-sharded")
+                raise ConfigError(f"table {t.name!r}: dynamic tables are not column-sharded")
         options = [a[0] for a in args]
         names = [t.name for t in tables]
-        self._refusal = _training_refusal(names, optimizer, [o.training for o in options])
+        self._refusal = _training_refusal(optimizer, [o.training for o in options])
+        self._names = names
         """Why these tables cannot train ('' when they can)."""
         if optimizer is None:  # no optimizer state; SGD (stateless) only stands in for one
             options = [dataclasses.replace(o, training=False) for o in options]
@@ -193,12 +199,13 @@ class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
         stride). Tables that cannot train (no optimizer, or all planned ``training=False``)
         look up in training mode as under ``torch.no_grad()`` (inserting missing keys, as a
         training-mode lookup does), and the backward of such a lookup made with grad enabled
-        raises ``RuntimeError`` naming them; in eval mode nothing is inserted."""
+        raises ``TrainingStateError`` (a ``RuntimeError``) naming them; in eval mode nothing is
+        inserted."""
         if self._refusal and self.training and torch.is_grad_enabled():
             with torch.no_grad():  # what a training-mode lookup does under no_grad
                 rows = self._lookup(features)
             wired: torch.Tensor = _CannotTrain.apply(  # type: ignore[no-untyped-call]
-                self._trigger, rows, self._refusal
+                self._trigger, rows, self._names, self._refusal
             )
             return wired
         return self._lookup(features)

@@ -26,6 +26,7 @@ from torchrec.distributed import utils as trec_utils
 from torchrec.distributed.planner import shard_estimators
 
 from demb_torchrec._args import optimizer_spec
+from demb_torchrec.errors import ConfigError, InputTypeError
 from demb_torchrec.options import DynamicEmbOptimType
 
 __all__ = [
@@ -58,7 +59,7 @@ def ftrl_spec(kwargs: Mapping[str, float | bool]) -> OptimizerSpec:
     params = dict(kwargs)
     if "lr" in params:
         if "learning_rate" in params:
-            raise TypeError("pass lr or learning_rate, not both")
+            raise InputTypeError("lr", "pass lr or learning_rate, not both")
         params["learning_rate"] = params.pop("lr")
     return optimizer_spec(DynamicEmbOptimType.FTRL, params)
 
@@ -128,7 +129,7 @@ def dynamic_optimizer_kind(
     kind = _DYNAMIC_KINDS.get(optimizer_class)
     if kind is None:
         known = sorted(c.__module__ + "." + c.__qualname__ for c in _DYNAMIC_KINDS)
-        raise ValueError(
+        raise ConfigError(
             f"optimizer {optimizer_class.__module__}.{optimizer_class.__qualname__}: dynamic "
             f"tables have no update for it (they take {', '.join(known)})"
         )

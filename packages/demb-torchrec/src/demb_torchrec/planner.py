@@ -68,6 +68,7 @@ from demb_torchrec.constraints import (
     check_constraints,
     prepare_table_options,
 )
+from demb_torchrec.errors import ConfigError
 from demb_torchrec.optimizers import FTRL, dynamic_optimizer_kind
 from demb_torchrec.options import DynamicEmbTableOptions
 
@@ -97,7 +98,7 @@ def dynamic_options(
     if not isinstance(c, DynamicEmbParameterConstraints) or not c.use_dynamicemb:
         return None
     if c.dynamicemb_options is None:
-        raise ValueError(f"table {table!r}: use_dynamicemb=True needs dynamicemb_options")
+        raise ConfigError(f"table {table!r}: use_dynamicemb=True needs dynamicemb_options")
     return c.dynamicemb_options
 
 
@@ -226,7 +227,7 @@ def shard_bytes(
     try:
         kind = dynamic_optimizer_kind(classes[0])
     except ValueError as e:
-        raise ValueError(f"table {table!r}: {e}") from None
+        raise ConfigError(f"table {table!r}: {e}") from None
     state = optimizer_state_bytes(kind, dim, elem) if kind is not None and options.training else 0
     score_words = len(options.score_strategy) if isinstance(options.score_strategy, tuple) else 1
     index = _INDEX_BYTES_PER_SLOT + 8 * score_words
@@ -280,7 +281,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):  # type: ignore[misc]
         ]
         lost = sorted({o.name for o in options} - {o.name for o in kept})
         if lost:
-            raise ValueError(
+            raise ConfigError(
                 f"tables {lost}: static tables in a collection with dynamic tables cannot be "
                 f"sharded {_ROW_WISE}, and their constraints allow nothing else"
             )
@@ -293,7 +294,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):  # type: ignore[misc]
             return list(super()._filter_sharding_types(name, allowed_sharding_types, sharder_key))
         wanted = self._constraints[name].sharding_types
         if wanted and _ROW_WISE not in wanted:
-            raise ValueError(
+            raise ConfigError(
                 f"table {name!r}: dynamic tables are sharded {_ROW_WISE}; its constraints allow "
                 f"only {wanted}"
             )
@@ -307,7 +308,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):  # type: ignore[misc]
             return [k for k in kernels if k != _CUSTOMIZED]
         wanted = self._constraints[name].compute_kernels
         if wanted and _CUSTOMIZED not in wanted:
-            raise ValueError(
+            raise ConfigError(
                 f"table {name!r}: dynamic tables run on the {_CUSTOMIZED} kernel; its "
                 f"constraints allow only {wanted}"
             )
@@ -420,7 +421,7 @@ def _refuse_ftrl(table: str, sharding: ParameterSharding, weight: torch.Tensor |
     classes = getattr(weight, "_optimizer_classes", [None]) if weight is not None else [None]
     if classes[0] is not FTRL or sharding.sharding_type == ShardingType.DATA_PARALLEL.value:
         return
-    raise ValueError(
+    raise ConfigError(
         f"table {table!r}: FTRL runs only on dynamic tables (DynamicEmbParameterConstraints("
         f"use_dynamicemb=True)); this table is planned {sharding.sharding_type} on the "
         f"{sharding.compute_kernel} kernel (only data-parallel tables, updated by the dense "

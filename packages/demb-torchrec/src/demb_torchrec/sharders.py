@@ -56,6 +56,7 @@ from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from demb_torchrec.errors import ConfigError
 from demb_torchrec.input_dist import DynamicRwSparseFeaturesDist
 from demb_torchrec.lookup import (
     DynamicEmbeddingsLookup,
@@ -89,7 +90,7 @@ def _dynamic_input_dist(
     clips = any((t.fused_params or {}).get("gradient_clipping") for t in tables)
     kinds = sorted(set(dist_types.values()))
     if len(kinds) > 1:
-        raise ValueError(
+        raise ConfigError(
             f"tables sharded row-wise in one collection share one dist_type; got {dist_types}"
         )
     return DynamicRwSparseFeaturesDist(
@@ -159,7 +160,7 @@ def _check_row_wise(sharding_type: str, infos: list[EmbeddingShardingInfo]) -> b
     if all(info.param_sharding.compute_kernel != _CUSTOMIZED for info in infos):
         return False
     if sharding_type != _ROW_WISE:
-        raise ValueError(f"dynamic tables are sharded {_ROW_WISE}, not {sharding_type}")
+        raise ConfigError(f"dynamic tables are sharded {_ROW_WISE}, not {sharding_type}")
     return True
 
 
@@ -312,7 +313,7 @@ class DynamicEmbeddingCollectionSharder(
         """
         dynamic = sorted(n for n, p in params.items() if p.compute_kernel == _CUSTOMIZED)
         if self._use_index_dedup and dynamic:
-            raise ValueError(
+            raise ConfigError(
                 f"use_index_dedup=True: TorchRec's index dedup cannot run over dynamic tables "
                 f"{dynamic} (their ids are unbounded); their input dist already deduplicates ids"
             )
