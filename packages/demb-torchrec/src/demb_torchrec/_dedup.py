@@ -7,6 +7,8 @@ from typing import NamedTuple
 import torch
 from demb_kernels.lookup import dedup_batch
 
+from demb_torchrec.errors import InputError
+
 __all__ = ["DedupedBatch", "dedup", "next_key_bits"]
 
 
@@ -58,9 +60,10 @@ class DedupedBatch(NamedTuple):
             ValueError: the batch has none (deduplicated without counts).
         """
         if self.counts is None:
-            raise ValueError(
-                "counts: this batch was deduplicated without counts (its tables count no "
-                "occurrences); deduplicate it with dedup() to have them"
+            raise InputError(
+                "counts",
+                "this batch was deduplicated without counts (its tables count no occurrences); "
+                "deduplicate it with dedup() to have them",
             )
         return self.counts
 
