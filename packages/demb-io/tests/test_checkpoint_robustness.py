@@ -4,7 +4,6 @@ mid-checkpoint leaves the previous checkpoint loadable and verified."""
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -16,83 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from demb_io import (
-    Checkpoint,
-    CheckpointWriter,
-    DeltaMeta,
-    DeltaTable,
-    FormatError,
-    ShardData,
-    ShardMeta,
-    read_delta,
-    write_delta,
-)
+from demb_io import Checkpoint, FormatError, read_delta
+from demb_io.mutations import mutate, small_checkpoint, small_delta
 
 MUTATIONS = 10_000
-
-
-def small_checkpoint(path: Path) -> None:
-    rng = np.random.default_rng(0)
-    with CheckpointWriter(path) as w:
-        for rank in range(2):
-            meta = ShardMeta(
-                collection="ebc",
-                table="t",
-                rank=rank,
-                world_size=2,
-                dist_type="hash_roundrobin",
-                embedding_dtype="bfloat16",
-                embedding_dim=3,
-                rows=0,
-                score_strategy=("TIMESTAMP", "LFU"),
-                optimizer="adagrad",
-                optim_state_dtype="float32",
-                state_width=3,
-                admission_rows=0,
-            )
-            n = 4 + rank
-            w.write_shard(
-                meta,
-                [
-                    ShardData(
-                        np.arange(n, dtype=np.int64) * 2 + rank,
-                        rng.integers(0, 2**16, (n, 3), dtype=np.uint16),
-                        rng.integers(0, 99, (n, 2), dtype=np.int64),
-                        rng.standard_normal((n, 3)).astype(np.float32),
-                        np.array([7, 8], dtype=np.int64),
-                        np.array([1, 2], dtype=np.int64),
-                    )
-                ],
-            )
-
-
-_JSON_VALUES = [None, True, 0, -1, 1, 2**70, 1.5, "", "x", "float16", [], ["LFU"], [1, 2], {}]
-
-
-def mutate_json(text: str, rnd: random.Random) -> bytes:
-    d = json.loads(text)
-    target = d
-    if rnd.random() < 0.3:
-        target = d["files"][rnd.choice(sorted(d["files"]))]
-    key = rnd.choice(sorted(target))
-    if rnd.random() < 0.3:
-        del target[key]
-    else:
-        target[key] = rnd.choice(_JSON_VALUES)
-    return json.dumps(d).encode()
-
-
-def mutate_bytes(blob: bytes, rnd: random.Random) -> bytes:
-    kind = rnd.randrange(4)
-    if kind == 0 or not blob:  # truncate
-        return blob[: rnd.randrange(len(blob) + 1)] if blob else b"\x00"
-    if kind == 1:  # append
-        return blob + bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 9)))
-    data = bytearray(blob)
-    for _ in range(1 if kind == 2 else rnd.randrange(2, 6)):  # flip one or several bytes
-        i = rnd.randrange(len(data))
-        data[i] ^= 1 << rnd.randrange(8) if kind == 2 else rnd.randrange(1, 256)
-    return bytes(data)
 
 
 def read_all(path: Path) -> FormatError | None:
@@ -105,41 +31,6 @@ def read_all(path: Path) -> FormatError | None:
     except FormatError as err:
         return err
     return None
-
-
-def small_delta(path: Path) -> None:
-    rng = np.random.default_rng(1)
-    meta = DeltaMeta(
-        collection="ebc",
-        table="t",
-        embedding_dtype="float16",
-        embedding_dim=2,
-        score_strategy=("TIMESTAMP",),
-        current_score=99,
-        current_capacity=256,
-        row_capacity=(256,),
-        bucket_capacity=128,
-        world_size=2,
-        dist_type="roundrobin",
-        optim_state_dtype="float16",
-        state_width=1,
-        evicted_rows=0,
-    )
-    write_delta(
-        path,
-        [
-            DeltaTable(
-                meta,
-                np.arange(5, dtype=np.int64),
-                rng.standard_normal((5, 2)).astype(np.float16),
-                np.arange(5, dtype=np.int64)[:, None],
-                np.arange(5, dtype=np.int64),
-                rng.standard_normal((5, 1)).astype(np.float16),
-                np.array([9], dtype=np.int64),
-                np.array([11, 12], dtype=np.int64),
-            )
-        ],
-    )
 
 
 def read_delta_error(path: Path) -> FormatError | None:
@@ -159,10 +50,7 @@ def fuzz(path: Path, read: Callable[[Path], FormatError | None], seed: int) -> d
     for _ in range(MUTATIONS):
         victim = rnd.choice(files)
         blob = original[victim]
-        if victim.name.endswith(".meta.json") and rnd.random() < 0.5:
-            mutated = mutate_json(blob.decode(), rnd)
-        else:
-            mutated = mutate_bytes(blob, rnd)
+        mutated = mutate(victim, blob, rnd)
         victim.write_bytes(mutated)
         error = read(path)
         if error is None:

@@ -34,6 +34,60 @@ def test_bench_dlrm_writes_its_report(tmp_path):
     assert report["command"].startswith("demb bench dlrm")
 
 
+@pytest.mark.multiproc
+def test_bench_dlrm_scaling_sets_each_world_size_beside_one_rank(tmp_path, capsys):
+    """``--world-size 1,2`` runs 1 then 2 gloo ranks (the smallest batch): the JSON holds both
+    reports, and each scaling row's efficiency is its samples/s over W x the 1-rank figure of
+    the same run, as the printed table shows it."""
+    from demb_torchrec.cli import main
+
+    out = tmp_path / "dlrm.json"
+    args = ["bench", "dlrm", "--world-size", "1,2", "--batch-size", "1", "--scale", "0.0001"]
+    assert main([*args, "--steps", "1", "--warmup", "0", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["command"].startswith("demb bench dlrm --world-size 1,2")
+    assert report["world_sizes"] == [1, 2]
+    reports = report["reports"]
+    assert [r["workload"]["world_size"] for r in reports] == [1, 2]
+    assert all(r["backend"] == "gloo" and r["workload"]["batch_size"] == 1 for r in reports)
+    base = reports[0]["samples_per_s"]
+    assert base == pytest.approx(1 / (reports[0]["step_ms"] / 1e3))
+    printed = capsys.readouterr().out
+    for row, r, c in zip(report["scaling"], reports, report["comparisons"], strict=True):
+        w = r["workload"]["world_size"]
+        assert row["world_size"] == w
+        assert row["samples_per_s"] == r["samples_per_s"] > 0
+        assert row["w_times_one_rank_samples_per_s"] == pytest.approx(w * base)
+        assert row["efficiency"] == pytest.approx(r["samples_per_s"] / (w * base))
+        assert c["ratio"] == pytest.approx(row["efficiency"])
+        assert f"world size {w} " in printed
+        assert f"{row['efficiency']:.3g}x" in printed
+    assert report["scaling"][0]["efficiency"] == pytest.approx(1.0)
+    assert "dlrm on cpu x 2 (gloo)" in printed
+
+
+def test_bench_dlrm_world_sizes_parse_an_int_or_a_list_with_one(capsys):
+    """A single world size keeps working; a list must hold 1 (the scaling baseline), each size
+    once; ``scaling`` divides each figure by W x the 1-rank figure."""
+    from demb_torchrec.bench.dlrm_bench import scaling
+    from demb_torchrec.cli import _world_sizes, main
+
+    assert _world_sizes("2") == [2]
+    assert _world_sizes("1,2,4") == [1, 2, 4]
+    for bad in ("2,4", "1,1", "0", "1,x", ""):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", "dlrm", "--world-size", bad])
+        assert exit_info.value.code == 2, bad
+    assert "--world-size" in capsys.readouterr().err
+    reports = [
+        {"workload": {"world_size": w}, "samples_per_s": s} for w, s in ((2, 150.0), (1, 100.0))
+    ]
+    assert [c.ratio for c in scaling(reports)] == [0.75, 1.0]
+    assert [c.baseline for c in scaling(reports)] == [200.0, 100.0]
+    with pytest.raises(ValueError, match="world size 1"):
+        scaling(reports[:1])
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [("world_size", 0), ("batch_size", -1), ("steps", 0), ("warmup", -1), ("scale", 0.0)],
@@ -96,6 +150,7 @@ def test_bench_module_writes_its_report(tmp_path):
     assert 0 < demb["unique"] <= 2 * 300
     assert demb["bytes_train"] > demb["bytes_eval"] > 0
     assert "torchrec" not in report
+    assert "profile" not in report
 
 
 def test_bench_module_no_check_gradients_builds_an_unchecked_module(tmp_path):

@@ -1,19 +1,32 @@
 """The ``demb`` command: ``demb`` (or ``demb env``) reports the environment; ``demb bench
-module`` runs the table module's reference workload; ``demb bench dlrm`` a DistributedModelParallel
-train step of a DLRM-like model on dynamic tables; ``demb bench balance`` the keys per rank of the
-two modulo routings."""
+module`` runs the table module's reference workload (``--profile``: and where its steps spend
+their time); ``demb bench dlrm`` a DistributedModelParallel train step of a DLRM-like model on
+dynamic tables (at one world size, or several with their scaling efficiency); ``demb bench
+balance`` the keys per rank of the two modulo routings; ``demb bench table``, ``update`` and
+``io`` the hash table ops, the fused optimizer update and checkpoint I/O, each figure beside a
+baseline measured in the same run; ``demb bench fuzz`` reads back mutated checkpoints and
+deltas."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    _Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 __all__ = ["environment_report", "main"]
+
+_UPDATE_OPTIMIZERS = ("adam", "ftrl", "sgd", "adagrad", "rowwise_adagrad")
+"""``demb bench update``'s optimizers (:data:`demb_torchrec.bench.update_bench.OPTIMIZERS`)."""
 
 _DISTRIBUTIONS = (
     "demb-planner",
@@ -85,6 +98,11 @@ def _bench_module(args: argparse.Namespace) -> int:
     overrides = {k: getattr(args, k) for k in ("tables", "dim", "rows", "samples")}
     w = Workload(**{**w.as_dict(), **{k: v for k, v in overrides.items() if v is not None}})
     report = run(w, device, args.steps, args.warmup, baseline=not args.no_baseline)
+    if args.profile or args.trace:
+        from demb_torchrec.bench.module_profile import print_profile, profile_module
+
+        report["profile"] = profile_module(w, device, trace=args.trace)
+        print_profile(report["profile"])
     return _write_report(report, args)
 
 
@@ -99,26 +117,88 @@ def _write_report(report: dict[str, Any], args: argparse.Namespace) -> int:
     return 0
 
 
+def _device(args: argparse.Namespace) -> torch.device:
+    """``--device``, or CUDA when visible, else the CPU (a ``torch.device``)."""
+    import torch
+
+    return torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _bench_table(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.table_bench import CPU_WORKLOAD, TableWorkload, run
+
+    device = _device(args)
+    base = TableWorkload() if device.type == "cuda" else CPU_WORKLOAD
+    given = {k: getattr(args, k) for k in ("capacity_log2", "batch", "iters", "copy_mib")}
+    if args.dims is not None:
+        given["dims"] = tuple(args.dims)
+    w = dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+    return _write_report(run(w, device, profile=args.profile), args)
+
+
+def _bench_update(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.update_bench import UpdateWorkload, run
+
+    device = _device(args)
+    scale = args.scale if args.scale is not None else (1.0 if device.type == "cuda" else 0.1)
+    w = UpdateWorkload(
+        dim=args.dim, dtype=args.dtype, iters=args.iters, optimizers=tuple(args.optimizers)
+    ).scaled(scale)
+    given = {k: getattr(args, k) for k in ("rows", "table_rows", "copy_mib")}
+    w = dataclasses.replace(w, **{k: v for k, v in given.items() if v is not None})
+    return _write_report(run(w, device), args)
+
+
+def _bench_io(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.io_bench import IoWorkload, run
+
+    w = IoWorkload(rows=args.rows, dim=args.dim, repeats=args.repeats, directory=args.dir)
+    return _write_report(run(w), args)
+
+
 def _bench_dlrm(args: argparse.Namespace) -> int:
     import torch
 
-    from demb_torchrec.bench.dlrm_bench import DlrmWorkload, run
+    from demb_torchrec.bench.dlrm_bench import DlrmWorkload, describe, run, run_scaling
 
     gpu = torch.cuda.is_available()
+    sizes: list[int] = args.world_size
     w = DlrmWorkload(
-        world_size=args.world_size,
+        world_size=sizes[0],
         batch_size=args.batch_size or (8192 if gpu else 1024),
         scale=args.scale if args.scale is not None else (1.0 if gpu else 0.001),
         steps=args.steps,
         warmup=args.warmup,
     )
+    if len(sizes) > 1:
+        return _write_report(run_scaling(w, sizes), args)
     report = run(w)
-    print(
-        f"dlrm on {report['device']} x {w.world_size} ({report['backend']}): 26 dynamic tables "
-        f"({sum(report['table_rows']):,} rows, D={w.dim}), batch {w.batch_size} per rank: "
-        f"{report['step_ms']:.3f} ms per step, {report['samples_per_s']:,.0f} samples/s"
-    )
+    print(describe(report))
     return _write_report(report, args)
+
+
+def _world_sizes(text: str) -> list[int]:
+    """``--world-size``: one positive integer, or a comma list of them that holds 1 (the
+    scaling baseline), each once."""
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an integer or a comma list") from None
+    if any(size < 1 for size in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: world sizes must be >= 1")
+    if len(sizes) > 1 and (1 not in sizes or len(set(sizes)) != len(sizes)):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a list must hold 1 (the scaling baseline) and each size once"
+        )
+    return sizes
+
+
+def _bench_fuzz(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.fuzz_bench import FuzzWorkload, run
+
+    report = run(FuzzWorkload(cases=args.cases, seed=args.seed))
+    _write_report(report, args)
+    return 1 if report["failed"] else 0
 
 
 def _bench_balance(args: argparse.Namespace) -> int:
@@ -161,11 +241,28 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the module's check_gradients=False: no NaN/inf check before each update",
     )
+    module.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed run, profile a few more steps (torch.profiler) and print the top "
+        "ops by device and host time (also in the JSON)",
+    )
+    module.add_argument(
+        "--trace", metavar="FILE", help="with --profile (implied): write a Chrome trace here"
+    )
     module.add_argument("--out", help="write the report as JSON here")
     dlrm = bench.add_parser(
         "dlrm", help="a DMP train step of a DLRM-like model on 26 dynamic tables (Criteo sizes)"
     )
-    dlrm.add_argument("--world-size", type=int, default=1, help="local ranks (one per GPU)")
+    dlrm.add_argument(
+        "--world-size",
+        type=_world_sizes,
+        default=[1],
+        metavar="W[,W...]",
+        help="local ranks (one per GPU); a comma list such as 1,2,4 runs each in turn and "
+        "prints each one's samples/s beside W x the 1-rank figure (weak scaling efficiency). "
+        "Where NVLink multicast misbehaves, run with NCCL_NVLS_ENABLE=0",
+    )
     dlrm.add_argument("--batch-size", type=int, help="samples per rank (8192 GPU, 1024 CPU)")
     dlrm.add_argument(
         "--scale", type=float, help="table rows times this (default 1 on a GPU, 0.001 on the CPU)"
@@ -180,7 +277,103 @@ def _parser() -> argparse.ArgumentParser:
     balance.add_argument("--batch-size", type=int, default=8192, help="keys per rank and step")
     balance.add_argument("--steps", type=int, default=8, help="forwards")
     balance.add_argument("--out", help="write the report as JSON here")
+    _add_table_parser(bench)
+    _add_update_parser(bench)
+    _add_io_parser(bench)
+    _add_fuzz_parser(bench)
     return parser
+
+
+def _add_table_parser(bench: _Subparsers) -> None:
+    table = bench.add_parser(
+        "table",
+        help="hash table ops (lookup, find_or_insert, insert with eviction) in keys/s beside "
+        "the same run's copy floor",
+    )
+    table.add_argument("--device", help="cuda or cpu (default: cuda when visible)")
+    table.add_argument(
+        "--capacity-log2",
+        type=int,
+        help="the table's slots, log2 (default 27, the full size, on a GPU; 20 on the CPU)",
+    )
+    table.add_argument(
+        "--batch", type=int, help="keys per batch (default 1048576 on a GPU, 8192 on the CPU)"
+    )
+    table.add_argument("--dims", type=int, nargs="+", help="value dims (default 32 128)")
+    table.add_argument(
+        "--iters", type=int, help="timed batches per op (default 20 on a GPU, 10 on the CPU)"
+    )
+    table.add_argument(
+        "--copy-mib", type=int, help="MiB copied to measure bandwidth (1024 GPU, 512 CPU)"
+    )
+    table.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print torch.profiler's per-kernel time of lookup and find_or_insert",
+    )
+    table.add_argument("--out", help="write the report as JSON here")
+
+
+def _add_update_parser(bench: _Subparsers) -> None:
+    update = bench.add_parser(
+        "update",
+        help="the fused optimizer update beside the same run's copy floor and a torch update",
+    )
+    update.add_argument("--device", help="cuda or cpu (default: cuda when visible)")
+    update.add_argument(
+        "--scale",
+        type=float,
+        help="rows and table rows times this (default 1, the full size: 350,000 of 2,000,000 "
+        "rows, on a GPU; 0.1 on the CPU)",
+    )
+    update.add_argument("--rows", type=int, help="override the updated (unique) rows")
+    update.add_argument("--table-rows", type=int, help="override the table's rows")
+    update.add_argument("--dim", type=int, default=128, help="embedding dim (default 128)")
+    update.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        default="float32",
+        help="the rows' dtype (default float32)",
+    )
+    update.add_argument(
+        "--optimizers",
+        nargs="+",
+        choices=_UPDATE_OPTIMIZERS,
+        default=list(_UPDATE_OPTIMIZERS),
+        metavar="OPT",
+        help=f"optimizers timed, in order (default: all of {', '.join(_UPDATE_OPTIMIZERS)})",
+    )
+    update.add_argument("--iters", type=int, default=10, help="timed calls per figure (10)")
+    update.add_argument("--copy-mib", type=int, help="MiB copied to measure bandwidth (512)")
+    update.add_argument("--out", help="write the report as JSON here")
+
+
+def _add_io_parser(bench: _Subparsers) -> None:
+    io = bench.add_parser(
+        "io", help="checkpoint write and read beside raw numpy file writes and reads"
+    )
+    io.add_argument(
+        "--rows",
+        type=int,
+        default=262_144,
+        help="the table's rows (default 262144: 0.14 GB; the full size is 4000000, with "
+        "--repeats 16)",
+    )
+    io.add_argument("--dim", type=int, default=128, help="embedding dim, float32 (128)")
+    io.add_argument("--repeats", type=int, default=6, help="timed repeats, even (6)")
+    io.add_argument("--dir", help="where to write (default: the system's temporary folder)")
+    io.add_argument("--out", help="write the report as JSON here")
+
+
+def _add_fuzz_parser(bench: _Subparsers) -> None:
+    fuzz = bench.add_parser(
+        "fuzz",
+        help="seeded single mutations of a small checkpoint and delta, each read back: fails "
+        "on any exception but demb-io's typed errors, or a case over 5 s",
+    )
+    fuzz.add_argument("--cases", type=int, default=2000, help="mutations, in all (2000)")
+    fuzz.add_argument("--seed", type=int, default=0, help="the mutations' seed (0)")
+    fuzz.add_argument("--out", help="write the report as JSON here")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -189,7 +382,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.argv = argv
     if args.command == "bench":
-        runs = {"dlrm": _bench_dlrm, "balance": _bench_balance, "module": _bench_module}
+        runs = {
+            "dlrm": _bench_dlrm,
+            "balance": _bench_balance,
+            "module": _bench_module,
+            "table": _bench_table,
+            "update": _bench_update,
+            "io": _bench_io,
+            "fuzz": _bench_fuzz,
+        }
         return runs[args.bench](args)
     for name, value in environment_report():
         print(f"{name:<20} {value}")

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import torch
@@ -70,10 +71,18 @@ def finish_rank(report: dict[str, Any] | None, out: str | None) -> NoReturn:
 
 
 def spawn_ranks(
-    target: Callable[[int, W, str, str], None], workload: W, world_size: int
+    target: Callable[[int, W, str, str], None],
+    workload: W,
+    world_size: int,
+    preload: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run ``target(rank, workload, store_path, report_path)`` on ``world_size`` local ranks;
     returns the JSON report rank 0 wrote.
+
+    Each rank is a fresh process (``spawn``). With ``preload`` and no CUDA device visible, ranks
+    are forked instead from a server process (``forkserver``, started once per process) that
+    has imported the ``preload`` modules, so that several runs import them once. Not with CUDA:
+    the imports ask CUDA for its devices, after which a forked process cannot use CUDA.
 
     Raises:
         ValueError: more ranks than visible GPUs.
@@ -81,11 +90,15 @@ def spawn_ranks(
     gpus = torch.cuda.device_count()
     if gpus and world_size > gpus:
         raise ValueError(f"world_size={world_size}: only {gpus} GPUs are visible")
+    method = "spawn"
+    if preload and not gpus:
+        method = "forkserver"
+        multiprocessing.get_context(method).set_forkserver_preload(list(preload))
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
         store = os.path.join(tmp, "store")
         start_processes(  # type: ignore[no-untyped-call]
-            target, args=(workload, store, out), nprocs=world_size, start_method="spawn"
+            target, args=(workload, store, out), nprocs=world_size, start_method=method
         )
         with open(out) as f:
             report: dict[str, Any] = json.load(f)

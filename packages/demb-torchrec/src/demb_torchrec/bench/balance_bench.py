@@ -1,5 +1,5 @@
 """``demb bench balance``: keys per rank of row-wise sharded dynamic tables under ``roundrobin``
-and ``hash_roundrobin`` (issue 8's load-balance figure).
+and ``hash_roundrobin``.
 
 One process per rank (NCCL on GPUs, gloo on the CPU) runs a DistributedModelParallel model of
 two EmbeddingCollections, one sharded ``roundrobin`` and one ``hash_roundrobin``, each with two

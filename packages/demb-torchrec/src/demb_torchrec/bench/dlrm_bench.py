@@ -1,5 +1,5 @@
 """``demb bench dlrm``: a DistributedModelParallel train step of a DLRM-like model whose 26 sparse
-features are dynamic tables (issue 7's benchmark).
+features are dynamic tables.
 
 TorchRec's ``DLRM`` (13 dense features through a bottom MLP, the 26 pooled embeddings, their
 pairwise interactions, a top MLP, BCE loss) over an ``EmbeddingBagCollection`` of 26 dynamic
@@ -7,30 +7,45 @@ tables, D=128, sized like Criteo Kaggle's categorical features (33.8M rows in al
 CPU), one id per sample and feature drawn from a power law (alpha 1.05) over each table's rows.
 Planned by ``DynamicEmbeddingShardingPlanner`` (row-wise, ``roundrobin``), sparse tables trained
 by ``apply_optimizer_in_backward`` (Adam), the dense part by Adam. One process per rank (gloo on
-the CPU, NCCL on GPUs); a step is forward, backward and the dense optimizer's step, timed between
+the CPU, NCCL on GPUs; on the CPU forked from a server process that imports TorchRec once for
+every run); a step is forward, backward and the dense optimizer's step, timed between
 synchronizations on every rank (a barrier). Rank 0 prints and writes the medians.
+
+:func:`run_scaling` runs it at several world sizes in turn (the batch per rank fixed: weak
+scaling) and sets each one's samples/s beside ``W`` times the same run's 1-rank samples/s; their
+ratio is the scaling efficiency.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from demb_torchrec.bench._ranks import finish_rank, init_rank, machine, spawn_ranks
+from demb_torchrec.bench.compare import Comparison, print_comparisons
 from demb_torchrec.bench.workload import power_law_ids
 
-__all__ = ["CRITEO_ROWS", "DlrmWorkload", "run"]
+__all__ = ["CRITEO_ROWS", "DlrmWorkload", "describe", "run", "run_scaling", "scaling"]
 
 CRITEO_ROWS = (
     1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
     14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
 )  # fmt: skip
 """Rows of Criteo Kaggle's 26 categorical features."""
+_PRELOAD = (
+    "torchrec",
+    "torchrec.distributed.model_parallel",
+    "torchrec.models.dlrm",
+    "demb_torchrec.planner",
+    "demb_torchrec.sharders",
+)
+"""What a rank imports that takes long: imported once for every run of :func:`run` (CPU only)."""
 
 
 @dataclass(frozen=True)
@@ -166,4 +181,81 @@ def run(w: DlrmWorkload) -> dict[str, Any]:
     Raises:
         ValueError: more ranks than visible GPUs.
     """
-    return spawn_ranks(_rank, w, w.world_size)
+    return spawn_ranks(_rank, w, w.world_size, preload=_PRELOAD)
+
+
+def describe(report: dict[str, Any]) -> str:
+    """One line for a report of :func:`run`: the ranks, the tables, the step time, samples/s."""
+    w = report["workload"]
+    return (
+        f"dlrm on {report['device']} x {w['world_size']} ({report['backend']}): 26 dynamic "
+        f"tables ({sum(report['table_rows']):,} rows, D={w['dim']}), batch {w['batch_size']} "
+        f"per rank: {report['step_ms']:.3f} ms per step, {report['samples_per_s']:,.0f} samples/s"
+    )
+
+
+def scaling(reports: Sequence[dict[str, Any]]) -> list[Comparison]:
+    """Each report's samples/s beside ``W`` times the 1-rank report's (``W`` its world size):
+    the ratio is the weak-scaling efficiency.
+
+    Raises:
+        ValueError: no report of world size 1.
+    """
+    one = [r for r in reports if r["workload"]["world_size"] == 1]
+    if not one:
+        raise ValueError("scaling needs a report of world size 1")
+    base = one[0]["samples_per_s"]
+    return [
+        Comparison(
+            f"world size {r['workload']['world_size']}",
+            r["samples_per_s"],
+            r["workload"]["world_size"] * base,
+            "samples/s",
+            "W x 1 rank's samples/s",
+        )
+        for r in reports
+    ]
+
+
+def run_scaling(w: DlrmWorkload, world_sizes: Sequence[int]) -> dict[str, Any]:
+    """Run ``w`` at each of ``world_sizes`` in turn (``w.world_size`` ignored), printing each
+    run's line, then a table of each world size's samples/s beside ``W`` times the 1-rank
+    figure and the efficiency; returns every run's report and the scaling rows.
+
+    Raises:
+        ValueError: ``world_sizes`` lacks 1 or repeats a size, or has more ranks than GPUs.
+    """
+    if 1 not in world_sizes or len(set(world_sizes)) != len(world_sizes):
+        raise ValueError(f"world_sizes={list(world_sizes)}: must hold 1, each size once")
+    gpus = torch.cuda.device_count()
+    if gpus and max(world_sizes) > gpus:  # before any run, not after the first ones
+        raise ValueError(f"world_sizes={list(world_sizes)}: only {gpus} GPUs are visible")
+    reports = []
+    for size in world_sizes:
+        reports.append(run(replace(w, world_size=size)))
+        print(describe(reports[-1]))
+    comparisons = scaling(reports)
+    print_comparisons(
+        f"weak scaling (batch {w.batch_size} per rank): samples/s at W ranks beside W x 1 rank's, "
+        "the ratio is the efficiency",
+        comparisons,
+    )
+    rows = [
+        {
+            "world_size": r["workload"]["world_size"],
+            "step_ms": r["step_ms"],
+            "samples_per_s": c.figure,
+            "w_times_one_rank_samples_per_s": c.baseline,
+            "efficiency": c.ratio,
+        }
+        for r, c in zip(reports, comparisons, strict=True)
+    ]
+    return {
+        "benchmark": "dlrm_scaling",
+        "world_sizes": list(world_sizes),
+        "device": reports[0]["device"],
+        "backend": reports[0]["backend"],
+        "reports": reports,
+        "scaling": rows,
+        "comparisons": [c.as_dict() for c in comparisons],
+    }

@@ -23,19 +23,14 @@ import torch
 from tqdm import tqdm
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
-from demb_torchrec.bench.workload import (
-    Workload,
-    copy_bandwidth,
-    floor_bytes,
-    make_batches,
-    timed,
-)
+from demb_torchrec.bench.compare import copy_bandwidth
+from demb_torchrec.bench.workload import Workload, floor_bytes, make_batches, timed
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 
 __all__ = ["REFERENCE_H200", "TARGETS_H200", "ready", "run"]
 
 REFERENCE_H200 = {"train_ms": 2.014, "forward_ms": 1.356, "backward_ms": 0.658, "eval_ms": 0.721}
-"""The reference system on the H200 (issue 5, measured 2026-11-29), Adam, NONE pooling."""
+"""The reference system on an H200 (measured with its own code, 2026-11-29), Adam, NONE pooling."""
 TARGETS_H200 = {"train_ms": 1.0, "eval_ms": 0.35}
 
 _BASELINE_OPTIMIZERS = {"sgd", "adagrad", "rowwise_adagrad"}  # what FBGEMM's CPU TBE runs

@@ -1,4 +1,4 @@
-"""The reference workload of ``demb bench module`` (issue 5): its shape, its batches, the
+"""The reference workload of ``demb bench module``: its shape, its batches, the
 bytes a step must move, and the device's copy bandwidth."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Workload", "copy_bandwidth", "floor_bytes", "make_batches", "power_law_ids", "timed"]
+__all__ = ["Workload", "floor_bytes", "make_batches", "power_law_ids", "timed"]
 
 
 @dataclass(frozen=True)
@@ -95,12 +95,3 @@ def timed(fn: Callable[[], object], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
-
-
-def copy_bandwidth(device: torch.device, mib: int = 512) -> float:
-    """Bytes/s of a device copy (read + write counted), median of 5."""
-    src = torch.empty(mib * 2**18, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = sorted(timed(lambda: dst.copy_(src), device) for _ in range(5))
-    return 2 * src.numel() * 4 / times[2]
