@@ -1,5 +1,7 @@
 // Declares every op of the `demb` torch library once. Kernels register per dispatch key in
-// cpu/*.cpp and cuda/*.cu; fake (meta) kernels are registered in Python (demb_kernels/ops.py).
+// cpu/*.cpp and cuda/*.cu; fake (meta) kernels are registered in Python (demb_kernels/_fakes.py
+// and beside the wrappers; `import demb_kernels` registers them all). A schema names every
+// argument an op writes, (a!) and so on (tests/test_opcheck.py checks them).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -60,9 +62,12 @@ TORCH_LIBRARY(demb, m) {
   // Value rows addressed by slot (-1: none).
   m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
   m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");
-  // Initial value rows from their keys: a counter-based generator (init_rule.h).
+  // Initial value rows from their keys: a counter-based generator (init_rule.h). The mode is
+  // named init_mode, not mode: torch.compile's auto_functionalized_v2 takes a `mode` of its own
+  // and a mutable op's argument of that name collides with it (init_rows.py passes it by
+  // position).
   m.def(
-      "init_rows(Tensor(a!) values, Tensor slots, Tensor keys, int dim, int seed, str mode, "
+      "init_rows(Tensor(a!) values, Tensor slots, Tensor keys, int dim, int seed, str init_mode, "
       "float mean, float std_dev, float lower, float upper, float value, Tensor? state) -> ()");
   // The rows find_or_insert gave new keys (status INSERTED or EVICTED), for several tables in
   // one call: modes are init_rows' modes as codes, params 5 words per table (mean, std_dev,
@@ -124,12 +129,15 @@ TORCH_LIBRARY(demb, m) {
   // runs optimizer_update on the tables in place; `steps` (CPU) advances after each update. On
   // the CPU the sums go into `workspace` when given (resized; a module keeps it across steps).
   // On CUDA `nonfinite`, a zeroed one-element bool tensor (dedup_launch's), is the sums' NaN/inf
-  // flag of a backward that launches them itself (else the forward makes one).
+  // flag of a backward that launches them itself (else the forward makes one). The mutable
+  // arguments are those the backward writes: values (the update), steps, workspace (resized and
+  // written) and nonfinite (the sums' flag on CUDA); the forward writes none of them.
   m.def(
       "summed_update(Tensor trigger, Tensor(a) out, Tensor order, Tensor starts, Tensor? plan, "
-      "Tensor? rows, Tensor? scale, Tensor slots, int[] table_sizes, Tensor[] values, "
-      "int[] dims, Tensor steps, str optimizer, float[] hyper_parameters, float? clip, "
-      "bool check, int dim, Tensor? workspace=None, Tensor? nonfinite=None) -> Tensor(a)");
+      "Tensor? rows, Tensor? scale, Tensor slots, int[] table_sizes, Tensor(b!)[] values, "
+      "int[] dims, Tensor(c!) steps, str optimizer, float[] hyper_parameters, float? clip, "
+      "bool check, int dim, Tensor(d!)? workspace=None, Tensor(e!)? nonfinite=None) -> "
+      "Tensor(a)");
 }
 
 // `import demb_kernels._C` loads the library (and runs the registrations above).

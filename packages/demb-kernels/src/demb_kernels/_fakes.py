@@ -65,13 +65,14 @@ def _find_or_insert_fake(
 def _find_or_insert_rows_fake(
     *args: object,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    scores, keys, inverse, dim = args[2], args[7], args[12], args[13]
+    scores, keys, dim = args[2], args[7], args[13]
     assert isinstance(scores, torch.Tensor)
     assert isinstance(keys, torch.Tensor)
-    assert isinstance(inverse, torch.Tensor)
     assert isinstance(dim, int)
     all_hit = torch.empty((), dtype=torch.bool)  # a host flag
-    rows = keys.new_empty((inverse.shape[0], dim), dtype=torch.float32)
+    # (N_occ, dim) when every key was found, else (0, dim): a size known only from the data.
+    occurrences = torch.library.get_ctx().new_dynamic_size()
+    rows = keys.new_empty((occurrences, dim), dtype=torch.float32)
     return (*_fake_insert(keys, scores.shape[0]), all_hit, rows)
 
 

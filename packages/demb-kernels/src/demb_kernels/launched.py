@@ -271,7 +271,9 @@ def _find_or_insert_gated_fake(*args: object) -> tuple[torch.Tensor, ...]:
     assert isinstance(info, torch.Tensor)
     assert isinstance(dim, int)
     n = keys.shape[0]
-    occurrences = inverse.shape[0] if isinstance(inverse, torch.Tensor) else 0
+    # (N_occ, dim) when inverse was given, the go flag set and every key found, else (0, dim):
+    # a size known only from the data.
+    occurrences = torch.library.get_ctx().new_dynamic_size() if inverse is not None else 0
     return (
         keys.new_empty((n,)),
         keys.new_empty((n,)),

@@ -395,3 +395,13 @@ def _index_tables_fake(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     checks = _BATCH_CHECK_WORDS + feature_tables.shape[0] + 1
     return indices.new_empty(indices.shape), indices.new_empty((checks,))
+
+
+@torch.library.register_fake("demb::batch_bounds")  # type: ignore[untyped-decorator]
+def _batch_bounds_fake(host: torch.Tensor, n: int, num_tables: int, features: int) -> torch.Tensor:
+    return host.new_empty((num_tables + 1 + features + 1,))
+
+
+@torch.library.register_fake("demb::status_counts")  # type: ignore[untyped-decorator]
+def _status_counts_fake(status: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    return status.new_empty((2, len(bounds) - 1))
