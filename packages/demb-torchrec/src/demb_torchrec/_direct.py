@@ -14,7 +14,7 @@ from demb_kernels.pooling import pool_table_rows
 from demb_storage import initialize_rows
 
 from demb_torchrec._autograd import summed_per_key
-from demb_torchrec._find_or_insert import FindOrInsert, TrainOutput
+from demb_torchrec._find_or_insert import Found, TrainRows
 from demb_torchrec._pooling import bag_rows, pool_slots
 from demb_torchrec._state import ForwardState, is_zero
 from demb_torchrec.options import DynamicEmbPoolingMode
@@ -26,31 +26,24 @@ _SlotPool = Callable[
 ]
 
 
-class DirectRows:
+class DirectRows(TrainRows):
     """Training, NONE pooling over tables of one dim and dtype (<= 64 tables: one-launch
     gathers). Each occurrence's row is read straight from its table (one launch, or the rows
     find_or_insert read when every key was found), and in backward each key's occurrence
     gradients are summed in the dedup's sorted order (``demb::summed_update``)."""
 
-    __slots__ = ("_lookup", "_state")
+    __slots__ = ()
 
-    def __init__(self, state: ForwardState, lookup: FindOrInsert) -> None:
-        self._state = state
-        self._lookup = lookup
-
-    def forward(
+    def output(
         self,
-        indices: torch.Tensor,
+        found: Found,
         offsets: torch.Tensor,
         batch_size: int,
         weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
         grad: bool,
-    ) -> TrainOutput:
-        """:data:`~demb_torchrec._find_or_insert.TrainOutput` of a checked batch."""
-        batch, slots, status, out = self._lookup.find_or_insert(
-            indices, offsets, batch_size, counters
-        )
+    ) -> torch.Tensor:
+        """The output of the batch whose keys are ``found``."""
+        batch, slots, _, out = found
         s = self._state
         if out is None:
             out = gather_table_rows(
@@ -58,10 +51,10 @@ class DirectRows:
             )
         if grad:
             out = summed_per_key(s, s.trigger, batch, slots, out, s.dim)
-        return out, status, batch.table_bounds
+        return out
 
 
-class PooledFromTables:
+class PooledFromTables(TrainRows):
     """Training, SUM / MEAN over float32 tables of one dim, no per-occurrence gradient clipping.
     Once find_or_insert has written the new rows, the bags are pooled straight from the tables
     by each index's slot (a failed insert, slot -1, is a zero row), outside autograd; in
@@ -69,27 +62,23 @@ class PooledFromTables:
     by ``1 / bag size`` for MEAN) in the dedup's order: no ``(U, D)`` gradient of the pooling and
     no sort in backward."""
 
-    __slots__ = ("_lookup", "_pool", "_state")
+    __slots__ = ("_pool",)
     _pool: _SlotPool
 
-    def __init__(self, state: ForwardState, lookup: FindOrInsert) -> None:
-        self._state = state
-        self._lookup = lookup
+    def __init__(self, state: ForwardState) -> None:
+        super().__init__(state)
         self._pool = pool_in_one_pass if state.pools_in_one_pass else pool_per_feature
 
-    def forward(
+    def output(
         self,
-        indices: torch.Tensor,
+        found: Found,
         offsets: torch.Tensor,
         batch_size: int,
         weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
         grad: bool,
-    ) -> TrainOutput:
-        """:data:`~demb_torchrec._find_or_insert.TrainOutput` of a checked batch."""
-        batch, slots, status, _ = self._lookup.find_or_insert(
-            indices, offsets, batch_size, counters
-        )
+    ) -> torch.Tensor:
+        """The output of the batch whose keys are ``found``."""
+        batch, slots, _, _ = found
         s = self._state
         with torch.no_grad():
             out = self._pool(
@@ -104,7 +93,7 @@ class PooledFromTables:
             n = batch.order.numel()
             rows, scale = bag_rows(offsets, batch_size, s.num_features, n, s.pooling_mode, weights)
             out = summed_per_key(s, s.trigger, batch, slots, out, s.dim, rows, scale)
-        return out, status, batch.table_bounds
+        return out
 
 
 class EvalDirectRows:

@@ -12,7 +12,7 @@ from demb_torchrec._dedup import DedupedBatch, dedup
 from demb_torchrec._launched import launched_find_or_insert
 from demb_torchrec._state import ForwardState
 
-__all__ = ["FindOrInsert", "Found", "TrainOutput"]
+__all__ = ["FindOrInsert", "Found", "TrainOutput", "TrainRows"]
 
 Found = tuple[DedupedBatch, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 """The deduplicated batch, its ``(U,)`` slots (-1: the key got no slot), their
@@ -87,3 +87,41 @@ class FindOrInsert:
             s.tables.values, outcome.slots, batch.keys, batch.tables, outcome.status, s.new_rows
         )
         return batch, outcome.slots, outcome.status, None
+
+
+class TrainRows:
+    """The shape of every training path: :class:`FindOrInsert` finds or inserts the batch's
+    keys, then the subclass's :meth:`output` makes the forward's output from their slots and
+    wires it to the update."""
+
+    __slots__ = ("_lookup", "_state")
+
+    def __init__(self, state: ForwardState) -> None:
+        self._state = state
+        self._lookup = FindOrInsert(state)
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        counters: torch.Tensor | None,
+        grad: bool,
+    ) -> TrainOutput:
+        """:data:`TrainOutput` of a checked, non-empty batch (``grad``: the output takes part
+        in backward)."""
+        found = self._lookup.find_or_insert(indices, offsets, batch_size, counters)
+        out = self.output(found, offsets, batch_size, weights, grad)
+        return out, found[2], found[0].table_bounds
+
+    def output(
+        self,
+        found: Found,
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+        grad: bool,
+    ) -> torch.Tensor:
+        """The output of the batch whose keys are ``found``."""
+        raise NotImplementedError

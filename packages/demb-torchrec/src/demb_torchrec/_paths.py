@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 
 from demb_torchrec._direct import DirectRows, EvalDirectRows, EvalPooledFromTables, PooledFromTables
-from demb_torchrec._find_or_insert import FindOrInsert, TrainOutput
+from demb_torchrec._find_or_insert import TrainOutput
 from demb_torchrec._state import ForwardState, is_zero
 from demb_torchrec._unique_rows import EvalMixedRows, EvalUniformRows, MixedRows, UniformRows
 from demb_torchrec.options import DynamicEmbPoolingMode
@@ -64,21 +64,20 @@ def train_path(state: ForwardState) -> TrainPath:
     Each starts with the same :class:`~demb_torchrec._find_or_insert.FindOrInsert` (on CUDA the
     one-sync lookup while no table can grow).
     """
-    lookup = FindOrInsert(state)
     configs = state.tables.configs
     pooled = state.pooling_mode is not DynamicEmbPoolingMode.NONE
     if state.gathers_none_rows:
-        return DirectRows(state, lookup)
+        return DirectRows(state)
     if (
         pooled
         and state.one_dim
         and all(c.dtype == torch.float32 for c in configs)
         and not state.optimizer.gradient_clipping
     ):
-        return PooledFromTables(state, lookup)
+        return PooledFromTables(state)
     if state.one_dim:
-        return UniformRows(state, lookup)
-    return MixedRows(state, lookup)
+        return UniformRows(state)
+    return MixedRows(state)
 
 
 def eval_path(state: ForwardState) -> EvalPath:

@@ -18,7 +18,7 @@ from torch.nn import functional
 
 from demb_torchrec._autograd import Reduced, TrainStep, summed_per_key, trained_rows
 from demb_torchrec._dedup import DedupedBatch, dedup
-from demb_torchrec._find_or_insert import FindOrInsert, TrainOutput
+from demb_torchrec._find_or_insert import Found, TrainRows
 from demb_torchrec._pooling import bag_rows, pool, pool_uniform
 from demb_torchrec._state import ForwardState, is_zero
 from demb_torchrec.options import DynamicEmbPoolingMode
@@ -48,7 +48,7 @@ _TrainedMixed = Callable[
 -> (sources, index)`` of the per-feature pooling."""
 
 
-class UniformRows:
+class UniformRows(TrainRows):
     """Training over tables of one dim that the direct paths do not take: gradients clipped per
     occurrence, SUM / MEAN from tables that are not float32, or NONE from tables that do not
     gather in one launch. The unique keys' rows are gathered into one ``(U, D)`` tensor (failed
@@ -57,12 +57,11 @@ class UniformRows:
     summed per key (clipping); bags pooled outside autograd and each key's gradient summed from
     its bags' output gradients (SUM / MEAN); the unique rows' gradients as they are (NONE)."""
 
-    __slots__ = ("_lookup", "_state", "_trained")
+    __slots__ = ("_trained",)
     _trained: _Trained
 
-    def __init__(self, state: ForwardState, lookup: FindOrInsert) -> None:
-        self._state = state
-        self._lookup = lookup
+    def __init__(self, state: ForwardState) -> None:
+        super().__init__(state)
         if state.optimizer.gradient_clipping:
             self._trained = _clipped_uniform
         elif state.pooling_mode is not DynamicEmbPoolingMode.NONE:
@@ -70,19 +69,16 @@ class UniformRows:
         else:
             self._trained = _rows_uniform
 
-    def forward(
+    def output(
         self,
-        indices: torch.Tensor,
+        found: Found,
         offsets: torch.Tensor,
         batch_size: int,
         weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
         grad: bool,
-    ) -> TrainOutput:
-        """:data:`~demb_torchrec._find_or_insert.TrainOutput` of a checked batch."""
-        batch, slots, status, _ = self._lookup.find_or_insert(
-            indices, offsets, batch_size, counters
-        )
+    ) -> torch.Tensor:
+        """The output of the batch whose keys are ``found``."""
+        batch, slots, _, _ = found
         s = self._state
         whole = whole_rows(s, batch, slots, None, None)
         if grad:
@@ -91,37 +87,33 @@ class UniformRows:
             out = pool_uniform(
                 whole, batch.inverse, offsets, batch_size, s.num_features, s.pooling_mode, weights
             )
-        return out, status, batch.table_bounds
+        return out
 
 
-class MixedRows:
+class MixedRows(TrainRows):
     """Training over tables of several dims (SUM / MEAN; or NONE whose features' tables share
     a dim while other tables do not): per table, its unique keys' rows (failed inserts read
     zeros), pooled per feature; with a gradient, autograd brings each table's rows their
     gradients (each occurrence's clipped first when the optimizer clips: chosen at
     construction) and the update runs on them."""
 
-    __slots__ = ("_lookup", "_state", "_trained")
+    __slots__ = ("_trained",)
     _trained: _TrainedMixed
 
-    def __init__(self, state: ForwardState, lookup: FindOrInsert) -> None:
-        self._state = state
-        self._lookup = lookup
+    def __init__(self, state: ForwardState) -> None:
+        super().__init__(state)
         self._trained = _clipped_mixed if state.optimizer.gradient_clipping else _rows_mixed
 
-    def forward(
+    def output(
         self,
-        indices: torch.Tensor,
+        found: Found,
         offsets: torch.Tensor,
         batch_size: int,
         weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
         grad: bool,
-    ) -> TrainOutput:
-        """:data:`~demb_torchrec._find_or_insert.TrainOutput` of a checked batch."""
-        batch, slots, status, _ = self._lookup.find_or_insert(
-            indices, offsets, batch_size, counters
-        )
+    ) -> torch.Tensor:
+        """The output of the batch whose keys are ``found``."""
+        batch, slots, _, _ = found
         s = self._state
         rows = rows_per_table(s, batch, slots, None, None, None)
         local = feature_index(s, batch)
@@ -132,7 +124,7 @@ class MixedRows:
         out = pool(
             sources, local, offsets, batch_size, batch.feature_bounds, s.pooling_mode, weights
         )
-        return out, status, batch.table_bounds
+        return out
 
 
 class EvalUniformRows:
