@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from demb_planner import BUCKET_ALIGNMENT
 
 from demb_kernels import memory
 
 __all__ = [
-    "BUCKET_WIDTH_ALIGNMENT",
     "EMPTY_KEY",
     "ExportResult",
     "InsertResult",
@@ -28,9 +28,6 @@ __all__ = [
 
 EMPTY_KEY = -1
 """The key of an empty slot (all ones); never a valid key."""
-
-BUCKET_WIDTH_ALIGNMENT = 16
-"""Bucket widths are multiples of this (demb_planner.BUCKET_ALIGNMENT)."""
 
 _MAX_BUCKET_WIDTH = 2**31 - 1
 
@@ -153,10 +150,10 @@ class TableIndex:
         for t, (cap, width, policy) in enumerate(per_table):
             _positive(f"bucket_widths[{t}]", width)
             _positive(f"capacities[{t}]", cap)
-            if width % BUCKET_WIDTH_ALIGNMENT or width > _MAX_BUCKET_WIDTH:
+            if width % BUCKET_ALIGNMENT or width > _MAX_BUCKET_WIDTH:
                 raise ValueError(
                     f"bucket_widths[{t}]={width}: must be a multiple of "
-                    f"{BUCKET_WIDTH_ALIGNMENT} below 2**31"
+                    f"{BUCKET_ALIGNMENT} below 2**31"
                 )
             if cap % width:
                 raise ValueError(

@@ -21,7 +21,6 @@ from demb_kernels import (
     _library,  # noqa: F401  (loads the native ops)
 )
 from demb_kernels._table_index import (
-    BUCKET_WIDTH_ALIGNMENT,
     EMPTY_KEY,
     ExportResult,
     InsertResult,
@@ -31,7 +30,6 @@ from demb_kernels._table_index import (
 )
 
 __all__ = [
-    "BUCKET_WIDTH_ALIGNMENT",
     "EMPTY_KEY",
     "ExportResult",
     "InsertResult",

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import TypeAlias
 
 import numpy as np
-from demb_planner import home_slots
+from demb_planner import BUCKET_ALIGNMENT, home_slots
 
 __all__ = [
     "CUSTOMIZED",
@@ -70,7 +70,6 @@ SCORE_MAX = 2**63 - 1
 """Frequencies saturate here."""
 
 _INT64_MIN = -(2**63)
-_BUCKET_ALIGNMENT = 16
 
 Slot: TypeAlias = tuple[int, list[int]] | None
 """An empty slot (``None``) or ``(key, score words)``."""
@@ -136,8 +135,8 @@ class TableModel:
 
     @staticmethod
     def _check_capacity(capacity: int, width: int) -> None:
-        if width % _BUCKET_ALIGNMENT:
-            raise ValueError(f"bucket_width={width}: must be a multiple of {_BUCKET_ALIGNMENT}")
+        if width % BUCKET_ALIGNMENT:
+            raise ValueError(f"bucket_width={width}: must be a multiple of {BUCKET_ALIGNMENT}")
         if capacity % width:
             raise ValueError(f"capacity={capacity}: must be a multiple of bucket_width={width}")
 

@@ -7,7 +7,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-from demb_kernels.table import BUCKET_WIDTH_ALIGNMENT, ScorePolicy
+from demb_kernels.table import ScorePolicy
+from demb_planner import BUCKET_ALIGNMENT
 
 from demb_storage._errors import TableConfigError
 
@@ -137,11 +138,11 @@ class TableConfig:
             raise TableConfigError("state_dim", self.state_dim, "must be a non-negative integer")
         if self.state_dim < 0:
             raise TableConfigError("state_dim", self.state_dim, "must be a non-negative integer")
-        if self.bucket_capacity % BUCKET_WIDTH_ALIGNMENT:
+        if self.bucket_capacity % BUCKET_ALIGNMENT:
             raise TableConfigError(
                 "bucket_capacity",
                 self.bucket_capacity,
-                f"must be a multiple of {BUCKET_WIDTH_ALIGNMENT}",
+                f"must be a multiple of {BUCKET_ALIGNMENT}",
             )
         for name in ("max_capacity", "init_capacity"):
             value = getattr(self, name)
