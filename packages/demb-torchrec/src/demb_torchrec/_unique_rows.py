@@ -127,13 +127,10 @@ class MixedRows(TrainRows):
         return out
 
 
-class EvalUniformRows:
-    """Eval over tables of one dim that the direct eval paths do not take: NONE from tables
-    that do not gather in one launch; SUM / MEAN from tables that are not float32, or whose
-    missing keys read an eval initializer other than zeros. The batch is deduplicated and its
-    unique keys found (:func:`_found_in_eval`), their rows gathered into one ``(U, D)`` tensor
-    (missing keys: zeros, or ``eval_initializer_args``) and pooled by one ``embedding`` /
-    ``embedding_bag``."""
+class _EvalFoundRows:
+    """The shape of the eval unique-rows paths: the batch deduplicated and its unique keys
+    found (:func:`_found_in_eval`), then the subclass's :meth:`output` makes the rows and pools
+    them; the result cast to ``output_dtype``."""
 
     __slots__ = ("_fill", "_state")
 
@@ -152,44 +149,73 @@ class EvalUniformRows:
         """The output in ``output_dtype`` for a checked batch."""
         s = self._state
         batch, slots, missing = _found_in_eval(s, indices, offsets, batch_size, counters)
-        whole = whole_rows(s, batch, slots, missing, self._fill)
-        out = pool_uniform(
-            whole, batch.inverse, offsets, batch_size, s.num_features, s.pooling_mode, weights
-        )
+        out = self.output(batch, slots, missing, offsets, batch_size, weights)
         return out if out.dtype == s.output_dtype else out.to(s.output_dtype)
 
-
-class EvalMixedRows:
-    """Eval over tables of several dims that the direct eval paths do not take: SUM / MEAN
-    whose missing keys read an eval initializer other than zeros or from tables that are not
-    float32, and NONE with tables of other dims besides the features'. The batch is
-    deduplicated and its unique keys found (:func:`_found_in_eval`), each table's rows gathered
-    (missing keys: zeros, or ``eval_initializer_args``) and pooled per feature."""
-
-    __slots__ = ("_fill", "_state")
-
-    def __init__(self, state: ForwardState) -> None:
-        self._state = state
-        self._fill = _eval_fills(state)
-
-    def forward(
+    def output(
         self,
-        indices: torch.Tensor,
+        batch: DedupedBatch,
+        slots: torch.Tensor,
+        missing: list[int],
         offsets: torch.Tensor,
         batch_size: int,
         weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
     ) -> torch.Tensor:
-        """The output in ``output_dtype`` for a checked batch."""
+        """The pooled rows of the batch whose unique keys have ``slots``."""
+        raise NotImplementedError
+
+
+class EvalUniformRows(_EvalFoundRows):
+    """Eval over tables of one dim that the direct eval paths do not take: NONE from tables
+    that do not gather in one launch; SUM / MEAN from tables that are not float32, or whose
+    missing keys read an eval initializer other than zeros. The unique keys' rows are gathered
+    into one ``(U, D)`` tensor (missing keys: zeros, or ``eval_initializer_args``) and pooled by
+    one ``embedding`` / ``embedding_bag``."""
+
+    __slots__ = ()
+
+    def output(
+        self,
+        batch: DedupedBatch,
+        slots: torch.Tensor,
+        missing: list[int],
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The pooled rows of the batch whose unique keys have ``slots``."""
         s = self._state
-        batch, slots, missing = _found_in_eval(s, indices, offsets, batch_size, counters)
+        whole = whole_rows(s, batch, slots, missing, self._fill)
+        return pool_uniform(
+            whole, batch.inverse, offsets, batch_size, s.num_features, s.pooling_mode, weights
+        )
+
+
+class EvalMixedRows(_EvalFoundRows):
+    """Eval over tables of several dims that the direct eval paths do not take: SUM / MEAN
+    whose missing keys read an eval initializer other than zeros or from tables that are not
+    float32, and NONE with tables of other dims besides the features'. Each table's rows are
+    gathered (missing keys: zeros, or ``eval_initializer_args``) and pooled per feature."""
+
+    __slots__ = ()
+
+    def output(
+        self,
+        batch: DedupedBatch,
+        slots: torch.Tensor,
+        missing: list[int],
+        offsets: torch.Tensor,
+        batch_size: int,
+        weights: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The pooled rows of the batch whose unique keys have ``slots``."""
+        s = self._state
         rows = rows_per_table(s, batch, slots, missing, self._fill, None)
         sources = [rows[t] for t in s.feature_table_map]
         local = feature_index(s, batch)
-        out = pool(
+        return pool(
             sources, local, offsets, batch_size, batch.feature_bounds, s.pooling_mode, weights
         )
-        return out if out.dtype == s.output_dtype else out.to(s.output_dtype)
 
 
 def _eval_fills(s: ForwardState) -> list[bool] | None:
