@@ -3,7 +3,9 @@
 :mod:`demb_optim.specs` has the specs (SGD, Adam, Adagrad, row-wise Adagrad, FTRL);
 :mod:`demb_optim.reference` the float64 reference updates the fused kernels are tested against;
 :mod:`demb_optim.gradients` clips and sums per-occurrence gradients;
-:func:`demb_optim.apply_update` runs the fused update (``demb::optimizer_update``).
+:func:`demb_optim.apply_update` runs the fused update (``demb::optimizer_update``);
+:func:`demb_optim.summed_update` wires a forward's rows to it through one autograd node
+(``demb::summed_update``).
 """
 
 from demb_optim._errors import OptimizerConfigError
@@ -21,7 +23,8 @@ from demb_optim.specs import (
     RowWiseAdagrad,
     optimizer_state_bytes,
 )
-from demb_optim.update import apply_update, update_parameters
+from demb_optim.summed import SummedUpdateOptions, UpdateSettings, summed_update, update_settings
+from demb_optim.update import UpdateParameters, apply_update, update_parameters
 
 __all__ = [
     "FTRL",
@@ -34,11 +37,16 @@ __all__ = [
     "OptimizerKind",
     "OptimizerSpec",
     "RowWiseAdagrad",
+    "SummedUpdateOptions",
+    "UpdateParameters",
+    "UpdateSettings",
     "apply_update",
     "clip_gradient",
     "nonfinite",
     "optimizer_state_bytes",
     "reduce_gradients",
     "reference_update",
+    "summed_update",
     "update_parameters",
+    "update_settings",
 ]

@@ -8,6 +8,7 @@ a spec's hyper-parameters. Arithmetic is float32 whatever the rows' dtype
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import demb_kernels  # noqa: F401  (loads the native ops)
 import torch
@@ -15,7 +16,7 @@ import torch
 from demb_optim.gradients import nonfinite
 from demb_optim.specs import FTRL, Adagrad, Adam, OptimizerSpec, RowWiseAdagrad
 
-__all__ = ["apply_update", "update_parameters"]
+__all__ = ["UpdateParameters", "apply_update", "update_parameters"]
 
 
 def _check_data(
@@ -90,21 +91,36 @@ def apply_update(
     )
 
 
-def update_parameters(spec: OptimizerSpec) -> list[float]:
-    """The nine floats ``demb::optimizer_update`` takes after the optimizer's name, in its
-    order: learning rate, eps, beta1, beta2, weight decay, FTRL's learning-rate power, beta,
-    l1 and l2 (0.0 where the optimizer has no such parameter)."""
+class UpdateParameters(NamedTuple):
+    """The nine floats ``demb::optimizer_update`` and ``demb::summed_update`` take after the
+    optimizer's name, in this order (0.0 where the optimizer has no such parameter). A tuple:
+    pass it as ``*params`` or as the ops' ``float[]``."""
+
+    learning_rate: float
+    eps: float
+    beta1: float
+    beta2: float
+    weight_decay: float
+    learning_rate_power: float
+    """FTRL's."""
+    ftrl_beta: float
+    l1_reg: float
+    l2_reg: float
+
+
+def update_parameters(spec: OptimizerSpec) -> UpdateParameters:
+    """:class:`UpdateParameters` of ``spec``."""
     eps = spec.eps if isinstance(spec, Adam | Adagrad | RowWiseAdagrad) else 0.0
     adam = spec if isinstance(spec, Adam) else None
     ftrl = spec if isinstance(spec, FTRL) else None
-    return [
-        spec.learning_rate,
-        eps,
-        adam.beta1 if adam else 0.0,
-        adam.beta2 if adam else 0.0,
-        adam.weight_decay if adam else 0.0,
-        ftrl.learning_rate_power if ftrl else 0.0,
-        ftrl.ftrl_beta if ftrl else 0.0,
-        ftrl.l1_reg if ftrl else 0.0,
-        ftrl.l2_reg if ftrl else 0.0,
-    ]
+    return UpdateParameters(
+        learning_rate=spec.learning_rate,
+        eps=eps,
+        beta1=adam.beta1 if adam else 0.0,
+        beta2=adam.beta2 if adam else 0.0,
+        weight_decay=adam.weight_decay if adam else 0.0,
+        learning_rate_power=ftrl.learning_rate_power if ftrl else 0.0,
+        ftrl_beta=ftrl.ftrl_beta if ftrl else 0.0,
+        l1_reg=ftrl.l1_reg if ftrl else 0.0,
+        l2_reg=ftrl.l2_reg if ftrl else 0.0,
+    )
