@@ -11,13 +11,19 @@ gradient of a table ever exists.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
 from demb_kernels.lookup import segment_plan, sums_need_plan
-from demb_optim import OptimizerSpec, apply_update, nonfinite, update_parameters
+from demb_optim import (
+    OptimizerSpec,
+    SummedUpdateOptions,
+    apply_update,
+    nonfinite,
+    summed_update,
+    update_settings,
+)
 from torch.autograd.function import FunctionCtx
 
 from demb_torchrec._dedup import DedupedBatch
@@ -145,15 +151,6 @@ def trained_rows(trigger: torch.Tensor, step: TrainStep) -> tuple[torch.Tensor, 
     return out
 
 
-@functools.lru_cache(maxsize=16)
-def _update_settings(spec: OptimizerSpec) -> tuple[str, list[float], float | None]:
-    """``demb::summed_update``'s optimizer name, its nine floats and the clip of each entry's
-    gradient (None: no clipping), made once per spec (a forward's host time runs past its GPU
-    work). The list is never mutated."""
-    clip = spec.max_gradient if spec.gradient_clipping else None
-    return str(spec.kind), update_parameters(spec), clip
-
-
 def summed_per_key(
     module: Updatable,
     trigger: torch.Tensor,
@@ -164,16 +161,16 @@ def summed_per_key(
     rows: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out`` wired to the update (``demb::summed_update``): its backward sums each key's
-    gradient rows in the dedup's sorted order
-    (:func:`demb_kernels.lookup.segment_sum_rows`): the rows of ``out``,
-    one per occurrence (clipped first when the optimizer clips), or, with ``rows`` / ``scale``,
-    the rows of a pooled ``out`` seen as ``(B * F, dim)``, each occurrence's bag times its
-    factor; then checks the sums (``check_gradients``) and updates the tables in place. On a GPU
-    rows wider than 128 floats have the sum's chunks planned now, queued behind the forward's
-    work (narrower ones are summed by windows, with no plan; the CPU kernel would only check a
-    plan: it cuts the chunks as it sums). The tables' value buffers are those of
-    now: a table that grows before the backward would miss this step's update.
+    """``out`` wired to the update (:func:`demb_optim.summed_update`): its backward sums each
+    key's gradient rows in the dedup's sorted order
+    (:func:`demb_kernels.lookup.segment_sum_rows`): the rows of ``out``, one per occurrence
+    (clipped first when the optimizer clips), or, with ``rows`` / ``scale``, the rows of a
+    pooled ``out`` seen as ``(B * F, dim)``, each occurrence's bag times its factor; then checks
+    the sums (``check_gradients``) and updates the tables in place. On a GPU rows wider than
+    128 floats have the sum's chunks planned now, queued behind the forward's work (narrower
+    ones are summed by windows, with no plan; the CPU kernel would only check a plan: it cuts
+    the chunks as it sums). The tables' value buffers are those of now: a table that grows
+    before the backward would miss this step's update.
 
     Args:
         module: the tables (the module's forward state); trigger: the zero-size tensor that
@@ -188,27 +185,21 @@ def summed_per_key(
     plan = None
     if batch.starts.is_cuda and sums_need_plan(dim):
         plan = segment_plan(batch.starts, batch.order.numel())
-    spec = module.optimizer
-    kind, hyper, max_gradient = _update_settings(spec)
-    wired: torch.Tensor = torch.ops.demb.summed_update.default(
-        trigger,
-        out,
-        batch.order,
-        batch.starts,
-        plan,
-        rows,
-        scale,
-        slots,
-        batch.table_sizes(),
-        module.value_buffers(),
-        module.dims,
-        module.step_counts,
-        kind,
-        hyper,
-        max_gradient if rows is None else None,
-        module.check_gradients,
-        dim,
-        module.sums_workspace,
-        batch.nonfinite,
+    options = SummedUpdateOptions(
+        order=batch.order,
+        starts=batch.starts,
+        slots=slots,
+        table_sizes=batch.table_sizes(),
+        values=module.value_buffers(),
+        dims=module.dims,
+        steps=module.step_counts,
+        settings=update_settings(module.optimizer),
+        dim=dim,
+        check=module.check_gradients,
+        plan=plan,
+        rows=rows,
+        scale=scale,
+        workspace=module.sums_workspace,
+        nonfinite=batch.nonfinite,
     )
-    return wired
+    return summed_update(trigger, out, options)

@@ -7,9 +7,10 @@ from typing import NamedTuple
 import torch
 from demb_kernels.lookup import dedup_batch
 
+from demb_torchrec._state import Bags, ForwardState
 from demb_torchrec.errors import InputError
 
-__all__ = ["DedupedBatch", "dedup", "next_key_bits"]
+__all__ = ["DedupedBatch", "dedup", "dedup_bags", "next_key_bits"]
 
 
 class DedupedBatch(NamedTuple):
@@ -119,6 +120,22 @@ def dedup(
         starts,
         next_key_bits(int(bits)),
     )
+
+
+def dedup_bags(s: ForwardState, bags: Bags) -> DedupedBatch:
+    """:func:`dedup` of a forward's checked batch, with the module's ``key_bits`` guess, which
+    it then updates for the next batch (whose keys likely span as many bits)."""
+    batch = dedup(
+        bags.indices,
+        bags.offsets,
+        s.feature_tables,
+        s.num_tables,
+        bags.batch_size,
+        bags.counters,
+        s.key_bits[0],
+    )
+    s.key_bits[0] = batch.key_bits
+    return batch
 
 
 def next_key_bits(bits: int) -> int:

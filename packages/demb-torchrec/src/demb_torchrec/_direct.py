@@ -16,14 +16,12 @@ from demb_storage import initialize_rows
 from demb_torchrec._autograd import summed_per_key
 from demb_torchrec._find_or_insert import Found, TrainRows
 from demb_torchrec._pooling import bag_rows, pool_slots
-from demb_torchrec._state import ForwardState, is_zero
+from demb_torchrec._state import Bags, ForwardState, is_zero
 from demb_torchrec.options import DynamicEmbPoolingMode
 
 __all__ = ["DirectRows", "EvalDirectRows", "EvalPooledFromTables", "PooledFromTables"]
 
-_SlotPool = Callable[
-    [ForwardState, torch.Tensor, torch.Tensor, int, list[int], torch.Tensor | None], torch.Tensor
-]
+_SlotPool = Callable[[ForwardState, torch.Tensor, Bags, list[int]], torch.Tensor]
 
 
 class DirectRows(TrainRows):
@@ -34,15 +32,8 @@ class DirectRows(TrainRows):
 
     __slots__ = ()
 
-    def output(
-        self,
-        found: Found,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        grad: bool,
-    ) -> torch.Tensor:
-        """The output of the batch whose keys are ``found``."""
+    def output(self, found: Found, bags: Bags, grad: bool) -> torch.Tensor:
+        """The output of ``bags``, whose keys are ``found``."""
         batch, slots, _, out = found
         s = self._state
         if out is None:
@@ -69,29 +60,15 @@ class PooledFromTables(TrainRows):
         super().__init__(state)
         self._pool = pool_in_one_pass if state.pools_in_one_pass else pool_per_feature
 
-    def output(
-        self,
-        found: Found,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        grad: bool,
-    ) -> torch.Tensor:
-        """The output of the batch whose keys are ``found``."""
+    def output(self, found: Found, bags: Bags, grad: bool) -> torch.Tensor:
+        """The output of ``bags``, whose keys are ``found``."""
         batch, slots, _, _ = found
         s = self._state
         with torch.no_grad():
-            out = self._pool(
-                s,
-                slots.index_select(0, batch.inverse),
-                offsets,
-                batch_size,
-                batch.feature_bounds,
-                weights,
-            )
+            out = self._pool(s, slots.index_select(0, batch.inverse), bags, batch.feature_bounds)
         if grad:
             n = batch.order.numel()
-            rows, scale = bag_rows(offsets, batch_size, s.num_features, n, s.pooling_mode, weights)
+            rows, scale = bag_rows(bags, s.num_features, n, s.pooling_mode)
             out = summed_per_key(s, s.trigger, batch, slots, out, s.dim, rows, scale)
         return out
 
@@ -114,16 +91,10 @@ class EvalDirectRows:
             if state.features_of_table[t] and not is_zero(a)
         ]
 
-    def forward(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, bags: Bags) -> torch.Tensor:
         """``(N, D)`` in ``output_dtype`` for a checked batch (weights and counters unused)."""
         s = self._state
+        indices, offsets, batch_size = bags.indices, bags.offsets, bags.batch_size
         n, ftab = indices.numel(), s.feature_tables
         out, slots = s.tables.find_batch_rows(indices, offsets, ftab, batch_size, s.dim)
         if self._fills:
@@ -151,16 +122,10 @@ class EvalPooledFromTables:
         self._cuda = state.device.type == "cuda"  # the batch is checked to be on the device
         self._pool = pool_in_one_pass if state.pools_in_one_pass else pool_per_feature
 
-    def forward(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, bags: Bags) -> torch.Tensor:
         """``(B, sum of dims)`` in ``output_dtype`` for a checked batch (counters unused)."""
         s = self._state
+        indices, offsets, batch_size = bags.indices, bags.offsets, bags.batch_size
         if self._cuda:  # each index's table by one kernel, with the batch's checks
             tables, checks = index_tables(
                 indices, offsets, s.feature_tables, s.num_tables, batch_size
@@ -171,39 +136,27 @@ class EvalPooledFromTables:
             bounds = offsets[::batch_size].tolist()
             sizes = torch.tensor(bounds, device=s.device).diff()
             slots = s.tables.find(indices, s.feature_tables.repeat_interleave(sizes))
-        return self._pool(s, slots, offsets, batch_size, bounds, weights).to(s.output_dtype)
+        return self._pool(s, slots, bags, bounds).to(s.output_dtype)
 
 
 def pool_in_one_pass(
-    s: ForwardState,
-    slots: torch.Tensor,
-    offsets: torch.Tensor,
-    batch_size: int,
-    bounds: list[int],
-    weights: torch.Tensor | None,
+    s: ForwardState, slots: torch.Tensor, bags: Bags, bounds: list[int]
 ) -> torch.Tensor:
     """``(B, F * D)`` float32: each bag pooled straight from its table's rows by its indices'
     ``(N,)`` slots (-1: a zero row, counted by a MEAN), every feature in one pass
     (:func:`demb_kernels.pooling.pool_table_rows`: one-launch gathers from float32 rows)."""
     mean = s.pooling_mode is DynamicEmbPoolingMode.MEAN
     return pool_table_rows(
-        s.tables.values, slots, offsets, s.feature_tables, batch_size, s.dim,
-        mean=mean, weights=weights,
+        s.tables.values, slots, bags.offsets, s.feature_tables, bags.batch_size, s.dim,
+        mean=mean, weights=bags.weights,
     )  # fmt: skip
 
 
 def pool_per_feature(
-    s: ForwardState,
-    slots: torch.Tensor,
-    offsets: torch.Tensor,
-    batch_size: int,
-    bounds: list[int],
-    weights: torch.Tensor | None,
+    s: ForwardState, slots: torch.Tensor, bags: Bags, bounds: list[int]
 ) -> torch.Tensor:
     """As :func:`pool_in_one_pass`, by one ``embedding_bag`` per feature
     (:func:`demb_torchrec._pooling.pool_slots`; ``bounds``: each feature's ``F + 1`` host
     offsets), for float32 tables that do not gather in one launch."""
     values = [v[:, :d] for v, d in zip(s.tables.values, s.dims, strict=True)]
-    return pool_slots(
-        values, s.feature_table_map, slots, offsets, batch_size, bounds, s.pooling_mode, weights
-    )
+    return pool_slots(values, s.feature_table_map, slots, bags, bounds, s.pooling_mode)

@@ -8,9 +8,9 @@ import torch
 from demb_kernels.init_rows import init_new_rows
 from demb_storage import InsertOutcome
 
-from demb_torchrec._dedup import DedupedBatch, dedup
+from demb_torchrec._dedup import DedupedBatch, dedup_bags
 from demb_torchrec._launched import launched_find_or_insert
-from demb_torchrec._state import ForwardState
+from demb_torchrec._state import Bags, ForwardState
 
 __all__ = ["FindOrInsert", "Found", "TrainOutput", "TrainRows"]
 
@@ -43,26 +43,17 @@ class FindOrInsert:
         self._state = state
         self._launches = state.device.type == "cuda"
 
-    def find_or_insert(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        batch_size: int,
-        counters: torch.Tensor | None,
-    ) -> Found:
-        """:data:`Found` for a checked batch (``counters``: its frequency counters)."""
+    def find_or_insert(self, bags: Bags) -> Found:
+        """:data:`Found` for a checked batch."""
         s = self._state
         tables = s.tables
         if self._launches and not tables.may_grow:
-            launched = launched_find_or_insert(s, indices, offsets, batch_size, counters)
+            launched = launched_find_or_insert(s, bags)
             if launched is not None:  # None: the dedup must sort on more key bits
                 return self._initialize_new(*launched)
         # The batch scores are made before the dedup's sync, not in the idle gap after it.
         scores = tables.next_score_args()
-        batch = dedup(
-            indices, offsets, s.feature_tables, s.num_tables, batch_size, counters, s.key_bits[0]
-        )
-        s.key_bits[0] = batch.key_bits  # the next batch's keys likely span as many
+        batch = dedup_bags(s, bags)
         gather = (batch.inverse, s.dim) if s.gathers_rows() else None
         outcome = tables.find_or_insert(
             batch.keys,
@@ -100,28 +91,13 @@ class TrainRows:
         self._state = state
         self._lookup = FindOrInsert(state)
 
-    def forward(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
-        grad: bool,
-    ) -> TrainOutput:
+    def forward(self, bags: Bags, grad: bool) -> TrainOutput:
         """:data:`TrainOutput` of a checked, non-empty batch (``grad``: the output takes part
         in backward)."""
-        found = self._lookup.find_or_insert(indices, offsets, batch_size, counters)
-        out = self.output(found, offsets, batch_size, weights, grad)
+        found = self._lookup.find_or_insert(bags)
+        out = self.output(found, bags, grad)
         return out, found[2], found[0].table_bounds
 
-    def output(
-        self,
-        found: Found,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        grad: bool,
-    ) -> torch.Tensor:
-        """The output of the batch whose keys are ``found``."""
+    def output(self, found: Found, bags: Bags, grad: bool) -> torch.Tensor:
+        """The output of ``bags``, whose keys are ``found``."""
         raise NotImplementedError

@@ -12,7 +12,7 @@ from demb_kernels.launched import dedup_launch, launch_info, packed_radix
 from demb_storage import InsertOutcome, find_or_insert_launched
 
 from demb_torchrec._dedup import DedupedBatch, next_key_bits
-from demb_torchrec._state import ForwardState
+from demb_torchrec._state import Bags, ForwardState
 
 __all__ = ["Launched", "launched_find_or_insert"]
 
@@ -21,19 +21,13 @@ Launched = tuple[DedupedBatch, InsertOutcome]
 :meth:`demb_torchrec._find_or_insert.FindOrInsert.find_or_insert` does it)."""
 
 
-def launched_find_or_insert(
-    s: ForwardState,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    batch_size: int,
-    frequency_counters: torch.Tensor | None,
-) -> Launched | None:
+def launched_find_or_insert(s: ForwardState, bags: Bags) -> Launched | None:
     """Deduplicate the batch and find or insert its keys with one sync (the caller then
     initializes the new rows: :class:`demb_torchrec._find_or_insert.FindOrInsert`).
 
     Args:
         s: the module's state (training, on CUDA, its tables unable to grow).
-        indices, offsets, batch_size, frequency_counters: the checked batch.
+        bags: the checked batch.
 
     Returns:
         :data:`Launched`, or None when the dedup's sort looked at too few key bits (nothing
@@ -42,18 +36,18 @@ def launched_find_or_insert(
     Raises:
         ValueError: a bad batch (as the dedup raises it); nothing changed.
     """
-    counters = None if frequency_counters is None else frequency_counters.to(torch.int64)
+    counters = None if bags.counters is None else bags.counters.to(torch.int64)
     num_tables = s.num_tables
     key_bits, key_radix = s.key_bits
     counted = s.tables.counts_keys  # else no table reads the counts: none are made
     # Timed scores from the GPU's clock: read by the dedup's first kernel (no launch of theirs).
     clocked = s.tables.scores_from_gpu_clock
     launched = dedup_launch(
-        indices,
-        offsets,
+        bags.indices,
+        bags.offsets,
         s.feature_tables,
         num_tables,
-        batch_size,
+        bags.batch_size,
         counters,
         key_bits,
         key_radix,
@@ -66,7 +60,7 @@ def launched_find_or_insert(
     outcome, words = find_or_insert_launched(
         s.tables, launched, scores, counts=counted, gather_rows=gather
     )
-    info = launch_info(words, indices.numel(), num_tables, s.num_features)
+    info = launch_info(words, bags.indices.numel(), num_tables, s.num_features)
     s.key_bits[0] = next_key_bits(info.key_bits)
     same_bits = s.key_bits[0] == key_bits  # low_max is of this sort's low bits
     s.key_bits[1] = packed_radix(key_bits, info.low_max, num_tables) if same_bits else 0

@@ -11,7 +11,7 @@ import torch
 
 from demb_torchrec._direct import DirectRows, EvalDirectRows, EvalPooledFromTables, PooledFromTables
 from demb_torchrec._find_or_insert import TrainOutput
-from demb_torchrec._state import ForwardState, is_zero
+from demb_torchrec._state import Bags, ForwardState, is_zero
 from demb_torchrec._unique_rows import EvalMixedRows, EvalUniformRows, MixedRows, UniformRows
 from demb_torchrec.options import DynamicEmbPoolingMode
 
@@ -21,15 +21,7 @@ __all__ = ["EvalPath", "TrainPath", "eval_path", "train_path"]
 class TrainPath(Protocol):
     """A training forward (tables found or inserted into, rows wired to the update)."""
 
-    def forward(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
-        grad: bool,
-    ) -> TrainOutput:
+    def forward(self, bags: Bags, grad: bool) -> TrainOutput:
         """A checked, non-empty batch's output, statuses and table bounds (``grad``: the
         output takes part in backward)."""
         ...
@@ -38,14 +30,7 @@ class TrainPath(Protocol):
 class EvalPath(Protocol):
     """An eval forward (nothing inserted, no score touched)."""
 
-    def forward(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, bags: Bags) -> torch.Tensor:
         """A checked, non-empty batch's output in ``output_dtype``."""
         ...
 

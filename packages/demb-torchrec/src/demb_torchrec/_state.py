@@ -5,6 +5,7 @@ module (the paths never import the module)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import torch
 from demb_kernels.init_rows import NewRowsArgs
@@ -14,7 +15,22 @@ from demb_storage import InitializerArgs, InitializerMode, ScoredHashTable
 
 from demb_torchrec.options import DynamicEmbPoolingMode
 
-__all__ = ["ForwardState", "is_zero"]
+__all__ = ["Bags", "ForwardState", "is_zero"]
+
+
+class Bags(NamedTuple):
+    """A checked, non-empty batch in TBE layout, as the forward paths take it."""
+
+    indices: torch.Tensor
+    """``(N,)`` int64 keys, feature-major."""
+    offsets: torch.Tensor
+    """``(F * B + 1,)`` int64 bag offsets (``offsets[0] = 0``, non-decreasing, ``N`` last)."""
+    batch_size: int
+    """``B``."""
+    weights: torch.Tensor | None
+    """``(N,)`` float32 weights of a weighted SUM, or None."""
+    counters: torch.Tensor | None
+    """``(N,)`` integer per-index counts for LFU scores, or None (each occurrence counts 1)."""
 
 
 def is_zero(args: InitializerArgs) -> bool:

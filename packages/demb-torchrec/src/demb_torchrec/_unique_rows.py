@@ -17,33 +17,26 @@ from demb_storage import initialize_rows
 from torch.nn import functional
 
 from demb_torchrec._autograd import Reduced, TrainStep, summed_per_key, trained_rows
-from demb_torchrec._dedup import DedupedBatch, dedup
+from demb_torchrec._dedup import DedupedBatch, dedup_bags
 from demb_torchrec._find_or_insert import Found, TrainRows
 from demb_torchrec._pooling import bag_rows, pool, pool_uniform
-from demb_torchrec._state import ForwardState, is_zero
+from demb_torchrec._state import Bags, ForwardState, is_zero
 from demb_torchrec.options import DynamicEmbPoolingMode
 
 __all__ = ["EvalMixedRows", "EvalUniformRows", "MixedRows", "UniformRows"]
 
-_Trained = Callable[
-    [
-        ForwardState,
-        DedupedBatch,
-        torch.Tensor,
-        torch.Tensor,
-        torch.Tensor,
-        int,
-        torch.Tensor | None,
-    ],
-    torch.Tensor,
-]
+_Trained = Callable[[ForwardState, DedupedBatch, torch.Tensor, torch.Tensor, Bags], torch.Tensor]
 """A wiring of a one-dim batch's ``(U, D)`` rows to the update, pooled: ``(state, batch,
-slots, whole, offsets, batch_size, weights) -> output``."""
+slots, whole, bags) -> output``."""
 
-_TrainedMixed = Callable[
-    [ForwardState, DedupedBatch, torch.Tensor, list[torch.Tensor], list[torch.Tensor]],
-    tuple[list[torch.Tensor], list[torch.Tensor]],
-]
+EvalFound = tuple[DedupedBatch, torch.Tensor, list[int]]
+"""An eval forward's lookup: the deduplicated batch, its unique keys' ``(U,)`` slots (-1:
+missing) and per table its missing keys."""
+
+Rows = list[torch.Tensor]
+"""Per table (or per feature), a tensor of rows (or of row indices)."""
+
+_TrainedMixed = Callable[[ForwardState, DedupedBatch, torch.Tensor, Rows, Rows], tuple[Rows, Rows]]
 """A wiring of each table's unique rows to the update: ``(state, batch, slots, rows, local)
 -> (sources, index)`` of the per-feature pooling."""
 
@@ -69,25 +62,14 @@ class UniformRows(TrainRows):
         else:
             self._trained = _rows_uniform
 
-    def output(
-        self,
-        found: Found,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        grad: bool,
-    ) -> torch.Tensor:
-        """The output of the batch whose keys are ``found``."""
+    def output(self, found: Found, bags: Bags, grad: bool) -> torch.Tensor:
+        """The output of ``bags``, whose keys are ``found``."""
         batch, slots, _, _ = found
         s = self._state
         whole = whole_rows(s, batch, slots, None, None)
         if grad:
-            out = self._trained(s, batch, slots, whole, offsets, batch_size, weights)
-        else:
-            out = pool_uniform(
-                whole, batch.inverse, offsets, batch_size, s.num_features, s.pooling_mode, weights
-            )
-        return out
+            return self._trained(s, batch, slots, whole, bags)
+        return pool_uniform(whole, batch.inverse, bags, s.num_features, s.pooling_mode)
 
 
 class MixedRows(TrainRows):
@@ -104,15 +86,8 @@ class MixedRows(TrainRows):
         super().__init__(state)
         self._trained = _clipped_mixed if state.optimizer.gradient_clipping else _rows_mixed
 
-    def output(
-        self,
-        found: Found,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        grad: bool,
-    ) -> torch.Tensor:
-        """The output of the batch whose keys are ``found``."""
+    def output(self, found: Found, bags: Bags, grad: bool) -> torch.Tensor:
+        """The output of ``bags``, whose keys are ``found``."""
         batch, slots, _, _ = found
         s = self._state
         rows = rows_per_table(s, batch, slots, None, None, None)
@@ -121,10 +96,7 @@ class MixedRows(TrainRows):
             sources, local = self._trained(s, batch, slots, rows, local)
         else:
             sources = [rows[t] for t in s.feature_table_map]
-        out = pool(
-            sources, local, offsets, batch_size, batch.feature_bounds, s.pooling_mode, weights
-        )
-        return out
+        return pool(sources, local, bags, batch.feature_bounds, s.pooling_mode)
 
 
 class _EvalFoundRows:
@@ -138,30 +110,17 @@ class _EvalFoundRows:
         self._state = state
         self._fill = _eval_fills(state)
 
-    def forward(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-        counters: torch.Tensor | None,
-    ) -> torch.Tensor:
+    def forward(self, bags: Bags) -> torch.Tensor:
         """The output in ``output_dtype`` for a checked batch."""
         s = self._state
-        batch, slots, missing = _found_in_eval(s, indices, offsets, batch_size, counters)
-        out = self.output(batch, slots, missing, offsets, batch_size, weights)
+        # Nothing inserted, no score touched; the missing keys counted (one sync).
+        batch = dedup_bags(s, bags)
+        slots = s.tables.find(batch.keys, batch.tables, check=False)
+        out = self.output((batch, slots, batch.count_per_table(slots < 0)), bags)
         return out if out.dtype == s.output_dtype else out.to(s.output_dtype)
 
-    def output(
-        self,
-        batch: DedupedBatch,
-        slots: torch.Tensor,
-        missing: list[int],
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """The pooled rows of the batch whose unique keys have ``slots``."""
+    def output(self, found: EvalFound, bags: Bags) -> torch.Tensor:
+        """The pooled rows of ``bags``, whose unique keys are ``found``."""
         raise NotImplementedError
 
 
@@ -174,21 +133,11 @@ class EvalUniformRows(_EvalFoundRows):
 
     __slots__ = ()
 
-    def output(
-        self,
-        batch: DedupedBatch,
-        slots: torch.Tensor,
-        missing: list[int],
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """The pooled rows of the batch whose unique keys have ``slots``."""
-        s = self._state
+    def output(self, found: EvalFound, bags: Bags) -> torch.Tensor:
+        """The pooled rows of ``bags``, whose unique keys are ``found``."""
+        s, (batch, slots, missing) = self._state, found
         whole = whole_rows(s, batch, slots, missing, self._fill)
-        return pool_uniform(
-            whole, batch.inverse, offsets, batch_size, s.num_features, s.pooling_mode, weights
-        )
+        return pool_uniform(whole, batch.inverse, bags, s.num_features, s.pooling_mode)
 
 
 class EvalMixedRows(_EvalFoundRows):
@@ -199,23 +148,12 @@ class EvalMixedRows(_EvalFoundRows):
 
     __slots__ = ()
 
-    def output(
-        self,
-        batch: DedupedBatch,
-        slots: torch.Tensor,
-        missing: list[int],
-        offsets: torch.Tensor,
-        batch_size: int,
-        weights: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """The pooled rows of the batch whose unique keys have ``slots``."""
-        s = self._state
+    def output(self, found: EvalFound, bags: Bags) -> torch.Tensor:
+        """The pooled rows of ``bags``, whose unique keys are ``found``."""
+        s, (batch, slots, missing) = self._state, found
         rows = rows_per_table(s, batch, slots, missing, self._fill, None)
         sources = [rows[t] for t in s.feature_table_map]
-        local = feature_index(s, batch)
-        return pool(
-            sources, local, offsets, batch_size, batch.feature_bounds, s.pooling_mode, weights
-        )
+        return pool(sources, feature_index(s, batch), bags, batch.feature_bounds, s.pooling_mode)
 
 
 def _eval_fills(s: ForwardState) -> list[bool] | None:
@@ -223,24 +161,6 @@ def _eval_fills(s: ForwardState) -> list[bool] | None:
     are zeros)."""
     fill = [not is_zero(a) for a in s.eval_args]
     return fill if any(fill) else None
-
-
-def _found_in_eval(
-    s: ForwardState,
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    batch_size: int,
-    counters: torch.Tensor | None,
-) -> tuple[DedupedBatch, torch.Tensor, list[int]]:
-    """An eval forward's lookup: the batch deduplicated (one sync), its unique keys' ``(U,)``
-    slots (-1: missing; nothing inserted, no score touched) and per table its missing keys
-    (one sync)."""
-    batch = dedup(
-        indices, offsets, s.feature_tables, s.num_tables, batch_size, counters, s.key_bits[0]
-    )
-    s.key_bits[0] = batch.key_bits  # the next batch's keys likely span as many
-    slots = s.tables.find(batch.keys, batch.tables, check=False)
-    return batch, slots, batch.count_per_table(slots < 0)
 
 
 # ------------------------------------------------------------------------------ unique rows
@@ -342,13 +262,7 @@ def feature_index(s: ForwardState, batch: DedupedBatch) -> list[torch.Tensor]:
 
 # ------------------------------------------------------------------------ training wirings
 def _clipped_uniform(
-    s: ForwardState,
-    batch: DedupedBatch,
-    slots: torch.Tensor,
-    whole: torch.Tensor,
-    offsets: torch.Tensor,
-    batch_size: int,
-    weights: torch.Tensor | None,
+    s: ForwardState, batch: DedupedBatch, slots: torch.Tensor, whole: torch.Tensor, bags: Bags
 ) -> torch.Tensor:
     """One row per occurrence, each occurrence's gradient clipped, then summed per key."""
     occurrences = functional.embedding(batch.inverse, whole)
@@ -360,53 +274,34 @@ def _clipped_uniform(
 
     step = TrainStep(s, [occurrences], batch.per_table(slots), reduce_occurrences)
     (rows,) = trained_rows(s.trigger, step)
-    return pool_uniform(rows, None, offsets, batch_size, s.num_features, s.pooling_mode, weights)
+    return pool_uniform(rows, None, bags, s.num_features, s.pooling_mode)
 
 
 def _pooled_uniform(
-    s: ForwardState,
-    batch: DedupedBatch,
-    slots: torch.Tensor,
-    whole: torch.Tensor,
-    offsets: torch.Tensor,
-    batch_size: int,
-    weights: torch.Tensor | None,
+    s: ForwardState, batch: DedupedBatch, slots: torch.Tensor, whole: torch.Tensor, bags: Bags
 ) -> torch.Tensor:
     """SUM / MEAN: the bags pooled outside autograd, and in backward each key's gradient
     summed straight from its bags' output gradients (scaled by weight, or by ``1 / bag size``
     for MEAN) in the dedup's order, as the NONE path sums its rows."""
     features, mode = s.num_features, s.pooling_mode
     with torch.no_grad():
-        out = pool_uniform(whole, batch.inverse, offsets, batch_size, features, mode, weights)
-    n = batch.order.numel()
-    rows, scale = bag_rows(offsets, batch_size, features, n, mode, weights)
+        out = pool_uniform(whole, batch.inverse, bags, features, mode)
+    rows, scale = bag_rows(bags, features, batch.order.numel(), mode)
     return summed_per_key(s, s.trigger, batch, slots, out, whole.shape[1], rows, scale)
 
 
 def _rows_uniform(
-    s: ForwardState,
-    batch: DedupedBatch,
-    slots: torch.Tensor,
-    whole: torch.Tensor,
-    offsets: torch.Tensor,
-    batch_size: int,
-    weights: torch.Tensor | None,
+    s: ForwardState, batch: DedupedBatch, slots: torch.Tensor, whole: torch.Tensor, bags: Bags
 ) -> torch.Tensor:
     """NONE: the unique rows' gradients (autograd sums the occurrences') are the update's."""
     step = TrainStep(s, [whole], batch.per_table(slots), lambda g: (batch.per_table(g[0]), [g[0]]))
     (rows,) = trained_rows(s.trigger, step)
-    return pool_uniform(
-        rows, batch.inverse, offsets, batch_size, s.num_features, s.pooling_mode, weights
-    )
+    return pool_uniform(rows, batch.inverse, bags, s.num_features, s.pooling_mode)
 
 
 def _clipped_mixed(
-    s: ForwardState,
-    batch: DedupedBatch,
-    slots: torch.Tensor,
-    rows: list[torch.Tensor],
-    local: list[torch.Tensor],
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    s: ForwardState, batch: DedupedBatch, slots: torch.Tensor, rows: Rows, local: Rows
+) -> tuple[Rows, Rows]:
     """Tables of several dims, gradients clipped: one row per occurrence per feature, wired to
     the update (each occurrence's gradient clipped, then summed per key of its table); the
     pooling's sources and their index (row ``i`` is occurrence ``i``'s)."""
@@ -432,12 +327,8 @@ def _clipped_mixed(
 
 
 def _rows_mixed(
-    s: ForwardState,
-    batch: DedupedBatch,
-    slots: torch.Tensor,
-    rows: list[torch.Tensor],
-    local: list[torch.Tensor],
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    s: ForwardState, batch: DedupedBatch, slots: torch.Tensor, rows: Rows, local: Rows
+) -> tuple[Rows, Rows]:
     """Tables of several dims: each table's unique rows wired to the update (autograd sums
     their features' gradients); the pooling's sources and their index (``local``)."""
     step = TrainStep(s, rows, batch.per_table(slots), lambda g: (list(g), list(g)))

@@ -29,7 +29,7 @@ from demb_storage import ScoredHashTable, TableConfigError, new_rows_spec, table
 from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_spec, resolve_device
 from demb_torchrec._autograd import TrainStep, trained_rows
 from demb_torchrec._paths import eval_path, train_path
-from demb_torchrec._state import ForwardState
+from demb_torchrec._state import Bags, ForwardState
 from demb_torchrec.errors import TrainingStateError
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
@@ -221,13 +221,10 @@ class DynamicEmbeddingTables(torch.nn.Module):
             )
         if indices.numel() == 0 or batch_size == 0:
             return self._empty(batch_size, grad)
+        bags = Bags(indices, offsets, batch_size, pooling_weights, frequency_counters)
         if not self.training:
-            return self._eval_path.forward(
-                indices, offsets, batch_size, pooling_weights, frequency_counters
-            )
-        out, status, bounds = self._train_path.forward(
-            indices, offsets, batch_size, pooling_weights, frequency_counters, grad
-        )
+            return self._eval_path.forward(bags)
+        out, status, bounds = self._train_path.forward(bags, grad)
         if status is not None:  # the forward's work is queued: failed inserts are counted now
             counts = status_count_tensor(status, bounds)
             self.tables.record_failures(counts[1], int(status.numel()))

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed import ProcessGroup
 from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
 from torchrec.distributed.embedding_sharding import (
     BaseSparseFeaturesDist,
@@ -36,6 +37,7 @@ from torchrec.distributed.embedding_types import (
     BaseEmbeddingLookup,
     BaseGroupedFeatureProcessor,
     EmbeddingComputeKernel,
+    GroupedEmbeddingConfig,
     KJTList,
 )
 from torchrec.distributed.embeddingbag import (
@@ -104,55 +106,56 @@ def _dynamic_input_dist(
     )
 
 
-class DynamicRwSequenceEmbeddingSharding(RwSequenceEmbeddingSharding):  # type: ignore[misc]
+class _DynamicRw:
+    """What the dynamic row-wise shardings change in TorchRec's: the input dist routes keys by
+    the tables' ``dist_type``, and the lookup is one
+    :class:`demb_torchrec.lookup.DynamicEmbeddingKernel` per group of tables (pooled for an
+    :class:`EmbeddingBagCollection`). Mixed in before TorchRec's sharding class, whose
+    attributes it reads."""
+
+    _is_sequence: bool
+    _grouped_embedding_configs: list[GroupedEmbeddingConfig]
+    _pg: ProcessGroup | None
+    _device: torch.device | None
+    _env: ShardingEnv
+
+    def create_input_dist(
+        self, device: torch.device | None = None
+    ) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
+        """Routes keys by the tables' ``dist_type``."""
+        if getattr(self, "_has_feature_processor", False):
+            raise NotImplementedError("dynamic tables: feature processors are not supported yet")
+        return _dynamic_input_dist(self, self._is_sequence, device)
+
+    def create_lookup(
+        self,
+        device: torch.device | None = None,
+        fused_params: dict[str, Any] | None = None,
+        feature_processor: BaseGroupedFeatureProcessor | None = None,
+    ) -> BaseEmbeddingLookup:
+        """The dynamic tables' lookup (``fused_params`` are the tables' own, already planned;
+        feature processors are refused by the input dist)."""
+        kwargs = {
+            "grouped_configs": self._grouped_embedding_configs,
+            "pg": self._pg,
+            "device": device if device is not None else self._device,
+            "env": self._env,
+        }
+        if self._is_sequence:
+            return DynamicEmbeddingsLookup(**kwargs)
+        return DynamicPooledEmbeddingsLookup(sharding_type=ShardingType.ROW_WISE, **kwargs)
+
+
+class DynamicRwSequenceEmbeddingSharding(_DynamicRw, RwSequenceEmbeddingSharding):  # type: ignore[misc]
     """TorchRec's row-wise sequence sharding with the dynamic-table input dist and lookup."""
 
-    def create_input_dist(
-        self, device: torch.device | None = None
-    ) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
-        """Routes keys by the tables' ``dist_type``."""
-        return _dynamic_input_dist(self, True, device)
-
-    def create_lookup(
-        self,
-        device: torch.device | None = None,
-        fused_params: dict[str, Any] | None = None,
-        feature_processor: BaseGroupedFeatureProcessor | None = None,
-    ) -> BaseEmbeddingLookup:
-        """One :class:`demb_torchrec.lookup.DynamicEmbeddingKernel` per group of tables."""
-        return DynamicEmbeddingsLookup(
-            grouped_configs=self._grouped_embedding_configs,
-            pg=self._pg,
-            device=device if device is not None else self._device,
-            env=self._env,
-        )
+    _is_sequence = True
 
 
-class DynamicRwPooledEmbeddingSharding(RwPooledEmbeddingSharding):  # type: ignore[misc]
+class DynamicRwPooledEmbeddingSharding(_DynamicRw, RwPooledEmbeddingSharding):  # type: ignore[misc]
     """TorchRec's row-wise pooled sharding with the dynamic-table input dist and lookup."""
 
-    def create_input_dist(
-        self, device: torch.device | None = None
-    ) -> BaseSparseFeaturesDist[KeyedJaggedTensor]:
-        """Routes keys by the tables' ``dist_type``."""
-        if self._has_feature_processor:
-            raise NotImplementedError("dynamic tables: feature processors are not supported yet")
-        return _dynamic_input_dist(self, False, device)
-
-    def create_lookup(
-        self,
-        device: torch.device | None = None,
-        fused_params: dict[str, Any] | None = None,
-        feature_processor: BaseGroupedFeatureProcessor | None = None,
-    ) -> BaseEmbeddingLookup:
-        """One pooled :class:`demb_torchrec.lookup.DynamicEmbeddingKernel` per group."""
-        return DynamicPooledEmbeddingsLookup(
-            grouped_configs=self._grouped_embedding_configs,
-            pg=self._pg,
-            device=device if device is not None else self._device,
-            sharding_type=ShardingType.ROW_WISE,
-            env=self._env,
-        )
+    _is_sequence = False
 
 
 def _check_row_wise(sharding_type: str, infos: list[EmbeddingShardingInfo]) -> bool:
