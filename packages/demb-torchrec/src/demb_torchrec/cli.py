@@ -212,20 +212,31 @@ def _bench_balance(args: argparse.Namespace) -> int:
     return _write_report(report, args)
 
 
+def _bench_parser(
+    bench: _Subparsers, name: str, summary: str, *, device: bool = False, scale: str | None = None
+) -> argparse.ArgumentParser:
+    """The parser of ``demb bench NAME`` (``summary``: its help), with ``--out`` and, where
+    asked, ``--device`` and ``--scale`` (``scale``: its help)."""
+    parser = bench.add_parser(name, help=summary)
+    parser.add_argument("--out", help="write the report as JSON here")
+    if device:
+        parser.add_argument("--device", help="cuda or cpu (default: cuda when visible)")
+    if scale is not None:
+        parser.add_argument("--scale", type=float, help=scale)
+    return parser
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="demb", description="demb: dynamic embedding tables.")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("env", help="print the environment (also what a bare `demb` does)")
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    module = bench.add_parser(
+    module = _bench_parser(
+        bench,
         "module",
-        help="the table module on the reference workload (10 tables, D=128, power-law ids)",
-    )
-    module.add_argument("--device", help="cuda or cpu (default: cuda when visible)")
-    module.add_argument(
-        "--scale",
-        type=float,
-        help="rows and samples times this (default 1 on a GPU, 0.01 on the CPU)",
+        "the table module on the reference workload (10 tables, D=128, power-law ids)",
+        device=True,
+        scale="rows and samples times this (default 1 on a GPU, 0.01 on the CPU)",
     )
     module.add_argument("--pooling", choices=["none", "sum"], default="none")
     module.add_argument(
@@ -250,9 +261,11 @@ def _parser() -> argparse.ArgumentParser:
     module.add_argument(
         "--trace", metavar="FILE", help="with --profile (implied): write a Chrome trace here"
     )
-    module.add_argument("--out", help="write the report as JSON here")
-    dlrm = bench.add_parser(
-        "dlrm", help="a DMP train step of a DLRM-like model on 26 dynamic tables (Criteo sizes)"
+    dlrm = _bench_parser(
+        bench,
+        "dlrm",
+        "a DMP train step of a DLRM-like model on 26 dynamic tables (Criteo sizes)",
+        scale="table rows times this (default 1 on a GPU, 0.001 on the CPU)",
     )
     dlrm.add_argument(
         "--world-size",
@@ -264,19 +277,14 @@ def _parser() -> argparse.ArgumentParser:
         "Where NVLink multicast misbehaves, run with NCCL_NVLS_ENABLE=0",
     )
     dlrm.add_argument("--batch-size", type=int, help="samples per rank (8192 GPU, 1024 CPU)")
-    dlrm.add_argument(
-        "--scale", type=float, help="table rows times this (default 1 on a GPU, 0.001 on the CPU)"
-    )
     dlrm.add_argument("--steps", type=int, default=20, help="timed steps")
     dlrm.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    dlrm.add_argument("--out", help="write the report as JSON here")
-    balance = bench.add_parser(
-        "balance", help="keys per rank under roundrobin vs hash_roundrobin (strided, power law)"
+    balance = _bench_parser(
+        bench, "balance", "keys per rank under roundrobin vs hash_roundrobin (strided, power law)"
     )
     balance.add_argument("--world-size", type=int, default=2, help="local ranks (one per GPU)")
     balance.add_argument("--batch-size", type=int, default=8192, help="keys per rank and step")
     balance.add_argument("--steps", type=int, default=8, help="forwards")
-    balance.add_argument("--out", help="write the report as JSON here")
     _add_table_parser(bench)
     _add_update_parser(bench)
     _add_io_parser(bench)
@@ -285,12 +293,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_table_parser(bench: _Subparsers) -> None:
-    table = bench.add_parser(
+    table = _bench_parser(
+        bench,
         "table",
-        help="hash table ops (lookup, find_or_insert, insert with eviction) in keys/s beside "
-        "the same run's copy floor",
+        "hash table ops (lookup, find_or_insert, insert with eviction) in keys/s beside the "
+        "same run's copy floor",
+        device=True,
     )
-    table.add_argument("--device", help="cuda or cpu (default: cuda when visible)")
     table.add_argument(
         "--capacity-log2",
         type=int,
@@ -311,19 +320,15 @@ def _add_table_parser(bench: _Subparsers) -> None:
         action="store_true",
         help="also print torch.profiler's per-kernel time of lookup and find_or_insert",
     )
-    table.add_argument("--out", help="write the report as JSON here")
 
 
 def _add_update_parser(bench: _Subparsers) -> None:
-    update = bench.add_parser(
+    update = _bench_parser(
+        bench,
         "update",
-        help="the fused optimizer update beside the same run's copy floor and a torch update",
-    )
-    update.add_argument("--device", help="cuda or cpu (default: cuda when visible)")
-    update.add_argument(
-        "--scale",
-        type=float,
-        help="rows and table rows times this (default 1, the full size: 350,000 of 2,000,000 "
+        "the fused optimizer update beside the same run's copy floor and a torch update",
+        device=True,
+        scale="rows and table rows times this (default 1, the full size: 350,000 of 2,000,000 "
         "rows, on a GPU; 0.1 on the CPU)",
     )
     update.add_argument("--rows", type=int, help="override the updated (unique) rows")
@@ -345,12 +350,11 @@ def _add_update_parser(bench: _Subparsers) -> None:
     )
     update.add_argument("--iters", type=int, default=10, help="timed calls per figure (10)")
     update.add_argument("--copy-mib", type=int, help="MiB copied to measure bandwidth (512)")
-    update.add_argument("--out", help="write the report as JSON here")
 
 
 def _add_io_parser(bench: _Subparsers) -> None:
-    io = bench.add_parser(
-        "io", help="checkpoint write and read beside raw numpy file writes and reads"
+    io = _bench_parser(
+        bench, "io", "checkpoint write and read beside raw numpy file writes and reads"
     )
     io.add_argument(
         "--rows",
@@ -362,18 +366,17 @@ def _add_io_parser(bench: _Subparsers) -> None:
     io.add_argument("--dim", type=int, default=128, help="embedding dim, float32 (128)")
     io.add_argument("--repeats", type=int, default=6, help="timed repeats, even (6)")
     io.add_argument("--dir", help="where to write (default: the system's temporary folder)")
-    io.add_argument("--out", help="write the report as JSON here")
 
 
 def _add_fuzz_parser(bench: _Subparsers) -> None:
-    fuzz = bench.add_parser(
+    fuzz = _bench_parser(
+        bench,
         "fuzz",
-        help="seeded single mutations of a small checkpoint and delta, each read back: fails "
-        "on any exception but demb-io's typed errors, or a case over 5 s",
+        "seeded single mutations of a small checkpoint and delta, each read back: fails on any "
+        "exception but demb-io's typed errors, or a case over 5 s",
     )
     fuzz.add_argument("--cases", type=int, default=2000, help="mutations, in all (2000)")
     fuzz.add_argument("--seed", type=int, default=0, help="the mutations' seed (0)")
-    fuzz.add_argument("--out", help="write the report as JSON here")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

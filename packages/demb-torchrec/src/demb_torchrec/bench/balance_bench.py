@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from demb_torchrec.bench._ranks import finish_rank, init_rank, machine, spawn_ranks
+from demb_torchrec.bench.compare import check_counts
 from demb_torchrec.bench.workload import power_law_ids
 
 __all__ = ["BalanceWorkload", "run"]
@@ -41,10 +42,7 @@ class BalanceWorkload:
     alpha: float = 1.05
 
     def __post_init__(self) -> None:
-        for name in ("world_size", "batch_size", "steps", "rows"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        check_counts(self, *("world_size", "batch_size", "steps", "rows"))
         if not self.alpha > 1:
             raise ValueError(f"alpha={self.alpha!r}: must be > 1")
 

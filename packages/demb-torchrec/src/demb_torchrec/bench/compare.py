@@ -16,6 +16,7 @@ import torch
 
 __all__ = [
     "Comparison",
+    "check_counts",
     "copy_bandwidth",
     "format_si",
     "machine_info",
@@ -59,6 +60,19 @@ class Comparison:
 
 
 _PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def check_counts(settings: object, *names: str, minimum: int = 1) -> None:
+    """Each attribute ``names`` of a workload's ``settings`` is an integer ``>= minimum``.
+
+    Raises:
+        ValueError: naming the first that is not.
+    """
+    for name in names:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+            raise ValueError(f"{name}={value!r}: must be {what}")
 
 
 def format_si(value: float, unit: str) -> str:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from demb_torchrec.bench._ranks import finish_rank, init_rank, machine, spawn_ranks
-from demb_torchrec.bench.compare import Comparison, print_comparisons
+from demb_torchrec.bench.compare import Comparison, check_counts, print_comparisons
 from demb_torchrec.bench.workload import power_law_ids
 
 __all__ = ["CRITEO_ROWS", "DlrmWorkload", "describe", "run", "run_scaling", "scaling"]
@@ -63,12 +63,8 @@ class DlrmWorkload:
     warmup: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("world_size", "batch_size", "dim", "steps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ValueError(f"warmup={self.warmup!r}: must be a non-negative integer")
+        check_counts(self, *("world_size", "batch_size", "dim", "steps"))
+        check_counts(self, "warmup", minimum=0)
         if not self.scale > 0 or not self.alpha > 1:
             raise ValueError(f"scale={self.scale!r} must be > 0 and alpha={self.alpha!r} > 1")
 

@@ -29,7 +29,7 @@ import numpy as np
 from demb_io import Checkpoint, DeltaTable, IoError, ShardData, read_delta
 from demb_io.mutations import mutate, small_checkpoint, small_delta
 
-from demb_torchrec.bench.compare import machine_info
+from demb_torchrec.bench.compare import check_counts, machine_info
 
 __all__ = ["OUTCOMES", "READERS", "FuzzWorkload", "read_checkpoint", "read_delta_rows", "run"]
 
@@ -90,8 +90,7 @@ class FuzzWorkload:
     case_seconds: float = 5.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.cases, bool) or not isinstance(self.cases, int) or self.cases < 1:
-            raise ValueError(f"cases={self.cases!r}: must be a positive integer")
+        check_counts(self, "cases")
         if not self.case_seconds > 0:
             raise ValueError(f"case_seconds={self.case_seconds!r}: must be > 0")
 
