@@ -104,29 +104,22 @@ def assert_same(got, want):
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    dtype=st.sampled_from(DTYPES),
-    dim=st.integers(1, 70),
-    state=st.sampled_from([0, 1, 2, 16]),
-    state_dtype=st.sampled_from(DTYPES),
-    scores=st.sampled_from([1, 2]),
-    admission=st.booleans(),
+    meta=st.builds(
+        make_meta,
+        dtype=st.sampled_from(DTYPES),
+        dim=st.integers(1, 70),
+        state=st.sampled_from([0, 1, 2, 16]),
+        state_dtype=st.sampled_from(DTYPES),
+        scores=st.sampled_from([1, 2]),
+        admission=st.booleans(),
+    ),
     n=st.integers(0, 300),
     cuts=st.lists(st.integers(0, 300), max_size=4),
     chunk_rows=st.integers(1, 400),
     seed=st.integers(0, 2**31),
 )
-def test_a_shard_round_trips(
-    tmp_path, dtype, dim, state, state_dtype, scores, admission, n, cuts, chunk_rows, seed
-):
+def test_a_shard_round_trips(tmp_path, meta, n, cuts, chunk_rows, seed):
     rng = np.random.default_rng(seed)
-    meta = make_meta(
-        dtype=dtype,
-        dim=dim,
-        state=state,
-        state_dtype=state_dtype,
-        scores=scores,
-        admission=admission,
-    )
     data = make_rows(meta, n, rng)
     path = tmp_path / f"ckpt{seed}"
     with CheckpointWriter(path) as w:

@@ -47,22 +47,21 @@ PACKAGES = Path(__file__).resolve().parents[2]
 STRATEGY = ("TIMESTAMP", "LFU")
 
 
+LAYOUT = {
+    "collection": "ebc",
+    "embedding_dtype": "bfloat16",
+    "embedding_dim": DIM,
+    "score_strategy": STRATEGY,
+    "optim_state_dtype": "float32",
+    "state_width": STATE,
+}
+"""The layout of every table here, the same in the checkpoints' shards and in the deltas."""
+SHARD = {**LAYOUT, "rows": 0, "optimizer": "adagrad", "num_embeddings": 1000}
+DELTA = {**LAYOUT, "current_capacity": 1024, "row_capacity": (1024,), "bucket_capacity": 128}
+
+
 def shard_meta(rank, world, dist="roundrobin", table="t"):
-    return ShardMeta(
-        collection="ebc",
-        table=table,
-        rank=rank,
-        world_size=world,
-        dist_type=dist,
-        embedding_dtype="bfloat16",
-        embedding_dim=DIM,
-        rows=0,
-        score_strategy=STRATEGY,
-        optimizer="adagrad",
-        optim_state_dtype="float32",
-        state_width=STATE,
-        num_embeddings=1000,
-    )
+    return ShardMeta(table=table, rank=rank, world_size=world, dist_type=dist, **SHARD)
 
 
 def make_checkpoint(path, keys, world=2, dist="roundrobin", seed=0, tables=("t",)):
@@ -93,21 +92,13 @@ def make_delta(keys, erased, current, seed, table="t"):
     keys = np.asarray(keys, dtype=np.int64)
     n = keys.size
     meta = DeltaMeta(
-        collection="ebc",
         table=table,
-        embedding_dtype="bfloat16",
-        embedding_dim=DIM,
-        score_strategy=STRATEGY,
         current_score=current,
-        current_capacity=1024,
-        row_capacity=(1024,),
-        bucket_capacity=128,
         world_size=2,
         dist_type="roundrobin",
-        optim_state_dtype="float32",
-        state_width=STATE,
         evicted_rows=0,
         table_options={"dim": DIM, "score_strategy": list(STRATEGY)},
+        **DELTA,
     )
     return DeltaTable(
         meta=meta,

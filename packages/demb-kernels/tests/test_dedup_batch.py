@@ -9,6 +9,14 @@ from demb_kernels.lookup import check_batch, dedup_batch, index_tables, status_c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+BAGS = {
+    "features": st.integers(1, 4),
+    "batch": st.integers(1, 6),
+    "max_bag": st.integers(0, 5),
+    "seed": st.integers(0, 2**31),
+}
+"""What both tests of a batch draw: its features, samples per feature, longest bag and seed."""
+
 
 def batch_case(gen, features, tables, batch, max_bag, key_range, counters):
     lengths = torch.randint(0, max_bag + 1, (features * batch,), generator=gen)
@@ -44,13 +52,10 @@ def model(indices, offsets, feature_tables, tables, batch, counters):
 
 @settings(max_examples=80, deadline=None)
 @given(
-    features=st.integers(1, 4),
     tables=st.integers(1, 4),
-    batch=st.integers(1, 6),
-    max_bag=st.integers(0, 5),
     key_range=st.sampled_from([3, 50, 2**62]),
     counters=st.booleans(),
-    seed=st.integers(0, 2**31),
+    **BAGS,
 )
 def test_dedup_batch_matches_a_python_model(
     features, tables, batch, max_bag, key_range, counters, seed
@@ -77,12 +82,7 @@ def test_dedup_batch_matches_a_python_model(
 
 
 @settings(max_examples=40, deadline=None)
-@given(
-    features=st.integers(1, 4),
-    batch=st.integers(1, 6),
-    max_bag=st.integers(0, 5),
-    seed=st.integers(0, 2**31),
-)
+@given(**BAGS)
 def test_index_tables_gives_each_index_its_features_table(features, batch, max_bag, seed):
     gen = torch.Generator().manual_seed(seed)
     indices, offsets, ftab, _ = batch_case(gen, features, 3, batch, max_bag, 50, False)

@@ -219,6 +219,20 @@ def test_empty_batch_pools_zeros():
     assert torch.equal(out, torch.zeros(3, 8))
 
 
+def pool_on_cuda(values, slots, offsets, feature_tables, batch_size, dim, mean, weights=None):
+    """pool_table_rows of these arguments, each tensor copied to CUDA."""
+    return pool_table_rows(
+        [v.cuda() for v in values],
+        slots.cuda(),
+        offsets.cuda(),
+        feature_tables.cuda(),
+        batch_size,
+        dim,
+        mean=mean,
+        weights=None if weights is None else weights.cuda(),
+    )
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize(("dim", "extra"), [(128, 0), (64, 4), (256, 0), (33, 2), (130, 2)])
 @pytest.mark.parametrize("mean", [False, True])
@@ -232,16 +246,7 @@ def test_cuda_pool_equals_cpu(dim, extra, mean, weighted, max_bag):
     values, slots, offsets, ftab, weights = pooled_case(gen, 3, 4, 300, dim, extra, max_bag)
     w = weights if weighted else None
     cpu = pool_table_rows(values, slots, offsets, ftab, 300, dim, mean=mean, weights=w)
-    gpu = pool_table_rows(
-        [v.cuda() for v in values],
-        slots.cuda(),
-        offsets.cuda(),
-        ftab.cuda(),
-        300,
-        dim,
-        mean=mean,
-        weights=None if w is None else w.cuda(),
-    )
+    gpu = pool_on_cuda(values, slots, offsets, ftab, 300, dim, mean=mean, weights=w)
     assert torch.equal(gpu.cpu(), cpu)
 
 
@@ -261,13 +266,5 @@ def test_cuda_reads_unchecked_bad_values_as_missing():
     want_slots[lo:hi] = -1  # feature 1 reads nothing
     for mean in (False, True):
         cpu = pool_table_rows(values, want_slots, offsets, ftab, 50, 16, mean=mean)
-        gpu = pool_table_rows(
-            [v.cuda() for v in values],
-            bad.cuda(),
-            offsets.cuda(),
-            bad_tables.cuda(),
-            50,
-            16,
-            mean=mean,
-        )
+        gpu = pool_on_cuda(values, bad, offsets, bad_tables, 50, 16, mean=mean)
         assert torch.equal(gpu.cpu(), cpu)

@@ -45,6 +45,39 @@ SPECS = st.one_of(
 )
 
 
+def update_cases(max_dim):
+    """The strategies of an update case: a spec, one to three tables of dims up to
+    ``max_dim``, a row dtype and a seed."""
+    return {
+        "spec": SPECS,
+        "dims": st.lists(st.integers(1, max_dim), min_size=1, max_size=3),
+        "dtype": st.sampled_from(list(TOLERANCE)),
+        "seed": st.integers(0, 2**31),
+    }
+
+
+def check_cuda_equals_cpu(spec, cpu_tables, slot_lists, grad_lists, dims, steps):
+    """Each update of ``steps`` (per table step lists) applied to ``cpu_tables`` and to their
+    copies on CUDA (the same slots and gradients): the rows end equal bit for bit."""
+    gpu_tables = [t.cuda() for t in cpu_tables]
+    gpu_slots = [s.cuda() for s in slot_lists]
+    gpu_grads = [g.cuda() for g in grad_lists]
+    for step in steps:
+        apply_update(spec, cpu_tables, slot_lists, grad_lists, dims, step)
+        apply_update(spec, gpu_tables, gpu_slots, gpu_grads, dims, step)
+    for a, b in zip(cpu_tables, gpu_tables, strict=True):
+        torch.testing.assert_close(b.cpu(), a, rtol=0, atol=0)
+
+
+def ftrl_example(power):
+    """An explicit example: FTRL at learning rate 0.01 and power ``power`` (no beta, initial
+    accumulator 1.0), one float32 table of dim 40, seed 34."""
+    spec = FTRL(
+        learning_rate=0.01, learning_rate_power=power, ftrl_beta=0.0, initial_accumulator_value=1.0
+    )
+    return example(spec=spec, dims=[40], dtype=torch.float32, seed=34)
+
+
 def first_rows(spec, n, dim, dtype, gen):
     """``n`` rows as a key's first write makes them: random embedding, the initial state."""
     state = spec.initial_state(dim, dtype).float().repeat(n, 1)
@@ -52,30 +85,11 @@ def first_rows(spec, n, dim, dtype, gen):
 
 
 @settings(max_examples=80, deadline=None)
-@given(
-    spec=SPECS,
-    dims=st.lists(st.integers(1, 40), min_size=1, max_size=3),
-    dtype=st.sampled_from(list(TOLERANCE)),
-    seed=st.integers(0, 2**31),
-)
+@given(**update_cases(max_dim=40))
 # FTRL at a small learning rate: the rate's growth divided by it once cancelled most digits of
 # a float32 difference of two close rates (a weight 1.8% off the reference after 3 steps).
-@example(
-    spec=FTRL(
-        learning_rate=0.01, learning_rate_power=-0.5, ftrl_beta=0.0, initial_accumulator_value=1.0
-    ),
-    dims=[40],
-    dtype=torch.float32,
-    seed=34,
-)
-@example(
-    spec=FTRL(
-        learning_rate=0.01, learning_rate_power=-0.3, ftrl_beta=0.0, initial_accumulator_value=1.0
-    ),
-    dims=[40],
-    dtype=torch.float32,
-    seed=34,
-)
+@ftrl_example(power=-0.5)
+@ftrl_example(power=-0.3)
 def test_fused_update_equals_the_float64_reference(spec, dims, dtype, seed):
     gen = torch.Generator().manual_seed(seed)
     rows = 12
@@ -176,12 +190,7 @@ def test_cuda_bad_data_is_caught_before_any_row_changes(bad):
 
 @pytest.mark.cuda
 @settings(max_examples=40, deadline=None)
-@given(
-    spec=SPECS,
-    dims=st.lists(st.integers(1, 200), min_size=1, max_size=3),
-    dtype=st.sampled_from(list(TOLERANCE)),
-    seed=st.integers(0, 2**31),
-)
+@given(**update_cases(max_dim=200))
 def test_cuda_update_equals_cpu_update(spec, dims, dtype, seed):
     """Same rows, slots and gradients: the CUDA kernel gives the CPU kernel's rows bit for bit
     (no contracted multiply-adds on either side, row-wise Adagrad's sum in the warp's order on
@@ -194,19 +203,8 @@ def test_cuda_update_equals_cpu_update(spec, dims, dtype, seed):
         count = int(torch.randint(1, rows, (1,), generator=gen))
         slot_lists.append(torch.randperm(rows, generator=gen)[:count])
         grad_lists.append(torch.randn(count, dim, generator=gen))
-    gpu_tables = [t.cuda() for t in cpu_tables]
-    for step in (1, 2, 3):
-        apply_update(spec, cpu_tables, slot_lists, grad_lists, dims, [step] * len(dims))
-        apply_update(
-            spec,
-            gpu_tables,
-            [s.cuda() for s in slot_lists],
-            [g.cuda() for g in grad_lists],
-            dims,
-            [step] * len(dims),
-        )
-    for a, b in zip(cpu_tables, gpu_tables, strict=True):
-        torch.testing.assert_close(b.cpu(), a, rtol=0, atol=0)
+    steps = [[step] * len(dims) for step in (1, 2, 3)]
+    check_cuda_equals_cpu(spec, cpu_tables, slot_lists, grad_lists, dims, steps)
 
 
 @settings(max_examples=30, deadline=None)
@@ -222,28 +220,16 @@ def test_fused_ftrl_sqrt_path_equals_its_general_path(lr, beta, l1, n0, seed):
     only in double (the kernel's float power is the same -0.5) runs the general pow path."""
     gen = torch.Generator().manual_seed(seed)
     dim = 16
-    tables = []
-    for power in (-0.5, -0.5 - 1e-12):
-        spec = FTRL(
-            learning_rate=lr,
-            learning_rate_power=power,
-            ftrl_beta=beta,
-            l1_reg=l1,
-            initial_accumulator_value=n0,
-        )
-        init = torch.cat([torch.ones(8, dim), spec.initial_state(dim).repeat(8, 1)], dim=1)
-        tables.append(init)
+    hyper = {"learning_rate": lr, "ftrl_beta": beta, "l1_reg": l1, "initial_accumulator_value": n0}
+    specs = [FTRL(learning_rate_power=power, **hyper) for power in (-0.5, -0.5 - 1e-12)]
+    tables = [
+        torch.cat([torch.ones(8, dim), spec.initial_state(dim).repeat(8, 1)], dim=1)
+        for spec in specs
+    ]
     for step in range(1, 4):
         slots = torch.arange(8)
         grads = torch.randn(8, dim, generator=gen)
-        for table, power in zip(tables, (-0.5, -0.5 - 1e-12), strict=True):
-            spec = FTRL(
-                learning_rate=lr,
-                learning_rate_power=power,
-                ftrl_beta=beta,
-                l1_reg=l1,
-                initial_accumulator_value=n0,
-            )
+        for table, spec in zip(tables, specs, strict=True):
             apply_update(spec, [table], [slots], [grads], [dim], [step])
     torch.testing.assert_close(tables[0], tables[1], rtol=1e-6, atol=1e-7)
 
@@ -275,18 +261,7 @@ def test_cuda_update_of_many_tables_of_mixed_dtypes_equals_cpu():
     grad_lists = [
         torch.randn(s.numel(), d, generator=gen) for s, d in zip(slot_lists, dims, strict=True)
     ]
-    gpu_tables = [t.cuda() for t in cpu_tables]
-    apply_update(spec, cpu_tables, slot_lists, grad_lists, dims, [3] * 40)
-    apply_update(
-        spec,
-        gpu_tables,
-        [s.cuda() for s in slot_lists],
-        [g.cuda() for g in grad_lists],
-        dims,
-        [3] * 40,
-    )
-    for a, b in zip(cpu_tables, gpu_tables, strict=True):
-        torch.testing.assert_close(b.cpu(), a, rtol=0, atol=0)
+    check_cuda_equals_cpu(spec, cpu_tables, slot_lists, grad_lists, dims, [[3] * 40])
 
 
 @pytest.mark.cuda

@@ -17,7 +17,6 @@ import logging
 import warnings
 
 import torch
-import torch.distributed as dist
 
 logging.disable(logging.WARNING)
 warnings.filterwarnings("ignore")
@@ -30,52 +29,29 @@ BATCH = 5
 def main() -> None:
     from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
-    rank, world, out_path, device, (mode, ckpt, optim_arg) = join(3)
+    rank, _, out_path, device, (mode, ckpt, optim_arg) = join(3)
     optim = optim_arg == "optim"
-    import torchrec.optim as trec_optim
+    import _rank_common as common
     from demb_torchrec import (
         DynamicEmbDump,
         DynamicEmbInitializerArgs,
         DynamicEmbInitializerMode,
         DynamicEmbLoad,
-        DynamicEmbParameterConstraints,
         DynamicEmbScoreStrategy,
-        DynamicEmbTableOptions,
     )
     from demb_torchrec.dump import dynamic_tables
-    from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
-    from demb_torchrec.sharders import (
-        DynamicEmbeddingBagCollectionSharder,
-        DynamicEmbeddingCollectionSharder,
-    )
+    from demb_torchrec.sharders import DynamicEmbeddingBagCollectionSharder as BagSharder
+    from demb_torchrec.sharders import DynamicEmbeddingCollectionSharder as SequenceSharder
     from torch import nn
-    from torchrec import (
-        EmbeddingBagCollection,
-        EmbeddingBagConfig,
-        EmbeddingCollection,
-        EmbeddingConfig,
-        KeyedJaggedTensor,
-    )
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner.types import Topology
-    from torchrec.distributed.types import ShardingEnv
+    from torchrec import KeyedJaggedTensor
+    from torchrec.optim import Adam
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-
-    meta = torch.device("meta")
-    ec_configs = [
-        EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
-        for n, f, d, r in EC_TABLES
-    ]
-    ebc_configs = [
-        EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
-        for n, f, d, r in EBC_TABLES
-    ]
 
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.ec = EmbeddingCollection(tables=ec_configs, device=meta)
-            self.ebc = EmbeddingBagCollection(tables=ebc_configs, device=meta)
+            self.ec = common.sequence_collection(EC_TABLES)
+            self.ebc = common.bag_collection(EBC_TABLES)
 
         def forward(self, seq: KeyedJaggedTensor, pooled: KeyedJaggedTensor) -> torch.Tensor:
             rows = self.ec(seq)
@@ -83,34 +59,17 @@ def main() -> None:
             return loss + self.ebc(pooled).values().square().sum()
 
     model = Model()
-    apply_optimizer_in_backward(trec_optim.Adam, model.parameters(), {"lr": 0.05})
+    apply_optimizer_in_backward(Adam, model.parameters(), {"lr": 0.05})
     init = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
-
-    def constraint(dist_type: str) -> DynamicEmbParameterConstraints:
-        return DynamicEmbParameterConstraints(
-            use_dynamicemb=True,
-            dynamicemb_options=DynamicEmbTableOptions(
-                initializer_args=init,
-                dist_type=dist_type,
-                score_strategy=DynamicEmbScoreStrategy.LFU,
-            ),
-        )
-
-    constraints = {n: constraint("roundrobin") for n, *_ in EC_TABLES}
-    constraints.update({n: constraint("continuous") for n, *_ in EBC_TABLES})
-    sharders = [DynamicEmbeddingCollectionSharder(), DynamicEmbeddingBagCollectionSharder()]
-    planner = DynamicEmbeddingShardingPlanner(
-        [*ec_configs, *ebc_configs],
-        Topology(world_size=world, compute_device=device.type),
-        constraints=constraints,
-    )
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
-        plan=plan,
-        sharders=sharders,
-        device=device,
+    lfu = DynamicEmbScoreStrategy.LFU
+    constraints = {
+        n: common.dynamic(initializer_args=init, dist_type=dist_type, score_strategy=lfu)
+        for tables, dist_type in ((EC_TABLES, "roundrobin"), (EBC_TABLES, "continuous"))
+        for n, *_ in tables
+    }
+    sharders = [SequenceSharder(), BagSharder()]
+    dmp = common.shard(
+        model, common.table_configs(model.ec, model.ebc), constraints, sharders, device
     )
     if mode == "dump":
         for step in range(4):
@@ -119,9 +78,7 @@ def main() -> None:
             def kjt(tables: tuple[tuple[str, str, int, int], ...]) -> KeyedJaggedTensor:
                 lengths = torch.randint(0, 4, (len(tables) * BATCH,), generator=gen)  # noqa: B023
                 keys = torch.randint(0, 3000, (int(lengths.sum()),), generator=gen)  # noqa: B023
-                return KeyedJaggedTensor.from_lengths_sync(
-                    keys=[f for _, f, _, _ in tables], values=keys, lengths=lengths
-                ).to(device)
+                return common.features([f for _, f, _, _ in tables], [lengths], [keys], device)
 
             dmp(kjt(EC_TABLES), kjt(EBC_TABLES)).backward()
         DynamicEmbDump(ckpt, dmp, optim=optim)

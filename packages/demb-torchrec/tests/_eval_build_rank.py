@@ -26,7 +26,6 @@ import warnings
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 logging.disable(logging.WARNING)
 warnings.filterwarnings("ignore")
@@ -65,57 +64,28 @@ def batch(step: int, rank: int, collection: str) -> tuple[torch.Tensor, torch.Te
 def main() -> None:
     from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
-    rank, world, out_path, device, (mode, ckpt) = join(2)
-    import torchrec.optim as trec_optim
+    rank, _, out_path, device, (mode, ckpt) = join(2)
+    import _rank_common as common
     from demb_torchrec import (
         DynamicEmbDump,
         DynamicEmbInitializerArgs,
         DynamicEmbInitializerMode,
         DynamicEmbLoad,
-        DynamicEmbParameterConstraints,
-        DynamicEmbTableOptions,
     )
     from demb_torchrec.dump import dynamic_tables
-    from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
-    from demb_torchrec.sharders import (
-        DynamicEmbeddingBagCollectionSharder,
-        DynamicEmbeddingCollectionSharder,
-    )
+    from demb_torchrec.sharders import DynamicEmbeddingBagCollectionSharder as BagSharder
+    from demb_torchrec.sharders import DynamicEmbeddingCollectionSharder as SequenceSharder
     from torch import nn
-    from torchrec import (
-        EmbeddingBagCollection,
-        EmbeddingBagConfig,
-        EmbeddingCollection,
-        EmbeddingConfig,
-        KeyedJaggedTensor,
-    )
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner.types import Topology
-    from torchrec.distributed.types import ShardingEnv
+    from torchrec import KeyedJaggedTensor
+    from torchrec.optim import Adam
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-
-    meta = torch.device("meta")
-    configs: dict[str, list[Any]] = {
-        "seq": [
-            EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
-            for n, f, d, r in COLLECTIONS["seq"]
-        ],
-        "bags": [
-            EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
-            for n, f, d, r in COLLECTIONS["bags"]
-        ],
-        "frozen": [
-            EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
-            for n, f, d, r in COLLECTIONS["frozen"]
-        ],
-    }
 
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.seq = EmbeddingCollection(tables=configs["seq"], device=meta)
-            self.bags = EmbeddingBagCollection(tables=configs["bags"], device=meta)
-            self.frozen = EmbeddingCollection(tables=configs["frozen"], device=meta)
+            self.seq = common.sequence_collection(COLLECTIONS["seq"])
+            self.bags = common.bag_collection(COLLECTIONS["bags"])
+            self.frozen = common.sequence_collection(COLLECTIONS["frozen"])
 
         def forward(self, *features: KeyedJaggedTensor) -> dict[str, Any]:
             return {
@@ -136,42 +106,23 @@ def main() -> None:
 
     def kjt(step: int, collection: str) -> KeyedJaggedTensor:
         lengths, values = batch(step, rank, collection)
-        return KeyedJaggedTensor.from_lengths_sync(
-            keys=[f for _, f, _, _ in COLLECTIONS[collection]], values=values, lengths=lengths
-        ).to(device)
+        names = [f for _, f, _, _ in COLLECTIONS[collection]]
+        return common.features(names, [lengths], [values], device)
 
     model = Model()
     training = mode == "train"
     for c in COLLECTIONS:
         if training or c not in NO_OPTIMIZER:
-            apply_optimizer_in_backward(
-                trec_optim.Adam, getattr(model, c).parameters(), {"lr": 0.05}
-            )
+            apply_optimizer_in_backward(Adam, getattr(model, c).parameters(), {"lr": 0.05})
     init = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
     constraints = {
-        n: DynamicEmbParameterConstraints(
-            use_dynamicemb=True,
-            dynamicemb_options=DynamicEmbTableOptions(
-                initializer_args=init, training=training or c not in TRAINING_FALSE
-            ),
-        )
+        n: common.dynamic(initializer_args=init, training=training or c not in TRAINING_FALSE)
         for c, tables in COLLECTIONS.items()
         for n, *_ in tables
     }
-    sharders = [DynamicEmbeddingCollectionSharder(), DynamicEmbeddingBagCollectionSharder()]
-    planner = DynamicEmbeddingShardingPlanner(
-        [config for c in COLLECTIONS for config in configs[c]],
-        Topology(world_size=world, compute_device=device.type),
-        constraints=constraints,
-    )
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
-        plan=plan,
-        sharders=sharders,
-        device=device,
-    )
+    sharders = [SequenceSharder(), BagSharder()]
+    all_configs = common.table_configs(*(getattr(model, c) for c in COLLECTIONS))
+    dmp = common.shard(model, all_configs, constraints, sharders, device)
     tables = dynamic_tables(dmp)
 
     def sizes() -> dict[str, int]:

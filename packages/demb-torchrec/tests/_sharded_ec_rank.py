@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 import warnings
+from typing import Any
 
 import torch
-import torch.distributed as dist
 
 logging.disable(logging.WARNING)
 warnings.filterwarnings("ignore")
@@ -52,94 +52,39 @@ def gradient(step: int, rank: int, feature: int, n: int, dim: int) -> torch.Tens
 def main() -> None:
     from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
-    rank, world, out_path, device, (dist_type, optimizer, kind) = join(3)
-    import torchrec.optim as trec_optim
+    rank, _, out_path, device, (dist_type, optimizer, kind) = join(3)
+    import _rank_common as common
     from demb_torchrec import (
         DynamicEmbInitializerArgs,
         DynamicEmbInitializerMode,
-        DynamicEmbParameterConstraints,
         DynamicEmbScoreStrategy,
-        DynamicEmbTableOptions,
     )
-    from demb_torchrec.lookup import DynamicEmbeddingKernel
-    from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
-    from demb_torchrec.sharders import (
-        DynamicEmbeddingBagCollectionSharder,
-        DynamicEmbeddingCollectionSharder,
-    )
-    from torchrec import (
-        EmbeddingBagCollection,
-        EmbeddingBagConfig,
-        EmbeddingCollection,
-        EmbeddingConfig,
-        KeyedJaggedTensor,
-        PoolingType,
-    )
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner.types import Topology
-    from torchrec.distributed.types import ShardingEnv
+    from demb_torchrec.sharders import DynamicEmbeddingBagCollectionSharder as BagSharder
+    from demb_torchrec.sharders import DynamicEmbeddingCollectionSharder as SequenceSharder
+    from torchrec import PoolingType
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
-    meta = torch.device("meta")
+    model: torch.nn.Module
     if kind == "ec":
-        configs = [
-            EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
-            for n, f, d, r in TABLES
-        ]
-        model = EmbeddingCollection(tables=configs, device=meta)
+        model = common.sequence_collection(TABLES)
         # sgd-clip: clipping knobs given through the sharder's fused params
         clip = {"gradient_clipping": True, "max_gradient": CLIP} if optimizer == "sgd-clip" else {}
-        sharder = DynamicEmbeddingCollectionSharder(fused_params=clip or None)
+        sharder: Any = SequenceSharder(fused_params=clip or None)
     else:
         pooling = PoolingType.SUM if kind == "ebc-sum" else PoolingType.MEAN
-        configs = [
-            EmbeddingBagConfig(
-                name=n, embedding_dim=d, num_embeddings=r, feature_names=[f], pooling=pooling
-            )
-            for n, f, d, r in TABLES
-        ]
-        model = EmbeddingBagCollection(tables=configs, device=meta)
-        sharder = DynamicEmbeddingBagCollectionSharder()
+        model = common.bag_collection(TABLES, pooling)
+        sharder = BagSharder()
     kwargs = {"lr": 0.1, **({"eps": ADAGRAD_EPS} if "adagrad" in optimizer else {})}
-    opt_class = {
-        "sgd": trec_optim.SGD,
-        "sgd-clip": trec_optim.SGD,
-        "adam": trec_optim.Adam,
-        "adagrad": trec_optim.Adagrad,
-        "rowwise_adagrad": trec_optim.RowWiseAdagrad,
-    }[optimizer]
+    opt_class = common.OPTIMIZER_CLASSES[optimizer.removesuffix("-clip")]
     apply_optimizer_in_backward(opt_class, model.parameters(), kwargs)
     init = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
+    strategy = DynamicEmbScoreStrategy.LFU if kind == "ec" else DynamicEmbScoreStrategy.STEP
     constraints = {
-        n: DynamicEmbParameterConstraints(
-            use_dynamicemb=True,
-            dynamicemb_options=DynamicEmbTableOptions(
-                initializer_args=init,
-                dist_type=dist_type,
-                score_strategy=(
-                    DynamicEmbScoreStrategy.LFU if kind == "ec" else DynamicEmbScoreStrategy.STEP
-                ),
-            ),
-        )
+        n: common.dynamic(initializer_args=init, dist_type=dist_type, score_strategy=strategy)
         for n, _, _, _ in TABLES
     }
-    planner = DynamicEmbeddingShardingPlanner(
-        configs, Topology(world_size=world, compute_device=device.type), constraints=constraints
-    )
-    plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
-        plan=plan,
-        sharders=[sharder],
-        device=device,
-    )
-    kernels = [  # TorchRec keeps its lookups out of the module tree
-        k
-        for lookup in dmp.module._lookups
-        for k in lookup.modules()
-        if isinstance(k, DynamicEmbeddingKernel)
-    ]
+    dmp = common.shard(model, common.table_configs(model), constraints, [sharder], device)
+    kernels = common.dynamic_kernels(dmp.module)
     assert kernels
     received: list[int] = []
     for k in kernels:
@@ -147,10 +92,7 @@ def main() -> None:
     outputs = []
     for step in range(STEPS):
         lengths, values = batch(step, rank)
-        kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=[f for _, f, _, _ in TABLES], values=torch.cat(values), lengths=torch.cat(lengths)
-        ).to(device)
-        out = dmp(kjt)
+        out = dmp(common.features([f for _, f, _, _ in TABLES], lengths, values, device))
         # ec: rows per feature; ebc: the (B, sum of dims) bags, features in order
         rows = [out[f].values() for _, f, _, _ in TABLES] if kind == "ec" else [out.values()]
         outputs.append([r.detach().cpu() for r in rows])
@@ -158,11 +100,9 @@ def main() -> None:
             gradient(step, rank, i, r.shape[0], r.shape[1]).to(device) for i, r in enumerate(rows)
         ]
         torch.autograd.backward(rows, grads)
-    tables = {}
-    for k in kernels:
-        for t, name in enumerate(k.tables.table_names):
-            export = k.tables.tables.export(t)
-            tables[name] = (export.keys.cpu(), export.scores.cpu())
+    tables = {
+        name: (ex.keys.cpu(), ex.scores.cpu()) for name, ex in common.held_rows(kernels).items()
+    }
     torch.save(
         {
             "outputs": outputs,

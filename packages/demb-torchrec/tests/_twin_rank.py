@@ -118,27 +118,11 @@ def main() -> None:
     from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
     rank, world, out_path, _, _ = join(0)  # the CPU over gloo
-    import torchrec.optim as trec_optim
-    from demb_torchrec import (
-        DynamicEmbInitializerArgs,
-        DynamicEmbInitializerMode,
-        DynamicEmbParameterConstraints,
-        DynamicEmbTableOptions,
-    )
-    from demb_torchrec.lookup import DynamicEmbeddingKernel
-    from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
-    from demb_torchrec.sharders import (
-        DynamicEmbeddingBagCollectionSharder,
-        DynamicEmbeddingCollectionSharder,
-    )
-    from torchrec import (
-        EmbeddingBagCollection,
-        EmbeddingBagConfig,
-        EmbeddingCollection,
-        EmbeddingConfig,
-        KeyedJaggedTensor,
-        PoolingType,
-    )
+    import _rank_common as common
+    from demb_torchrec import DynamicEmbInitializerArgs, DynamicEmbInitializerMode
+    from demb_torchrec.sharders import DynamicEmbeddingBagCollectionSharder as BagSharder
+    from demb_torchrec.sharders import DynamicEmbeddingCollectionSharder as SequenceSharder
+    from torchrec import PoolingType
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -150,28 +134,13 @@ def main() -> None:
     pg = dist.GroupMember.WORLD
     env = ShardingEnv.from_process_group(pg)
     topology = Topology(world_size=world, compute_device="cpu")
-    classes = {
-        "sgd": trec_optim.SGD,
-        "adagrad": trec_optim.Adagrad,
-        "rowwise_adagrad": trec_optim.RowWiseAdagrad,
-        "adam": trec_optim.Adam,
-    }
+    cpu = torch.device("cpu")
 
     def collection(kind: str, device: torch.device) -> torch.nn.Module:
         if kind == "ec":
-            configs = [
-                EmbeddingConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f])
-                for n, f, d, r in TABLES
-            ]
-            return EmbeddingCollection(tables=configs, device=device)
+            return common.sequence_collection(TABLES, device)
         pooling = PoolingType.SUM if kind == "ebc-sum" else PoolingType.MEAN
-        bag_configs = [
-            EmbeddingBagConfig(
-                name=n, embedding_dim=d, num_embeddings=r, feature_names=[f], pooling=pooling
-            )
-            for n, f, d, r in TABLES
-        ]
-        return EmbeddingBagCollection(tables=bag_configs, device=device)
+        return common.bag_collection(TABLES, pooling, device)
 
     def outputs(kind: str, out: object) -> torch.Tensor:
         if kind == "ec":
@@ -183,9 +152,10 @@ def main() -> None:
     for kind in KINDS:
         for opt in OPTIMIZERS:
             kwargs = {"lr": 0.05} if opt == "sgd" else {"lr": 0.05, "eps": 1e-8}
+            opt_class = common.OPTIMIZER_CLASSES[opt]
             # the static twin: real weights set to the DEBUG rows, table-wise on FBGEMM's CPU TBE
             # (Adam: unsharded, SparseAdam)
-            static = collection(kind, torch.device("cpu"))
+            static = collection(kind, cpu)
             with torch.no_grad():
                 for (name, _, dim, rows), param in zip(TABLES, static.parameters(), strict=True):
                     assert param.shape == (rows, dim), name
@@ -193,7 +163,7 @@ def main() -> None:
             twin = SparseAdamTwin(kind, static, rank, world) if opt == "adam" else None
             prefix = "embeddings" if kind == "ec" else "embedding_bags"
             if twin is None:
-                apply_optimizer_in_backward(classes[opt], static.parameters(), dict(kwargs))
+                apply_optimizer_in_backward(opt_class, static.parameters(), dict(kwargs))
                 stock = (
                     EmbeddingCollectionSharder()
                     if kind == "ec"
@@ -206,47 +176,28 @@ def main() -> None:
                     topology, constraints=static_constraints
                 ).collective_plan(static, [stock], pg)
                 static_dmp = DistributedModelParallel(
-                    static, env=env, plan=static_plan, sharders=[stock], device=torch.device("cpu")
+                    static, env=env, plan=static_plan, sharders=[stock], device=cpu
                 )
                 # TorchRec copies a CPU EmbeddingBagCollection's weights into its shards only off
                 # the CPU: write the DEBUG rows into every local shard (views of the TBE weights)
                 state = static_dmp.state_dict()
                 with torch.no_grad():
                     for name, _, dim, rows in TABLES:
-                        for shard in state[f"{prefix}.{name}.weight"].local_shards():
-                            r0, c0 = shard.metadata.shard_offsets
-                            r1, c1 = shard.metadata.shard_sizes
-                            shard.tensor.copy_(debug_rows(rows, dim)[r0 : r0 + r1, c0 : c0 + c1])
+                        for local in state[f"{prefix}.{name}.weight"].local_shards():
+                            r0, c0 = local.metadata.shard_offsets
+                            r1, c1 = local.metadata.shard_sizes
+                            local.tensor.copy_(debug_rows(rows, dim)[r0 : r0 + r1, c0 : c0 + c1])
             # the dynamic model
-            dynamic = collection(kind, torch.device("meta"))
-            apply_optimizer_in_backward(classes[opt], dynamic.parameters(), dict(kwargs))
-            sharder = (
-                DynamicEmbeddingCollectionSharder()
-                if kind == "ec"
-                else DynamicEmbeddingBagCollectionSharder()
-            )
-            options = DynamicEmbTableOptions(initializer_args=debug)
-            constraints = {
-                n: DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=options)
-                for n, *_ in TABLES
-            }
-            configs = (
-                dynamic.embedding_configs() if kind == "ec" else dynamic.embedding_bag_configs()
-            )
-            plan = DynamicEmbeddingShardingPlanner(
-                configs, topology, constraints=constraints
-            ).collective_plan(dynamic, [sharder], pg)
-            dynamic_dmp = DistributedModelParallel(
-                dynamic, env=env, plan=plan, sharders=[sharder], device=torch.device("cpu")
-            )
+            dynamic_model = collection(kind, torch.device("meta"))
+            apply_optimizer_in_backward(opt_class, dynamic_model.parameters(), dict(kwargs))
+            sharder = SequenceSharder() if kind == "ec" else BagSharder()
+            constraints = {n: common.dynamic(initializer_args=debug) for n, *_ in TABLES}
+            configs = common.table_configs(dynamic_model)
+            dynamic_dmp = common.shard(dynamic_model, configs, constraints, [sharder], cpu)
             diffs = []
             for step in range(STEPS):
                 lengths, values = batch(step, rank)
-                kjt = KeyedJaggedTensor.from_lengths_sync(
-                    keys=[f for _, f, _, _ in TABLES],
-                    values=torch.cat(values),
-                    lengths=torch.cat(lengths),
-                )
+                kjt = common.features([f for _, f, _, _ in TABLES], lengths, values, cpu)
                 got = outputs(kind, dynamic_dmp(kjt))
                 want = outputs(kind, static_dmp(kjt)) if twin is None else twin.forward(step)
                 if got.numel():
@@ -267,13 +218,16 @@ def main() -> None:
                     shards = state[f"{prefix}.{name}.weight"].local_shards()
                     if shards:  # table-wise: a rank holds whole tables
                         static_tables[name] = shards[0].tensor.detach().clone()
-            kernels = [k for lookup in dynamic_dmp.module._lookups for k in lookup.modules()]
-            dynamic_rows = {}
-            for k in kernels:
-                if isinstance(k, DynamicEmbeddingKernel):
-                    for t, name in enumerate(k.tables.table_names):
-                        ex = k.tables.tables.export(t)
-                        dynamic_rows[name] = (ex.keys, ex.values[:, : k.tables.dims[t]].clone())
+            kernels = common.dynamic_kernels(dynamic_dmp.module)
+            dims = {
+                n: d
+                for k in kernels
+                for n, d in zip(k.tables.table_names, k.tables.dims, strict=True)
+            }
+            dynamic_rows = {
+                name: (ex.keys, ex.values[:, : dims[name]].clone())
+                for name, ex in common.held_rows(kernels).items()
+            }
             results[(kind, opt)] = {
                 "outputs": diffs,
                 "static": static_tables,

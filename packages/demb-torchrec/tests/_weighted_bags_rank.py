@@ -18,7 +18,6 @@ import logging
 import warnings
 
 import torch
-import torch.distributed as dist
 
 logging.disable(logging.WARNING)
 warnings.filterwarnings("ignore")
@@ -68,42 +67,26 @@ def main() -> None:
     from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
     rank, world, out_path, device, _ = join(0)
-    import torchrec.optim as trec_optim
+    import _rank_common as common
     from demb_planner import owner_rank
-    from demb_torchrec import DynamicEmbParameterConstraints, DynamicEmbTableOptions
     from demb_torchrec.dump import dynamic_tables
-    from demb_torchrec.lookup import DynamicEmbeddingKernel
-    from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
     from demb_torchrec.sharders import DynamicEmbeddingBagCollectionSharder
     from torch import nn
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor, PoolingType
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner.types import Topology
-    from torchrec.distributed.types import ShardingEnv
+    from torchrec import KeyedJaggedTensor, PoolingType
+    from torchrec.optim import SGD
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     poolings = {"sum": PoolingType.SUM, "mean": PoolingType.MEAN}
-    configs = {
-        c: [
-            EmbeddingBagConfig(
-                name=n,
-                embedding_dim=d,
-                num_embeddings=NUM_EMBEDDINGS,
-                feature_names=[f],
-                pooling=poolings[POOLING[c]],
-            )
-            for n, f, d in TABLES[c]
-        ]
-        for c in COLLECTIONS
-    }
 
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.collections = nn.ModuleDict(
                 {
-                    c: EmbeddingBagCollection(
-                        tables=configs[c], is_weighted=WEIGHTED[c], device=torch.device("meta")
+                    c: common.bag_collection(
+                        [(n, f, d, NUM_EMBEDDINGS) for n, f, d in TABLES[c]],
+                        poolings[POOLING[c]],
+                        is_weighted=WEIGHTED[c],
                     )
                     for c in COLLECTIONS
                 }
@@ -116,26 +99,11 @@ def main() -> None:
 
     model = Model()
     assert [model.collections[c].is_weighted() for c in COLLECTIONS] == [True, True, False, False]
-    apply_optimizer_in_backward(trec_optim.SGD, model.parameters(), {"lr": LR})
-    all_configs = [config for c in COLLECTIONS for config in configs[c]]
-    constraints = {
-        c.name: DynamicEmbParameterConstraints(
-            use_dynamicemb=True, dynamicemb_options=DynamicEmbTableOptions()
-        )
-        for c in all_configs
-    }
+    apply_optimizer_in_backward(SGD, model.parameters(), {"lr": LR})
+    all_configs = common.table_configs(*model.collections.values())
+    constraints = {c.name: common.dynamic() for c in all_configs}
     sharder = DynamicEmbeddingBagCollectionSharder()
-    planner = DynamicEmbeddingShardingPlanner(
-        all_configs, Topology(world_size=world, compute_device=device.type), constraints=constraints
-    )
-    plan = planner.collective_plan(model, [sharder], dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
-        plan=plan,
-        sharders=[sharder],
-        device=device,
-    )
+    dmp = common.shard(model, all_configs, constraints, [sharder], device)
     tables = dynamic_tables(dmp)
     assert sorted(t.name for t in tables) == sorted(n for c in COLLECTIONS for n, _, _ in TABLES[c])
     keys = torch.arange(KEYS)
@@ -151,12 +119,8 @@ def main() -> None:
 
     def kjt(collection: str) -> KeyedJaggedTensor:
         lengths, values, weights = batch(rank, collection)
-        return KeyedJaggedTensor.from_lengths_sync(
-            keys=[f for _, f, _ in TABLES[collection]],
-            values=torch.cat(values),
-            lengths=torch.cat(lengths),
-            weights=torch.cat(weights),
-        ).to(device)
+        names = [f for _, f, _ in TABLES[collection]]
+        return common.features(names, lengths, values, device, weights)
 
     features = [kjt(c) for c in COLLECTIONS]
     dmp.eval()
@@ -167,23 +131,20 @@ def main() -> None:
         kernel_bags = {}
         for c in COLLECTIONS:
             pairs = []
-            for lookup in dmp.module.collections[c]._lookups:
-                for kernel in lookup.modules():
-                    if not isinstance(kernel, DynamicEmbeddingKernel):
-                        continue
-                    names = kernel.config.feature_names()
-                    local = {
-                        w: KeyedJaggedTensor(
-                            keys=names,
-                            values=mine.repeat(len(names)).to(device),
-                            lengths=torch.full((len(names),), mine.numel()).to(device),
-                            weights=None
-                            if w is None
-                            else torch.full((len(names) * mine.numel(),), w).to(device),
-                        )
-                        for w in (None, 0.5)
-                    }
-                    pairs.append((kernel(local[0.5]).cpu(), kernel(local[None]).cpu()))
+            for kernel in common.dynamic_kernels(dmp.module.collections[c]):
+                names = kernel.config.feature_names()
+                local = {
+                    w: KeyedJaggedTensor(
+                        keys=names,
+                        values=mine.repeat(len(names)).to(device),
+                        lengths=torch.full((len(names),), mine.numel()).to(device),
+                        weights=None
+                        if w is None
+                        else torch.full((len(names) * mine.numel(),), w).to(device),
+                    )
+                    for w in (None, 0.5)
+                }
+                pairs.append((kernel(local[0.5]).cpu(), kernel(local[None]).cpu()))
             kernel_bags[c] = pairs
     dmp.train()
     train_bags = dmp(*features)

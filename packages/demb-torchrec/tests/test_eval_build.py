@@ -9,8 +9,9 @@ no optimizer, leaving every loaded row as it was."""
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,13 +19,9 @@ import torch
 RANK_SCRIPT = Path(__file__).with_name("_eval_build_rank.py")
 
 
-def _rank_module():
-    spec = importlib.util.spec_from_file_location("_eval_build_rank", RANK_SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _rank_module() -> SimpleNamespace:
+    """The rank script's batches and constants (its ``main`` is not run)."""
+    return SimpleNamespace(**runpy.run_path(str(RANK_SCRIPT)))
 
 
 def _merged(results: list[dict]) -> dict[str, dict[int, torch.Tensor]]:

@@ -10,8 +10,9 @@ score still equals its occurrences in the global batches."""
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,13 +22,9 @@ RANK_SCRIPT = Path(__file__).with_name("_sharded_ec_rank.py")
 CLOSE = {"rtol": 1e-5, "atol": 1e-6}  # other summation orders
 
 
-def _rank_module():
-    spec = importlib.util.spec_from_file_location("_sharded_ec_rank", RANK_SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _rank_module() -> SimpleNamespace:
+    """The rank script's batches and constants (its ``main`` is not run)."""
+    return SimpleNamespace(**runpy.run_path(str(RANK_SCRIPT)))
 
 
 def reference_outputs(

@@ -11,8 +11,9 @@ weighted MEAN), against it."""
 
 from __future__ import annotations
 
-import importlib.util
+import runpy
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,13 +24,9 @@ EXACT = {"rtol": 0.0, "atol": 0.0}  # dyadic rows, weights and gradients: exact 
 MEAN = {"rtol": 1e-5, "atol": 1e-6}
 
 
-def _rank_module():
-    spec = importlib.util.spec_from_file_location("_weighted_bags_rank", RANK_SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _rank_module() -> SimpleNamespace:
+    """The rank script's batches and constants (its ``main`` is not run)."""
+    return SimpleNamespace(**runpy.run_path(str(RANK_SCRIPT)))
 
 
 def reference(world: int, weighted: dict[str, bool]) -> tuple[dict, dict]:
