@@ -366,9 +366,8 @@ def _dedup_batch_fake(
     offsets: torch.Tensor,
     feature_tables: torch.Tensor,
     num_tables: int,
-    batch_size: int,
-    counters: torch.Tensor | None,
-    key_bits: int = 64,
+    *_: object,
+    **__: object,
 ) -> tuple[torch.Tensor, ...]:
     unique = torch.library.get_ctx().new_dynamic_size()
     n = indices.shape[0]
@@ -387,11 +386,7 @@ def _dedup_batch_fake(
 
 @torch.library.register_fake("demb::index_tables")  # type: ignore[untyped-decorator]
 def _index_tables_fake(
-    indices: torch.Tensor,
-    offsets: torch.Tensor,
-    feature_tables: torch.Tensor,
-    num_tables: int,
-    batch_size: int,
+    indices: torch.Tensor, offsets: torch.Tensor, feature_tables: torch.Tensor, *_: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     checks = _BATCH_CHECK_WORDS + feature_tables.shape[0] + 1
     return indices.new_empty(indices.shape), indices.new_empty((checks,))

@@ -72,16 +72,25 @@ def as_batch(
     )
 
 
-def _check_data(
+def _checked(
     index: TableIndex,
     keys: torch.Tensor,
     table_ids: torch.Tensor,
     counts: torch.Tensor | None,
     check: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`as_batch`, then, when ``check``, the data checks for non-CPU devices (the CPU
+    kernels check for free): one sync."""
+    keys, table_ids = as_batch(index, keys, table_ids)
+    if check and index.device.type != "cpu" and keys.numel() > 0:
+        _check_data(index, keys, table_ids, counts)
+    return keys, table_ids
+
+
+def _check_data(
+    index: TableIndex, keys: torch.Tensor, table_ids: torch.Tensor, counts: torch.Tensor | None
 ) -> None:
-    """Data checks for non-CPU devices (the CPU kernels check for free)."""
-    if not check or index.device.type == "cpu" or keys.numel() == 0:
-        return
+    """Raises on a table id out of range, an empty key or a negative count."""
     flags = [
         ((table_ids < 0) | (table_ids >= index.num_tables)).any(),
         (keys == EMPTY_KEY).any(),
@@ -119,8 +128,7 @@ def lookup(
     Returns:
         ``(N,)`` int64 table-local slots, -1 for keys not in the table.
     """
-    keys, table_ids = as_batch(index, keys, table_ids)
-    _check_data(index, keys, table_ids, counts, check)
+    keys, table_ids = _checked(index, keys, table_ids, counts, check)
     slots: torch.Tensor = torch.ops.demb.table_lookup(
         *index._tensors(), keys, table_ids, score_args, counts
     )
@@ -152,8 +160,7 @@ def lookup_rows(
         ``(N, dim)`` float32 rows (zeros for a missing key) and ``(N,)`` int64 table-local
         slots (-1 for a missing key).
     """
-    keys, table_ids = as_batch(index, keys, table_ids)
-    _check_data(index, keys, table_ids, None, check)
+    keys, table_ids = _checked(index, keys, table_ids, None, check)
     rows, slots = torch.ops.demb.table_find_rows(
         *index._tensors(), list(values), keys, table_ids, dim
     )
@@ -251,8 +258,7 @@ def find_or_insert_hits(
     Returns:
         ``(InsertResult, all_hit)``.
     """
-    keys, table_ids = as_batch(index, keys, table_ids)
-    _check_data(index, keys, table_ids, counts, check)
+    keys, table_ids = _checked(index, keys, table_ids, counts, check)
     *out, all_hit = torch.ops.demb.table_find_or_insert(
         *index._tensors(), index.sizes, keys, table_ids, score_args, counts
     )
@@ -289,8 +295,7 @@ def find_or_insert_rows(
     Raises:
         ValueError / TypeError: bad values, inverse or dim, before the index changes.
     """
-    keys, table_ids = as_batch(index, keys, table_ids)
-    _check_data(index, keys, table_ids, counts, check)
+    keys, table_ids = _checked(index, keys, table_ids, counts, check)
     *out, all_hit, rows = torch.ops.demb.table_find_or_insert_rows(
         *index._tensors(), index.sizes, keys, table_ids, score_args, counts, values, inverse, dim
     )
@@ -318,8 +323,7 @@ def insert_or_assign(
     Returns:
         :class:`InsertResult`; present keys are HIT.
     """
-    keys, table_ids = as_batch(index, keys, table_ids)
-    _check_data(index, keys, table_ids, None, check)
+    keys, table_ids = _checked(index, keys, table_ids, None, check)
     out = torch.ops.demb.table_insert_or_assign(
         *index._tensors(), index.sizes, keys, table_ids, scores
     )
@@ -341,8 +345,7 @@ def erase(
         ``(N,)`` int64 the freed slot of each erased key, -1 for absent keys and later
         duplicates.
     """
-    keys, table_ids = as_batch(index, keys, table_ids)
-    _check_data(index, keys, table_ids, None, check)
+    keys, table_ids = _checked(index, keys, table_ids, None, check)
     freed: torch.Tensor = torch.ops.demb.table_erase(
         *index._tensors(), index.sizes, keys, table_ids
     )
