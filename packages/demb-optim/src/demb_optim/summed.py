@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import demb_kernels  # noqa: F401  (loads the native ops)
 import torch
@@ -41,9 +42,9 @@ def update_settings(spec: OptimizerSpec) -> UpdateSettings:
     return UpdateSettings(str(spec.kind), update_parameters(spec), clip)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SummedUpdateOptions:
-    """What :func:`summed_update`'s backward reads besides the output's gradient.
+class SummedUpdateOptions(NamedTuple):
+    """What :func:`summed_update`'s backward reads besides the output's gradient (a tuple: one
+    is made per training forward).
 
     The batch has ``N`` occurrences of ``U`` unique keys over ``T`` tables, the keys grouped by
     table (table ``t``'s are ``table_sizes[t]`` consecutive ones).
