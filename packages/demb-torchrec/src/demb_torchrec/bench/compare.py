@@ -8,9 +8,9 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -22,6 +22,7 @@ __all__ = [
     "machine_info",
     "median_seconds",
     "print_comparisons",
+    "run_cases",
     "seconds_of",
 ]
 
@@ -73,6 +74,23 @@ def check_counts(settings: object, *names: str, minimum: int = 1) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
             raise ValueError(f"{name}={value!r}: must be {what}")
+
+
+_Case = TypeVar("_Case")
+_Row = TypeVar("_Row")
+
+
+def run_cases(
+    device: torch.device, cases: Iterable[_Case], run: Callable[[_Case], list[_Row]]
+) -> list[_Row]:
+    """The rows ``run(case)`` returns for each case in turn, in one list; on CUDA the
+    allocator's cache is emptied after each case, so one case's buffers do not crowd the next."""
+    rows: list[_Row] = []
+    for case in cases:
+        rows += run(case)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
 
 
 def format_si(value: float, unit: str) -> str:

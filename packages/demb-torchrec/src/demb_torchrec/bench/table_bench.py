@@ -41,6 +41,7 @@ from demb_torchrec.bench.compare import (
     format_si,
     machine_info,
     print_comparisons,
+    run_cases,
     seconds_of,
 )
 
@@ -318,11 +319,7 @@ def run(w: TableWorkload, device: torch.device, profile: bool = False) -> dict[s
     """Time the table ops of ``w`` on ``device``; print a table of each op's keys/s beside the
     same run's copy floor and return the report."""
     bandwidth = copy_bandwidth(device, w.copy_mib)
-    rows: list[dict[str, Any]] = []
-    for dim in w.dims:
-        rows += _DimRun(w, dim, device).run()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    rows = run_cases(device, w.dims, lambda dim: _DimRun(w, dim, device).run())
     comparisons = _comparisons(rows, bandwidth)
     print_comparisons(
         f"table ops on {device} ({w.capacity:,} slots, batches of {w.batch:,} keys); copy "

@@ -42,6 +42,7 @@ from demb_torchrec.bench.compare import (
     machine_info,
     median_seconds,
     print_comparisons,
+    run_cases,
 )
 
 __all__ = ["OPTIMIZERS", "UpdateWorkload", "moved_bytes", "run", "torch_update"]
@@ -214,11 +215,7 @@ def run(w: UpdateWorkload, device: torch.device) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     slots = torch.randperm(w.table_rows, generator=gen)[: w.rows].to(device)
     grads = torch.randn(w.rows, w.dim, generator=gen).to(device)
-    rows = []
-    for name in w.optimizers:
-        rows.append(_time_optimizer(w, name, slots, grads, device))
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    rows = run_cases(device, w.optimizers, lambda o: [_time_optimizer(w, o, slots, grads, device)])
     comparisons = _comparisons(rows, bandwidth)
     print_comparisons(
         f"fused optimizer update on {device}: {w.rows:,} unique rows of {w.table_rows:,}, "
