@@ -11,19 +11,9 @@
 #include <vector>
 
 #include "init_rule.h"
+#include "named_choice.h"
 
 namespace demb {
-
-inline InitMode parse_init_mode(std::string_view name) {
-  if (name == "uniform") return InitMode::kUniform;
-  if (name == "normal") return InitMode::kNormal;
-  if (name == "truncated_normal") return InitMode::kTruncatedNormal;
-  if (name == "constant") return InitMode::kConstant;
-  if (name == "debug") return InitMode::kDebug;
-  TORCH_CHECK_VALUE(false, "mode='", name,
-                    "': unknown; expected 'uniform', 'normal', 'truncated_normal', 'constant' "
-                    "or 'debug'");
-}
 
 // The parameters of an init_rows call. truncated_normal's pa / pb are computed here, on the
 // host, once for every device.
@@ -44,10 +34,18 @@ inline InitParams make_init_params(InitMode kind, int64_t seed, double mean, dou
                     pa, pb};
 }
 
+inline constexpr NamedChoice<InitMode> kInitModes[] = {
+    {"uniform", InitMode::kUniform}, {"normal", InitMode::kNormal},
+    {"truncated_normal", InitMode::kTruncatedNormal}, {"constant", InitMode::kConstant},
+    {"debug", InitMode::kDebug}};
+
 inline InitParams make_init_params(c10::string_view mode, int64_t seed, double mean,
                                    double std_dev, double lower, double upper, double value) {
-  return make_init_params(parse_init_mode(std::string_view(mode.data(), mode.size())), seed,
-                          mean, std_dev, lower, upper, value);
+  const InitMode kind = parse_choice(std::string_view(mode.data(), mode.size()), kInitModes,
+                                     "mode",
+                                     "unknown; expected 'uniform', 'normal', 'truncated_normal', "
+                                     "'constant' or 'debug'");
+  return make_init_params(kind, seed, mean, std_dev, lower, upper, value);
 }
 
 // values (R, W) contiguous float32/float16/bfloat16; slots and keys (n,) int64; 1 <= dim <= W;
@@ -142,6 +140,18 @@ inline std::vector<NewRowsTable> check_init_new_rows(
     out.push_back(std::move(table));
   }
   return out;
+}
+
+// The op init_new_rows, for every device: check_init_new_rows, then `Init`, the device's
+// kernel, given each table's parameters (values, spec, slots, keys, tables, status).
+template <auto Init>
+void init_new_rows_op(at::TensorList values, const at::Tensor& slots, const at::Tensor& keys,
+                      const at::Tensor& tables, const at::Tensor& status, at::IntArrayRef dims,
+                      at::IntArrayRef seeds, at::IntArrayRef modes, at::ArrayRef<double> params,
+                      const c10::List<std::optional<at::Tensor>>& states) {
+  const std::vector<NewRowsTable> spec = check_init_new_rows(
+      values, slots, keys, tables, status, dims, seeds, modes, params, states);
+  Init(values, spec, slots, keys, tables, status);
 }
 
 }  // namespace demb

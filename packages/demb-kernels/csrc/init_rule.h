@@ -25,13 +25,9 @@
 
 namespace demb {
 
-enum class InitMode : int32_t {
-  kUniform = 0,
-  kNormal = 1,
-  kTruncatedNormal = 2,
-  kConstant = 3,
-  kDebug = 4,
-};
+// The init modes, numbered 0 to 4 in this order: init_new_rows' mode codes (demb_kernels.init_rows'
+// INIT_MODES order).
+enum class InitMode : int32_t { kUniform, kNormal, kTruncatedNormal, kConstant, kDebug };
 
 struct InitParams {
   InitMode mode;

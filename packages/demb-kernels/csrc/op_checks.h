@@ -6,17 +6,19 @@
 
 #include <optional>
 #include <string_view>
+#include <tuple>
 
+#include "named_choice.h"
 #include "ownership.h"
 
 namespace demb {
 
 inline DistType parse_dist_type(std::string_view name) {
-  if (name == "continuous") return DistType::kContinuous;
-  if (name == "roundrobin") return DistType::kRoundRobin;
-  if (name == "hash_roundrobin") return DistType::kHashRoundRobin;
-  TORCH_CHECK_VALUE(false, "dist_type='", name,
-                    "': unknown; expected 'continuous', 'roundrobin' or 'hash_roundrobin'");
+  static constexpr NamedChoice<DistType> kDistTypes[] = {
+      {"continuous", DistType::kContinuous}, {"roundrobin", DistType::kRoundRobin},
+      {"hash_roundrobin", DistType::kHashRoundRobin}};
+  return parse_choice(name, kDistTypes, "dist_type",
+                      "unknown; expected 'continuous', 'roundrobin' or 'hash_roundrobin'");
 }
 
 inline void check_keys(const at::Tensor& keys, const char* name) {
@@ -76,6 +78,31 @@ inline int64_t check_bucketize(const at::Tensor& lengths, const at::Tensor& valu
   TORCH_CHECK_VALUE(lengths.numel() % features == 0, "lengths has ", lengths.numel(),
                     " entries, not a multiple of the ", features, " features in block_sizes");
   return std::max<int64_t>(lengths.numel() / features, 1);
+}
+
+// The op route_keys, for every device: the checks above, then `Route`, the device's kernel,
+// given (keys, world_size, the parsed dist, block_size).
+template <auto Route>
+std::tuple<at::Tensor, at::Tensor> route_keys_op(const at::Tensor& keys, int64_t world_size,
+                                                 c10::string_view dist_type, int64_t block_size) {
+  check_keys(keys, "keys");
+  const DistType dist = parse_dist_type(dist_type);
+  check_routing(world_size, dist, block_size);
+  return Route(keys, world_size, dist, block_size);
+}
+
+// The op bucketize_by_owner, for every device: check_bucketize, then `Bucketize`, the device's
+// kernel, given the arguments with dist parsed and the batch size check_bucketize returns.
+using BucketizeOutputs = std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor>;
+
+template <auto Bucketize>
+BucketizeOutputs bucketize_by_owner_op(const at::Tensor& lengths, const at::Tensor& values,
+                                       const std::optional<at::Tensor>& weights,
+                                       int64_t world_size, c10::string_view dist_type,
+                                       const std::optional<at::Tensor>& block_sizes) {
+  const DistType dist = parse_dist_type(dist_type);
+  const int64_t batch = check_bucketize(lengths, values, weights, world_size, dist, block_sizes);
+  return Bucketize(lengths, values, weights, world_size, dist, block_sizes, batch);
 }
 
 }  // namespace demb

@@ -8,26 +8,24 @@
 #include <type_traits>
 #include <vector>
 
+#include "named_choice.h"
 #include "optimizer_rule.h"
 
 namespace demb {
 
-inline OptimizerKind parse_optimizer(std::string_view name) {
-  if (name == "sgd") return OptimizerKind::kSgd;
-  if (name == "adam") return OptimizerKind::kAdam;
-  if (name == "adagrad") return OptimizerKind::kAdagrad;
-  if (name == "rowwise_adagrad") return OptimizerKind::kRowwiseAdagrad;
-  if (name == "ftrl") return OptimizerKind::kFtrl;
-  TORCH_CHECK_VALUE(false, "optimizer='", name,
-                    "': expected sgd, adam, adagrad, rowwise_adagrad or ftrl");
-}
+inline constexpr NamedChoice<OptimizerKind> kOptimizers[] = {
+    {"sgd", OptimizerKind::kSgd}, {"adam", OptimizerKind::kAdam},
+    {"adagrad", OptimizerKind::kAdagrad}, {"rowwise_adagrad", OptimizerKind::kRowwiseAdagrad},
+    {"ftrl", OptimizerKind::kFtrl}};
 
 // The hyper-parameters of an optimizer_update call, in float32 as the kernels use them.
 inline OptimizerParams make_params(c10::string_view optimizer, double learning_rate, double eps,
                                    double beta1, double beta2, double weight_decay,
                                    double learning_rate_power, double ftrl_beta, double l1_reg,
                                    double l2_reg) {
-  OptimizerKind kind = parse_optimizer(std::string_view(optimizer.data(), optimizer.size()));
+  OptimizerKind kind = parse_choice(std::string_view(optimizer.data(), optimizer.size()),
+                                    kOptimizers, "optimizer",
+                                    "expected sgd, adam, adagrad, rowwise_adagrad or ftrl");
   if (kind == OptimizerKind::kFtrl && learning_rate_power == -0.5) kind = OptimizerKind::kFtrlSqrt;
   return OptimizerParams{kind,
                          static_cast<float>(learning_rate),
@@ -48,24 +46,12 @@ using Kind = std::integral_constant<OptimizerKind, K>;
 template <typename Fn>
 void with_optimizer(OptimizerKind kind, Fn fn) {
   switch (kind) {
-    case OptimizerKind::kSgd:
-      fn(Kind<OptimizerKind::kSgd>{});
-      break;
-    case OptimizerKind::kAdam:
-      fn(Kind<OptimizerKind::kAdam>{});
-      break;
-    case OptimizerKind::kAdagrad:
-      fn(Kind<OptimizerKind::kAdagrad>{});
-      break;
-    case OptimizerKind::kRowwiseAdagrad:
-      fn(Kind<OptimizerKind::kRowwiseAdagrad>{});
-      break;
-    case OptimizerKind::kFtrl:
-      fn(Kind<OptimizerKind::kFtrl>{});
-      break;
-    case OptimizerKind::kFtrlSqrt:
-      fn(Kind<OptimizerKind::kFtrlSqrt>{});
-      break;
+    case OptimizerKind::kSgd: return fn(Kind<OptimizerKind::kSgd>{});
+    case OptimizerKind::kAdam: return fn(Kind<OptimizerKind::kAdam>{});
+    case OptimizerKind::kAdagrad: return fn(Kind<OptimizerKind::kAdagrad>{});
+    case OptimizerKind::kRowwiseAdagrad: return fn(Kind<OptimizerKind::kRowwiseAdagrad>{});
+    case OptimizerKind::kFtrl: return fn(Kind<OptimizerKind::kFtrl>{});
+    case OptimizerKind::kFtrlSqrt: return fn(Kind<OptimizerKind::kFtrlSqrt>{});
   }
 }
 
@@ -161,6 +147,28 @@ inline void check_grad_rows(const std::optional<at::Tensor>& grad_rows,
     TORCH_CHECK_VALUE(values.empty() || x.device() == values[0].device(), name, " is on ",
                       x.device(), ", the values on ", values[0].device());
   }
+}
+
+// The op optimizer_update, for every device: the checks above, then `Update`, the device's
+// kernel, given the parameters, each table's row width, and grad_rows and grad_source
+// contiguous (undefined when not given).
+template <auto Update>
+void optimizer_update_op(at::TensorList values, at::TensorList slots, at::TensorList grads,
+                         at::IntArrayRef dims, at::IntArrayRef steps, c10::string_view optimizer,
+                         double learning_rate, double eps, double beta1, double beta2,
+                         double weight_decay, double learning_rate_power, double ftrl_beta,
+                         double l1_reg, double l2_reg, const std::optional<at::Tensor>& skip,
+                         const std::optional<at::Tensor>& grad_rows,
+                         const std::optional<at::Tensor>& grad_source) {
+  const OptimizerParams o = make_params(optimizer, learning_rate, eps, beta1, beta2,
+                                        weight_decay, learning_rate_power, ftrl_beta, l1_reg,
+                                        l2_reg);
+  const std::vector<int64_t> widths = check_update(o.kind, values, slots, grads, dims, steps);
+  check_skip(skip, values);
+  check_grad_rows(grad_rows, grad_source, values, slots, dims);
+  const at::Tensor rows = grad_rows ? grad_rows->contiguous() : at::Tensor();
+  const at::Tensor source = grad_source ? grad_source->contiguous() : at::Tensor();
+  Update(o, widths, values, slots, grads, dims, steps, skip, rows, source);
 }
 
 }  // namespace demb

@@ -12,15 +12,8 @@
 
 namespace demb {
 
-enum class OptimizerKind : int32_t {
-  kSgd = 0,
-  kAdam = 1,
-  kAdagrad = 2,
-  kRowwiseAdagrad = 3,
-  kFtrl = 4,
-  // FTRL with learning_rate_power = -0.5: the rate is a square root (make_params picks it).
-  kFtrlSqrt = 5,
-};
+// kFtrlSqrt: FTRL with learning_rate_power = -0.5, the rate a square root (make_params picks it).
+enum class OptimizerKind : int32_t { kSgd, kAdam, kAdagrad, kRowwiseAdagrad, kFtrl, kFtrlSqrt };
 
 DEMB_HD constexpr bool is_ftrl(OptimizerKind k) {
   return k == OptimizerKind::kFtrl || k == OptimizerKind::kFtrlSqrt;

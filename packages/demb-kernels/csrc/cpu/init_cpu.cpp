@@ -80,15 +80,12 @@ void init_row(const NewRowsTable& table, T* row, uint64_t key, const float* stat
   for (int64_t j = table.dim; j < table.cols; ++j) row[j] = to_row<T>(state[j - table.dim]);
 }
 
-// init_new_rows: entries whose status is INSERTED or EVICTED get their table's initial row at
-// their slot. Every such entry's table and slot are checked before any row changes.
-void init_new_rows_cpu(at::TensorList values, const at::Tensor& slots_in,
-                       const at::Tensor& keys_in, const at::Tensor& tables_in,
-                       const at::Tensor& status_in, at::IntArrayRef dims, at::IntArrayRef seeds,
-                       at::IntArrayRef modes, at::ArrayRef<double> params,
-                       const c10::List<std::optional<at::Tensor>>& states) {
-  const std::vector<NewRowsTable> spec = check_init_new_rows(
-      values, slots_in, keys_in, tables_in, status_in, dims, seeds, modes, params, states);
+// init_new_rows (init_new_rows_op): entries whose status is INSERTED or EVICTED get their
+// table's initial row at their slot. Every such entry's table and slot are checked before any
+// row changes.
+void init_new_rows_cpu(at::TensorList values, const std::vector<NewRowsTable>& spec,
+                       const at::Tensor& slots_in, const at::Tensor& keys_in,
+                       const at::Tensor& tables_in, const at::Tensor& status_in) {
   const at::Tensor slots = slots_in.contiguous();
   const at::Tensor keys = keys_in.contiguous();
   const at::Tensor tables = tables_in.contiguous();
@@ -131,7 +128,7 @@ void init_new_rows_cpu(at::TensorList values, const at::Tensor& slots_in,
 
 TORCH_LIBRARY_IMPL(demb, CPU, m) {
   m.impl("init_rows", &init_rows_cpu);
-  m.impl("init_new_rows", &init_new_rows_cpu);
+  m.impl("init_new_rows", &init_new_rows_op<init_new_rows_cpu>);
 }
 
 }  // namespace demb

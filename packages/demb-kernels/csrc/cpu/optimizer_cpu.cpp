@@ -90,22 +90,12 @@ void update_rows(const OptimizerParams& o, T* values, int64_t width, int64_t row
   });
 }
 
-void optimizer_update_cpu(at::TensorList values, at::TensorList slots, at::TensorList grads,
-                          at::IntArrayRef dims, at::IntArrayRef steps, c10::string_view optimizer,
-                          double learning_rate, double eps, double beta1, double beta2,
-                          double weight_decay, double learning_rate_power, double ftrl_beta,
-                          double l1_reg, double l2_reg, const std::optional<at::Tensor>& skip,
-                          const std::optional<at::Tensor>& grad_rows_in,
-                          const std::optional<at::Tensor>& grad_source_in) {
-  const OptimizerParams o = make_params(optimizer, learning_rate, eps, beta1, beta2,
-                                        weight_decay, learning_rate_power, ftrl_beta, l1_reg,
-                                        l2_reg);
-  const std::vector<int64_t> widths = check_update(o.kind, values, slots, grads, dims, steps);
-  check_skip(skip, values);
-  check_grad_rows(grad_rows_in, grad_source_in, values, slots, dims);
+void optimizer_update_cpu(const OptimizerParams& o, const std::vector<int64_t>& widths,
+                          at::TensorList values, at::TensorList slots, at::TensorList grads,
+                          at::IntArrayRef dims, at::IntArrayRef steps,
+                          const std::optional<at::Tensor>& skip, const at::Tensor& grad_rows,
+                          const at::Tensor& source) {
   if (skip && skip->item<bool>()) return;  // the caller found the gradients unusable
-  const at::Tensor grad_rows = grad_rows_in ? grad_rows_in->contiguous() : at::Tensor();
-  const at::Tensor source = grad_source_in ? grad_source_in->contiguous() : at::Tensor();
   const int64_t* rows_of = grad_rows.defined() ? grad_rows.const_data_ptr<int64_t>() : nullptr;
   for (int64_t e = 0; rows_of && e < grad_rows.numel(); ++e) {
     TORCH_CHECK_VALUE(rows_of[e] >= -1 && rows_of[e] < source.size(0), "grad_rows: ",
@@ -142,6 +132,8 @@ void optimizer_update_cpu(at::TensorList values, at::TensorList slots, at::Tenso
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(demb, CPU, m) { m.impl("optimizer_update", &optimizer_update_cpu); }
+TORCH_LIBRARY_IMPL(demb, CPU, m) {
+  m.impl("optimizer_update", &optimizer_update_op<optimizer_update_cpu>);
+}
 
 }  // namespace demb

@@ -31,12 +31,9 @@ at::Tensor hash64_cpu(const at::Tensor& keys_in) {
   return out;
 }
 
+// route_keys (route_keys_op).
 std::tuple<at::Tensor, at::Tensor> route_keys_cpu(const at::Tensor& keys_in, int64_t world_size,
-                                                   c10::string_view dist_type,
-                                                   int64_t block_size) {
-  check_keys(keys_in, "keys");
-  const DistType dist = parse_dist_type(dist_type);
-  check_routing(world_size, dist, block_size);
+                                                   DistType dist, int64_t block_size) {
   const at::Tensor keys = keys_in.contiguous();
   at::Tensor owner = at::empty(keys.sizes(), keys.options().dtype(at::kLong));
   at::Tensor local = at::empty(keys.sizes(), keys.options().dtype(at::kLong));
@@ -91,13 +88,12 @@ void bucketize_impl(const Len* lengths, int64_t segments, int64_t batch, const K
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> bucketize_by_owner_cpu(
-    const at::Tensor& lengths_in, const at::Tensor& values_in,
-    const std::optional<at::Tensor>& weights_in, int64_t world_size, c10::string_view dist_type,
-    const std::optional<at::Tensor>& block_sizes_in) {
-  const DistType dist = parse_dist_type(dist_type);
-  const int64_t batch =
-      check_bucketize(lengths_in, values_in, weights_in, world_size, dist, block_sizes_in);
+// bucketize_by_owner (bucketize_by_owner_op).
+BucketizeOutputs bucketize_by_owner_cpu(const at::Tensor& lengths_in, const at::Tensor& values_in,
+                                        const std::optional<at::Tensor>& weights_in,
+                                        int64_t world_size, DistType dist,
+                                        const std::optional<at::Tensor>& block_sizes_in,
+                                        int64_t batch) {
   const at::Tensor lengths = lengths_in.contiguous();
   const at::Tensor values = values_in.contiguous();
   const int64_t segments = lengths.numel();
@@ -145,8 +141,8 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> bucket
 
 TORCH_LIBRARY_IMPL(demb, CPU, m) {
   m.impl("hash64", &hash64_cpu);
-  m.impl("route_keys", &route_keys_cpu);
-  m.impl("bucketize_by_owner", &bucketize_by_owner_cpu);
+  m.impl("route_keys", &route_keys_op<route_keys_cpu>);
+  m.impl("bucketize_by_owner", &bucketize_by_owner_op<bucketize_by_owner_cpu>);
 }
 
 }  // namespace demb

@@ -16,6 +16,7 @@
 #include "gather_call.h"
 #include "lookup_checks.h"
 #include "table_checks.h"
+#include "table_ops.h"
 #include "table_rule.h"
 
 namespace demb {
@@ -265,15 +266,10 @@ void unprotect(const TableView& v, const int64_t* table_ids, const int64_t* slot
   }
 }
 
-at::Tensor table_lookup_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
-                            const at::Tensor& scores, const at::Tensor& slot_offsets,
-                            const at::Tensor& bucket_widths, const at::Tensor& policies,
-                            const at::Tensor& keys_in, const at::Tensor& table_ids_in,
-                            const std::optional<at::Tensor>& score_args,
-                            const std::optional<at::Tensor>& counts_in) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
+// table_lookup (table_lookup_op).
+at::Tensor lookup_cpu(const IndexTensors& ix, const at::Tensor& keys_in,
+                      const at::Tensor& table_ids_in, const std::optional<at::Tensor>& score_args,
+                      const std::optional<at::Tensor>& counts_in) {
   const at::Tensor keys = keys_in.contiguous();
   const at::Tensor table_ids = table_ids_in.contiguous();
   const std::optional<at::Tensor> counts =
@@ -290,17 +286,16 @@ at::Tensor table_lookup_cpu(const at::Tensor& index_keys, const at::Tensor& dige
   return slots;
 }
 
-using InsertOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-// find_or_insert (op kInsert) and insert_or_assign (op kAssign). For kInsert, *all_hit tells
-// whether the lookup phase found every key (the batch's data is checked first, so only a miss
-// can make an entry anything but HIT).
+// find_or_insert (op kInsert) and insert_or_assign (op kAssign), TableOps' bucket op. For
+// kInsert, *all_hit tells whether the lookup phase found every key (the batch's data is checked
+// first, so only a miss can make an entry anything but HIT), and then `speculate` is given the
+// slots.
 InsertOutputs insert_cpu(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
                          const at::Tensor& keys_in, const at::Tensor& table_ids_in,
                          const std::optional<at::Tensor>& score_args,
                          const std::optional<at::Tensor>& counts_in,
-                         const std::optional<at::Tensor>& assign_in,
-                         bool* all_hit = nullptr) {
+                         const std::optional<at::Tensor>& assign_in, bool* all_hit,
+                         const Speculate& speculate) {
   check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
   check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
   TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");
@@ -336,59 +331,8 @@ InsertOutputs insert_cpu(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
   }
   bucket_phase(v, op, in, out, todo);
   unprotect(v, in.table_ids, out.slots, n);
+  if (op == BucketOp::kInsert && todo.empty() && speculate) speculate(slots);
   return {slots, status, victim_keys, victim_scores};
-}
-
-// InsertOutputs and a CPU bool: whether every key was found (all HIT).
-using FoundOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-FoundOutputs table_find_or_insert_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
-                                      const at::Tensor& scores, const at::Tensor& slot_offsets,
-                                      const at::Tensor& bucket_widths, const at::Tensor& policies,
-                                      at::Tensor sizes, const at::Tensor& keys,
-                                      const at::Tensor& table_ids, const at::Tensor& score_args,
-                                      const std::optional<at::Tensor>& counts) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  bool all_hit = false;
-  const auto [slots, status, victim_keys, victim_scores] = insert_cpu(
-      ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts, std::nullopt, &all_hit);
-  return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool)};
-}
-
-// FoundOutputs and, when every key was found, the gather of its rows per occurrence (else
-// (0, dim)); the request is checked before the table changes.
-using RowsOutputs =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-RowsOutputs table_find_or_insert_rows_cpu(
-    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
-    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
-    at::Tensor sizes, const at::Tensor& keys, const at::Tensor& table_ids,
-    const at::Tensor& score_args, const std::optional<at::Tensor>& counts,
-    at::TensorList values, const at::Tensor& inverse, int64_t dim) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  check_rows_request(ix, values, keys, table_ids, inverse, dim);
-  bool all_hit = false;
-  const auto [slots, status, victim_keys, victim_scores] = insert_cpu(
-      ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts, std::nullopt, &all_hit);
-  at::Tensor rows = all_hit ? call_gather_table_rows(values, slots, table_ids, inverse, dim)
-                            : at::empty({0, dim}, keys.options().dtype(at::kFloat));
-  return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool), rows};
-}
-
-InsertOutputs table_insert_or_assign_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
-                                         const at::Tensor& scores, const at::Tensor& slot_offsets,
-                                         const at::Tensor& bucket_widths,
-                                         const at::Tensor& policies, at::Tensor sizes,
-                                         const at::Tensor& keys, const at::Tensor& table_ids,
-                                         const at::Tensor& assign_scores) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  check_assign_scores(ix, assign_scores, keys);
-  return insert_cpu(ix, sizes, BucketOp::kAssign, keys, table_ids, std::nullopt, std::nullopt,
-                    assign_scores);
 }
 
 at::Tensor table_erase_cpu(const at::Tensor& index_keys, const at::Tensor& digests,
@@ -416,21 +360,17 @@ at::Tensor table_erase_cpu(const at::Tensor& index_keys, const at::Tensor& diges
   return slots;
 }
 
-// table_find_rows: table_lookup (no score touched), then gather_table_rows of the slots.
-std::tuple<at::Tensor, at::Tensor> table_find_rows_cpu(
-    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
-    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
-    at::TensorList values, const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  const GatherTables g = check_find_rows(ix, values, keys, table_ids, dim);
-  const int64_t* offsets = slot_offsets.const_data_ptr<int64_t>();
+// table_find_rows (table_find_rows_op): table_lookup (no score touched), then
+// gather_table_rows of the slots.
+std::tuple<at::Tensor, at::Tensor> find_rows_cpu(const IndexTensors& ix, const GatherTables& g,
+                                                 at::TensorList values, const at::Tensor& keys,
+                                                 const at::Tensor& table_ids, int64_t dim) {
+  const int64_t* offsets = ix.slot_offsets.const_data_ptr<int64_t>();
   for (int64_t t = 0; t < g.count; ++t) {
     TORCH_CHECK_VALUE(g.rows[t] >= offsets[t + 1] - offsets[t], "values[", t, "] has ",
                       g.rows[t], " rows for a table of ", offsets[t + 1] - offsets[t], " slots");
   }
-  at::Tensor slots = table_lookup_cpu(index_keys, digests, scores, slot_offsets, bucket_widths,
-                                      policies, keys, table_ids, std::nullopt, std::nullopt);
+  at::Tensor slots = lookup_cpu(ix, keys, table_ids, std::nullopt, std::nullopt);
   return {gather_table_rows_cpu(values, slots, table_ids.contiguous(), std::nullopt, dim), slots};
 }
 
@@ -451,8 +391,9 @@ std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cpu(
   const at::Tensor tables =
       table_of_index(offsets.contiguous(), feature_tables.contiguous(), batch_size,
                      indices.numel());
-  return table_find_rows_cpu(index_keys, digests, scores, slot_offsets, bucket_widths, policies,
-                             values, indices, tables, dim);
+  return table_find_rows_op<find_rows_cpu>(index_keys, digests, scores, slot_offsets,
+                                           bucket_widths, policies, values, indices, tables,
+                                           dim);
 }
 
 at::Tensor table_timestamp_cpu(const at::Tensor& like, int64_t count) {
@@ -465,13 +406,13 @@ at::Tensor table_timestamp_cpu(const at::Tensor& like, int64_t count) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(demb, CPU, m) {
-  m.impl("table_lookup", &table_lookup_cpu);
-  m.impl("table_find_or_insert", &table_find_or_insert_cpu);
-  m.impl("table_find_or_insert_rows", &table_find_or_insert_rows_cpu);
-  m.impl("table_insert_or_assign", &table_insert_or_assign_cpu);
+  m.impl("table_lookup", &table_lookup_op<lookup_cpu>);
+  m.impl("table_find_or_insert", &TableOps<insert_cpu>::find_or_insert);
+  m.impl("table_find_or_insert_rows", &TableOps<insert_cpu>::find_or_insert_rows);
+  m.impl("table_insert_or_assign", &TableOps<insert_cpu>::insert_or_assign);
   m.impl("table_erase", &table_erase_cpu);
   m.impl("table_timestamp", &table_timestamp_cpu);
-  m.impl("table_find_rows", &table_find_rows_cpu);
+  m.impl("table_find_rows", &table_find_rows_op<find_rows_cpu>);
   m.impl("table_find_batch_rows", &table_find_batch_rows_cpu);
 }
 

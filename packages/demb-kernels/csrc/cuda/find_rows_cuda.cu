@@ -27,6 +27,7 @@
 #include "dedup_checks.h"
 #include "lookup_checks.h"
 #include "table_checks.h"
+#include "table_ops.h"
 
 namespace demb {
 namespace cuda {
@@ -129,13 +130,10 @@ std::tuple<at::Tensor, at::Tensor> find_rows_launch(const IndexTensors& ix,
   return {out, slots};
 }
 
-std::tuple<at::Tensor, at::Tensor> table_find_rows_cuda(
-    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
-    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
-    at::TensorList values, const at::Tensor& keys, const at::Tensor& table_ids_in, int64_t dim) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  const GatherTables g = check_find_rows(ix, values, keys, table_ids_in, dim);
+// table_find_rows (table_find_rows_op).
+std::tuple<at::Tensor, at::Tensor> find_rows_cuda(const IndexTensors& ix, const GatherTables& g,
+                                                  at::TensorList values, const at::Tensor& keys,
+                                                  const at::Tensor& table_ids_in, int64_t dim) {
   const c10::cuda::CUDAGuard guard(keys.device());
   const at::Tensor table_ids = table_ids_in.contiguous();
   const cuda::KeyTables k{table_ids.const_data_ptr<int64_t>(), nullptr, nullptr, 0, 0};
@@ -200,7 +198,7 @@ std::tuple<at::Tensor, at::Tensor> table_find_batch_rows_cuda(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
-  m.impl("table_find_rows", &table_find_rows_cuda);
+  m.impl("table_find_rows", &table_find_rows_op<find_rows_cuda>);
   m.impl("table_find_batch_rows", &table_find_batch_rows_cuda);
 }
 

@@ -64,13 +64,9 @@ int32_t dtype_code(at::ScalarType dtype) {
 
 // One launch per kMaxNewRowsTables tables (a module has one, mostly); entries of other tables
 // are skipped by the launch.
-void init_new_rows_cuda(at::TensorList values, const at::Tensor& slots_in,
-                        const at::Tensor& keys_in, const at::Tensor& tables_in,
-                        const at::Tensor& status_in, at::IntArrayRef dims, at::IntArrayRef seeds,
-                        at::IntArrayRef modes, at::ArrayRef<double> params,
-                        const c10::List<std::optional<at::Tensor>>& states) {
-  const std::vector<NewRowsTable> spec = check_init_new_rows(
-      values, slots_in, keys_in, tables_in, status_in, dims, seeds, modes, params, states);
+void init_new_rows_cuda(at::TensorList values, const std::vector<NewRowsTable>& spec,
+                        const at::Tensor& slots_in, const at::Tensor& keys_in,
+                        const at::Tensor& tables_in, const at::Tensor& status_in) {
   const int64_t n = slots_in.numel();
   if (n == 0) return;
   const c10::cuda::CUDAGuard guard(values[0].device());
@@ -109,7 +105,7 @@ void init_new_rows_cuda(at::TensorList values, const at::Tensor& slots_in,
 
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("init_rows", &init_rows_cuda);
-  m.impl("init_new_rows", &init_new_rows_cuda);
+  m.impl("init_new_rows", &init_new_rows_op<init_new_rows_cuda>);
 }
 
 }  // namespace demb

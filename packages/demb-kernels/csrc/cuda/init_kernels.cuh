@@ -9,28 +9,13 @@
 
 #include <cstdint>
 
+#include "cuda/float_convert.cuh"
 #include "init_rule.h"
 
 namespace demb {
 namespace cuda {
 
 constexpr int kInitThreads = 256;
-
-// float -> row dtype, round to nearest even.
-template <typename T>
-__device__ __forceinline__ T init_store(float x);
-template <>
-__device__ __forceinline__ float init_store<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half init_store<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 init_store<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // Rows slots[i] of `values` (rows x width) set from keys[i]: `cols` is dim, or width when
 // `state` (width - dim floats) is given. Slots out of [0, rows) are skipped (-1: no row).
@@ -49,7 +34,7 @@ __global__ void __launch_bounds__(kInitThreads)
     if (slot < 0 || slot >= rows) continue;
     const float x = j < dim ? static_cast<float>(init_element(o, static_cast<uint64_t>(keys[i]), j))
                             : state[j - dim];
-    values[slot * width + j] = init_store<T>(x);
+    values[slot * width + j] = from_float<T>(x);
   }
 }
 
@@ -75,9 +60,9 @@ __device__ __forceinline__ void store_new(void* base, int32_t dtype, int64_t at,
   if (dtype == 0) {
     static_cast<float*>(base)[at] = x;
   } else if (dtype == 1) {
-    static_cast<__half*>(base)[at] = init_store<__half>(x);
+    static_cast<__half*>(base)[at] = from_float<__half>(x);
   } else {
-    static_cast<__nv_bfloat16*>(base)[at] = init_store<__nv_bfloat16>(x);
+    static_cast<__nv_bfloat16*>(base)[at] = from_float<__nv_bfloat16>(x);
   }
 }
 

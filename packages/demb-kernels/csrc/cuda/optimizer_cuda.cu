@@ -34,23 +34,12 @@ void with_row_type(at::ScalarType dtype, Fn fn) {
   }
 }
 
-void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::TensorList grads,
-                           at::IntArrayRef dims, at::IntArrayRef steps, c10::string_view optimizer,
-                           double learning_rate, double eps, double beta1, double beta2,
-                           double weight_decay, double learning_rate_power, double ftrl_beta,
-                           double l1_reg, double l2_reg,
-                           const std::optional<at::Tensor>& skip_in,
-                           const std::optional<at::Tensor>& grad_rows_in,
-                           const std::optional<at::Tensor>& grad_source_in) {
-  const OptimizerParams o = make_params(optimizer, learning_rate, eps, beta1, beta2,
-                                        weight_decay, learning_rate_power, ftrl_beta, l1_reg,
-                                        l2_reg);
-  const std::vector<int64_t> widths = check_update(o.kind, values, slots, grads, dims, steps);
-  check_skip(skip_in, values);
-  check_grad_rows(grad_rows_in, grad_source_in, values, slots, dims);
+void optimizer_update_cuda(const OptimizerParams& o, const std::vector<int64_t>& widths,
+                           at::TensorList values, at::TensorList slots, at::TensorList grads,
+                           at::IntArrayRef dims, at::IntArrayRef steps,
+                           const std::optional<at::Tensor>& skip_in, const at::Tensor& grad_rows,
+                           const at::Tensor& source) {
   const at::Tensor skip = skip_in ? skip_in->contiguous() : at::Tensor();
-  const at::Tensor grad_rows = grad_rows_in ? grad_rows_in->contiguous() : at::Tensor();
-  const at::Tensor source = grad_source_in ? grad_source_in->contiguous() : at::Tensor();
   const int64_t* rows_of = grad_rows.defined() ? grad_rows.const_data_ptr<int64_t>() : nullptr;
   const float* source_data = source.defined() ? source.const_data_ptr<float>() : nullptr;
   int64_t first = 0;  // table t's first entry in grad_rows
@@ -110,6 +99,8 @@ void optimizer_update_cuda(at::TensorList values, at::TensorList slots, at::Tens
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(demb, CUDA, m) { m.impl("optimizer_update", &optimizer_update_cuda); }
+TORCH_LIBRARY_IMPL(demb, CUDA, m) {
+  m.impl("optimizer_update", &optimizer_update_op<optimizer_update_cuda>);
+}
 
 }  // namespace demb

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "cuda/float_convert.cuh"
 #include "optimizer_rule.h"
 
 namespace demb {
@@ -19,25 +20,6 @@ constexpr int kUpdateWarp = kRowwiseLanes;
 constexpr int kUpdateThreads = 256;
 // Elements per lane loaded together: D=128 is one chunk.
 constexpr int kUpdateChunk = 4;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
 
 // Row-wise Adagrad, from each lane's partial sum of squares (elements lane, lane + 32, ...):
 // adds mean(g^2) to the row's accumulator row[dim] and returns the row's rate
@@ -218,6 +200,32 @@ __device__ __forceinline__ int entry_table(const UpdateTables<T>& tab, int64_t e
   return t;
 }
 
+// The calling thread's share of a launch: its warp updates entries first .. first +
+// kUpdateRows - 1 (those below total), and lane k < kUpdateRows holds entry first + k (`holds`):
+// its table t, index i in it and slot (else 0, 0 and -1).
+struct WarpEntries {
+  int64_t first;
+  int64_t total;
+  int lane;
+  bool holds;
+  int t;
+  int64_t i;
+  int64_t slot;
+};
+
+template <typename T>
+__device__ __forceinline__ WarpEntries warp_entries(const UpdateTables<T>& tab) {
+  WarpEntries warp{warp_first_entry(), tab.begin[tab.count],
+                   static_cast<int>(threadIdx.x % kUpdateWarp), false, 0, 0, -1};
+  warp.holds = warp.lane < kUpdateRows && warp.first + warp.lane < warp.total;
+  if (warp.holds) {
+    warp.t = entry_table(tab, warp.first + warp.lane);
+    warp.i = warp.first + warp.lane - tab.begin[warp.t];
+    warp.slot = tab.slots[warp.t][warp.i];
+  }
+  return warp;
+}
+
 // Row slots[i] of each table updated with grads[i] (or source[grad_rows[i]]) (update_entry);
 // nothing changes when *skip is set. One warp per kUpdateRows consecutive entries, all tables
 // in one launch.
@@ -227,26 +235,16 @@ __global__ void __launch_bounds__(kUpdateThreads)
                             const bool* __restrict__ skip) {
   constexpr unsigned kAll = 0xffffffffu;
   if (skip && *skip) return;  // the caller found the gradients unusable: no row changes
-  const int64_t e0 = warp_first_entry();
-  const int64_t total = tab.begin[tab.count];
-  if (e0 >= total) return;  // whole warps leave together: e0 is the warp's
-  const int lane = static_cast<int>(threadIdx.x % kUpdateWarp);
-  // Lane k < kUpdateRows: entry e0 + k's table, slot and gradient row.
-  int t = 0;
-  int64_t slot = -1;
-  int64_t r = -1;
-  if (lane < kUpdateRows && e0 + lane < total) {
-    const int64_t e = e0 + lane;
-    t = entry_table(tab, e);
-    const int64_t i = e - tab.begin[t];
-    slot = tab.slots[t][i];
-    r = tab.grad_rows[t] ? tab.grad_rows[t][i] : -1;
-  }
-  for (int k = 0; k < kUpdateRows && e0 + k < total; ++k) {  // the same for the warp's lanes
-    const int tk = __shfl_sync(kAll, t, k);
-    const int64_t slot_k = __shfl_sync(kAll, slot, k);
+  const WarpEntries warp = warp_entries(tab);
+  if (warp.first >= warp.total) return;  // whole warps leave together: first is the warp's
+  // Lane k < kUpdateRows: entry first + k's gradient row too.
+  const int64_t r = warp.holds && tab.grad_rows[warp.t] ? tab.grad_rows[warp.t][warp.i] : -1;
+  for (int k = 0; k < kUpdateRows && warp.first + k < warp.total; ++k) {  // alike for all lanes
+    const int tk = __shfl_sync(kAll, warp.t, k);
+    const int64_t slot_k = __shfl_sync(kAll, warp.slot, k);
     const int64_t r_k = __shfl_sync(kAll, r, k);
-    update_entry<K, T, Vec4>(o, tab, tk, e0 + k - tab.begin[tk], slot_k, r_k, lane);
+    update_entry<K, T, Vec4>(o, tab, tk, warp.first + k - tab.begin[tk], slot_k, r_k,
+                             warp.lane);
   }
 }
 

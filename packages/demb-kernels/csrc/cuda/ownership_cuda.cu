@@ -29,12 +29,9 @@ at::Tensor hash64_cuda(const at::Tensor& keys_in) {
   return out;
 }
 
+// route_keys (route_keys_op).
 std::tuple<at::Tensor, at::Tensor> route_keys_cuda(const at::Tensor& keys_in, int64_t world_size,
-                                                    c10::string_view dist_type,
-                                                    int64_t block_size) {
-  check_keys(keys_in, "keys");
-  const DistType dist = parse_dist_type(dist_type);
-  check_routing(world_size, dist, block_size);
+                                                    DistType dist, int64_t block_size) {
   const c10::cuda::CUDAGuard guard(keys_in.device());
   const at::Tensor keys = keys_in.contiguous();
   at::Tensor owner = at::empty(keys.sizes(), keys.options().dtype(at::kLong));
@@ -88,13 +85,12 @@ void launch_scatter(const at::Tensor& order, const at::Tensor& values,
       new_values.data_ptr<Key>(), w_dst, unbucketize.data_ptr<int64_t>());
 }
 
-std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> bucketize_by_owner_cuda(
-    const at::Tensor& lengths_in, const at::Tensor& values_in,
-    const std::optional<at::Tensor>& weights_in, int64_t world_size, c10::string_view dist_type,
-    const std::optional<at::Tensor>& block_sizes_in) {
-  const DistType dist = parse_dist_type(dist_type);
-  const int64_t batch =
-      check_bucketize(lengths_in, values_in, weights_in, world_size, dist, block_sizes_in);
+// bucketize_by_owner (bucketize_by_owner_op).
+BucketizeOutputs bucketize_by_owner_cuda(const at::Tensor& lengths_in, const at::Tensor& values_in,
+                                         const std::optional<at::Tensor>& weights_in,
+                                         int64_t world_size, DistType dist,
+                                         const std::optional<at::Tensor>& block_sizes_in,
+                                         int64_t batch) {
   check_bucketize_data(lengths_in, values_in.numel(), world_size, block_sizes_in);
   const c10::cuda::CUDAGuard guard(values_in.device());
   const at::Tensor lengths = lengths_in.contiguous();
@@ -138,23 +134,15 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> bucket
                                                 /*descending=*/false));
   const int64_t weight_bytes = weights.has_value() ? weights->element_size() : 1;
   AT_DISPATCH_INDEX_TYPES(values.scalar_type(), "demb::bucketize_by_owner", [&] {
+    const auto scatter = [&](auto word) {  // weights moved as unsigned words of their size
+      launch_scatter<index_t, decltype(word)>(order, values, weights, new_values, new_weights,
+                                              unbucketize, stream);
+    };
     switch (weight_bytes) {
-      case 1:
-        launch_scatter<index_t, uint8_t>(order, values, weights, new_values, new_weights,
-                                         unbucketize, stream);
-        break;
-      case 2:
-        launch_scatter<index_t, uint16_t>(order, values, weights, new_values, new_weights,
-                                          unbucketize, stream);
-        break;
-      case 4:
-        launch_scatter<index_t, uint32_t>(order, values, weights, new_values, new_weights,
-                                          unbucketize, stream);
-        break;
-      case 8:
-        launch_scatter<index_t, uint64_t>(order, values, weights, new_values, new_weights,
-                                          unbucketize, stream);
-        break;
+      case 1: return scatter(uint8_t{});
+      case 2: return scatter(uint16_t{});
+      case 4: return scatter(uint32_t{});
+      case 8: return scatter(uint64_t{});
       default:
         TORCH_CHECK_TYPE(false, "weights of ", weight_bytes, "-byte elements are not supported");
     }
@@ -167,8 +155,8 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> bucket
 
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
   m.impl("hash64", &hash64_cuda);
-  m.impl("route_keys", &route_keys_cuda);
-  m.impl("bucketize_by_owner", &bucketize_by_owner_cuda);
+  m.impl("route_keys", &route_keys_op<route_keys_cuda>);
+  m.impl("bucketize_by_owner", &bucketize_by_owner_op<bucketize_by_owner_cuda>);
 }
 
 }  // namespace demb

@@ -99,21 +99,15 @@ __global__ void __launch_bounds__(kUpdateThreads)
     summing_update_kernel(OptimizerParams o, const __grid_constant__ UpdateTables<float> tab,
                           KeyGradients kg) {
   constexpr unsigned kAll = 0xffffffffu;
-  const int64_t e0 = warp_first_entry();
-  const int64_t total = tab.begin[tab.count];
-  if (e0 >= total) return;  // whole warps leave together: e0 is the warp's
-  const int lane = static_cast<int>(threadIdx.x % kUpdateWarp);
-  // Lane k < kUpdateRows: entry e0 + k's table, slot, entries [s, e) and single row.
-  int t = 0;
-  int64_t slot = -1;
+  const WarpEntries warp = warp_entries(tab);
+  if (warp.first >= warp.total) return;  // whole warps leave together: first is the warp's
+  const int lane = warp.lane;
+  // Lane k < kUpdateRows: entry first + k's key's entries [s, e) and single row too.
   int32_t s = 0;
   int32_t e = 0;
   int32_t single = 0;
-  if (lane < kUpdateRows && e0 + lane < total) {
-    const int64_t entry = e0 + lane;
-    t = entry_table(tab, entry);
-    slot = tab.slots[t][entry - tab.begin[t]];
-    const int64_t u = kg.first_key + entry;
+  if (warp.holds) {
+    const int64_t u = kg.first_key + warp.first + lane;
     int64_t from = kg.starts[u];
     int64_t to = u + 1 < kg.unique ? kg.starts[u + 1] : kg.n;
     from = from < 0 ? 0 : (from > kg.n ? kg.n : from);
@@ -122,9 +116,9 @@ __global__ void __launch_bounds__(kUpdateThreads)
     e = static_cast<int32_t>(to);
     if (e - s == 1) single = static_cast<int32_t>(kg.order[s]);
   }
-  for (int k = 0; k < kUpdateRows && e0 + k < total; ++k) {  // the same for the warp's lanes
-    const int tk = __shfl_sync(kAll, t, k);
-    const int64_t slot_k = __shfl_sync(kAll, slot, k);
+  for (int k = 0; k < kUpdateRows && warp.first + k < warp.total; ++k) {  // alike for all lanes
+    const int tk = __shfl_sync(kAll, warp.t, k);
+    const int64_t slot_k = __shfl_sync(kAll, warp.slot, k);
     const int32_t s_k = __shfl_sync(kAll, s, k);
     const int32_t e_k = __shfl_sync(kAll, e, k);
     const int32_t single_k = __shfl_sync(kAll, single, k);
@@ -145,7 +139,7 @@ __global__ void __launch_bounds__(kUpdateThreads)
       if (element_state(K)) s0 = s04[lane];
       if (two_state_words(K)) s1 = s14[lane];
     }
-    const float* sums = tab.grads[tk] + (e0 + k - tab.begin[tk]) * dim;
+    const float* sums = tab.grads[tk] + (warp.first + k - tab.begin[tk]) * dim;
     const float4 g = key_gradient(kg, sums, s_k, e_k, single_k, quads, lane);
     float rate = 0.0f;
     if constexpr (K == OptimizerKind::kRowwiseAdagrad) rate = rowwise_rate4(o, row, g, dim, lane);

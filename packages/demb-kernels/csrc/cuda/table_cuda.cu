@@ -22,6 +22,7 @@
 #include "gather_call.h"
 #include "lookup_checks.h"
 #include "table_checks.h"
+#include "table_ops.h"
 
 namespace demb {
 namespace {
@@ -113,15 +114,10 @@ struct Schedule {
   }
 };
 
-at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
-                             const at::Tensor& scores, const at::Tensor& slot_offsets,
-                             const at::Tensor& bucket_widths, const at::Tensor& policies,
-                             const at::Tensor& keys_in, const at::Tensor& table_ids_in,
-                             const std::optional<at::Tensor>& score_args,
-                             const std::optional<at::Tensor>& counts_in) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
+// table_lookup (table_lookup_op).
+at::Tensor lookup_cuda(const IndexTensors& ix, const at::Tensor& keys_in,
+                       const at::Tensor& table_ids_in, const std::optional<at::Tensor>& score_args,
+                       const std::optional<at::Tensor>& counts_in) {
   const c10::cuda::CUDAGuard guard(keys_in.device());
   const at::Tensor keys = keys_in.contiguous();
   const at::Tensor table_ids = table_ids_in.contiguous();
@@ -140,19 +136,17 @@ at::Tensor table_lookup_cuda(const at::Tensor& index_keys, const at::Tensor& dig
   return slots;
 }
 
-using InsertOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-// find_or_insert's: InsertOutputs and a CPU bool, whether every key was found (all HIT).
-using FoundOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-// find_or_insert (kInsert), insert_or_assign (kAssign) and erase (kErase). For kInsert,
-// *all_hit tells whether phase A found every key (false too while the stream is captured).
+// find_or_insert (kInsert), insert_or_assign (kAssign) and erase (kErase); TableOps' bucket op.
+// For kInsert, *all_hit tells whether phase A found every key (false too while the stream is
+// captured), and `speculate` (find_or_insert_rows' gather) is queued behind phase A and the
+// flag's copy, before the host waits for the flag (never while the stream is captured: phase B
+// always runs then).
 InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
                              const at::Tensor& keys_in, const at::Tensor& table_ids_in,
                              const std::optional<at::Tensor>& score_args,
                              const std::optional<at::Tensor>& counts_in,
-                             const std::optional<at::Tensor>& assign_in,
-                             bool* all_hit = nullptr,
-                             const std::function<void(const at::Tensor&)>& speculate = {}) {
+                             const std::optional<at::Tensor>& assign_in, bool* all_hit,
+                             const Speculate& speculate) {
   check_batch(ix, keys_in, table_ids_in, score_args, counts_in);
   check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
   TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");
@@ -214,49 +208,6 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
   return {slots, status, victim_keys, victim_scores};
 }
 
-FoundOutputs table_find_or_insert_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
-                                       const at::Tensor& scores, const at::Tensor& slot_offsets,
-                                       const at::Tensor& bucket_widths,
-                                       const at::Tensor& policies, at::Tensor sizes,
-                                       const at::Tensor& keys, const at::Tensor& table_ids,
-                                       const at::Tensor& score_args,
-                                       const std::optional<at::Tensor>& counts) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  bool all_hit = false;
-  const auto [slots, status, victim_keys, victim_scores] =
-      bucket_op_cuda(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
-                     std::nullopt, &all_hit);
-  return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool)};
-}
-
-// FoundOutputs and, when every key was found, the rows of its N occurrences (else (0, dim)):
-// the gather is queued behind phase A and the flag's copy, before the host waits for the flag
-// (never while the stream is captured: phase B always runs then, and rows is (0, dim)).
-using RowsOutputs =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-RowsOutputs table_find_or_insert_rows_cuda(
-    const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
-    const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
-    at::Tensor sizes, const at::Tensor& keys, const at::Tensor& table_ids,
-    const at::Tensor& score_args, const std::optional<at::Tensor>& counts,
-    at::TensorList values, const at::Tensor& inverse, int64_t dim) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  check_rows_request(ix, values, keys, table_ids, inverse, dim);
-  bool all_hit = false;
-  at::Tensor rows;
-  const auto gather = [&](const at::Tensor& slots) {
-    rows = call_gather_table_rows(values, slots, table_ids, inverse, dim);
-  };
-  const auto [slots, status, victim_keys, victim_scores] =
-      bucket_op_cuda(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts,
-                     std::nullopt, &all_hit, gather);
-  if (!all_hit || !rows.defined()) rows = at::empty({0, dim}, keys.options().dtype(at::kFloat));
-  return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool), rows};
-}
-
 // find_or_insert of a batch from dedup_launch (keys, table_ids and counts of N rows, the first
 // U unique; U and the go flag in `info`, on the device): phase A over the first U rows (none
 // when the go flag is clear), the gather of the N occurrences' rows (`inverse` given) queued
@@ -265,10 +216,7 @@ RowsOutputs table_find_or_insert_rows_cuda(
 // key missed, phase B runs on the first U rows. Outputs have N rows, of which the first U are
 // meaningful (the victims only when phase B ran: a key missed); rows are right only when the
 // go flag is set and no key missed.
-using GatedOutputs =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-GatedOutputs table_find_or_insert_gated_cuda(
+RowsOutputs table_find_or_insert_gated_cuda(
     const at::Tensor& index_keys, const at::Tensor& digests, const at::Tensor& scores,
     const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
     at::Tensor sizes, const at::Tensor& keys_in, const at::Tensor& table_ids_in,
@@ -338,20 +286,6 @@ GatedOutputs table_find_or_insert_gated_cuda(
   return {slots, status, victim_keys, victim_scores, host, rows};
 }
 
-InsertOutputs table_insert_or_assign_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
-                                          const at::Tensor& scores,
-                                          const at::Tensor& slot_offsets,
-                                          const at::Tensor& bucket_widths,
-                                          const at::Tensor& policies, at::Tensor sizes,
-                                          const at::Tensor& keys, const at::Tensor& table_ids,
-                                          const at::Tensor& assign_scores) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
-  check_assign_scores(ix, assign_scores, keys);
-  return bucket_op_cuda(ix, sizes, BucketOp::kAssign, keys, table_ids, std::nullopt, std::nullopt,
-                        assign_scores);
-}
-
 at::Tensor table_erase_cuda(const at::Tensor& index_keys, const at::Tensor& digests,
                             const at::Tensor& scores, const at::Tensor& slot_offsets,
                             const at::Tensor& bucket_widths, const at::Tensor& policies,
@@ -360,7 +294,7 @@ at::Tensor table_erase_cuda(const at::Tensor& index_keys, const at::Tensor& dige
   const IndexTensors ix =
       checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
   return std::get<0>(bucket_op_cuda(ix, sizes, BucketOp::kErase, keys, table_ids, std::nullopt,
-                                    std::nullopt, std::nullopt));
+                                    std::nullopt, std::nullopt, nullptr, Speculate()));
 }
 
 at::Tensor table_timestamp_cuda(const at::Tensor& like, int64_t count) {
@@ -376,11 +310,11 @@ at::Tensor table_timestamp_cuda(const at::Tensor& like, int64_t count) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(demb, CUDA, m) {
-  m.impl("table_lookup", &table_lookup_cuda);
-  m.impl("table_find_or_insert", &table_find_or_insert_cuda);
-  m.impl("table_find_or_insert_rows", &table_find_or_insert_rows_cuda);
+  m.impl("table_lookup", &table_lookup_op<lookup_cuda>);
+  m.impl("table_find_or_insert", &TableOps<bucket_op_cuda>::find_or_insert);
+  m.impl("table_find_or_insert_rows", &TableOps<bucket_op_cuda>::find_or_insert_rows);
   m.impl("table_find_or_insert_gated", &table_find_or_insert_gated_cuda);
-  m.impl("table_insert_or_assign", &table_insert_or_assign_cuda);
+  m.impl("table_insert_or_assign", &TableOps<bucket_op_cuda>::insert_or_assign);
   m.impl("table_erase", &table_erase_cuda);
   m.impl("table_timestamp", &table_timestamp_cuda);
 }
