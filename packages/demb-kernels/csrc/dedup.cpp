@@ -46,8 +46,9 @@ at::Tensor batch_checks_cpu(const at::Tensor& indices, const at::Tensor& offsets
 
 namespace {
 
-using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                            at::Tensor, at::Tensor>;
+// (rows, counts, bounds, key bits): rows (5, N) holds inverse, order, keys, tables and starts
+// (the last three in their first U entries, zeros after), as the CUDA kernel's buffer does.
+using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // A unique (table, key) pair and its first-seen id.
 struct UniqueKey {
@@ -167,18 +168,14 @@ DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
     return a.table != b.table ? a.table < b.table : a.key < b.key;
   });
   const auto opts = indices.options();
-  at::Tensor keys = at::empty({unique}, opts);
-  at::Tensor tables = at::empty({unique}, opts);
+  at::Tensor rows = at::empty({5, n}, opts);
   at::Tensor counts = at::empty({unique}, opts);
-  at::Tensor starts = at::empty({unique}, opts);
-  at::Tensor inverse = at::empty({n}, opts);
-  at::Tensor order = at::empty({n}, opts);
-  int64_t* k_out = keys.data_ptr<int64_t>();
-  int64_t* t_out = tables.data_ptr<int64_t>();
+  int64_t* inv = rows.data_ptr<int64_t>();
+  int64_t* ord = inv + n;
+  int64_t* k_out = inv + 2 * n;
+  int64_t* t_out = inv + 3 * n;
+  int64_t* s_out = inv + 4 * n;
   int64_t* c_out = counts.data_ptr<int64_t>();
-  int64_t* s_out = starts.data_ptr<int64_t>();
-  int64_t* inv = inverse.data_ptr<int64_t>();
-  int64_t* ord = order.data_ptr<int64_t>();
   std::vector<int64_t> rank_of(static_cast<size_t>(unique));
   std::vector<int64_t> through(static_cast<size_t>(num_tables), 0);  // unique keys of tables <= t
   int64_t start = 0;
@@ -192,6 +189,7 @@ DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
     start += u_occ[q.id];
     through[q.table] = r + 1;
   }
+  for (int64_t* row : {k_out, t_out, s_out}) std::fill(row + unique, row + n, 0);  // past U
   std::vector<int64_t> cursor(s_out, s_out + unique);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = rank_of[local[i]];
@@ -203,8 +201,7 @@ DedupOut dedup_batch(const at::Tensor& indices_in, const at::Tensor& offsets,
   for (int64_t t = 0; t < num_tables; ++t) h[t] = through[t];
   std::copy(check, check + checks.numel(), h + num_tables);
   const at::Tensor bounds = dedup_bounds(h, n, num_tables, features);
-  return {keys,  tables, inverse, counts, order, starts, bounds,
-          at::scalar_tensor(bit_length(varying), at::kLong)};
+  return {rows, counts, bounds, at::scalar_tensor(bit_length(varying), at::kLong)};
 }
 
 // Per table (keys grouped by table: table t's are [bounds[t], bounds[t + 1])), how many of the

@@ -96,20 +96,21 @@ TORCH_LIBRARY(demb, m) {
   // Each segment's only entry's grads row (order[starts[u]]), -1 where a segment has several:
   // the rows an update reads straight from the gradient when the sums skip them.
   m.def("segment_single_rows(Tensor order, Tensor starts) -> Tensor");
+  // -> (rows, counts, bounds, key bits): rows (5, N) int64 holds inverse, order, keys, tables
+  // and starts, the last three in their first U entries, zeros after (one buffer: the wrapper
+  // takes views); counts (U,); bounds and key bits on the CPU.
   m.def(
       "dedup_batch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
-      "int batch_size, Tensor? counters, int key_bits=64) -> (Tensor, Tensor, Tensor, Tensor, "
-      "Tensor, Tensor, Tensor, Tensor)");
-  // dedup_batch's outputs at full size, with no sync (CUDA only): U and the checks stay in the
-  // returned info words on the device (cuda/dedup_cuda.cu); counts=False: no counts (a (0,)
-  // tensor in their place); then a zeroed byte for a backward's NaN/inf flag (summed_update's
-  // `nonfinite`); clock_words: that many copies of the GPU's global timer, read by the first
-  // kernel (the last output).
+      "int batch_size, Tensor? counters, int key_bits=64) -> (Tensor, Tensor, Tensor, Tensor)");
+  // dedup_batch's rows and counts at full size, with no sync (CUDA only), and `info`: U and the
+  // checks stay in its words on the device (cuda/dedup_cuda.cu); counts=False: no counts (a
+  // (0,) tensor in their place); info's last 1 + clock_words words are a zeroed word for a
+  // backward's NaN/inf flag (summed_update's `nonfinite`, its first byte) and clock_words
+  // copies of the GPU's global timer, read by the first kernel.
   m.def(
       "dedup_launch(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size, Tensor? counters, int key_bits=64, int key_radix=0, bool counts=True, "
-      "int clock_words=0) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
-      "Tensor)");
+      "int clock_words=0) -> (Tensor, Tensor, Tensor)");
   m.def(
       "index_tables(Tensor indices, Tensor offsets, Tensor feature_tables, int num_tables, "
       "int batch_size) -> (Tensor, Tensor)");

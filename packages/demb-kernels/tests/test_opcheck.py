@@ -33,7 +33,6 @@ UTILS = (
     "test_aot_dispatch_dynamic",
 )
 NO_AOT = UTILS[:3]
-VALUES_ONLY = ("test_autograd_registration", "test_aot_dispatch_dynamic")
 
 T, F, B, D, W = 2, 3, 4, 4, 12  # tables, features, batch size, embedding dim, row width
 SGD = [0.1] + [0.0] * 8  # optimizer_update's nine floats
@@ -482,17 +481,12 @@ CASES = [
     Case("segment_sum_rows", "pooled", _segment_sum("pooled")),
     Case("segment_sum_rows", "skip_single", _segment_sum("skip_single")),
     Case("segment_single_rows", "single_keys", _segment_single_rows),
-    # KNOWN GAP, CUDA only: the CUDA kernels return keys, tables, inverse, order and starts as
-    # views of one (5, N) buffer (one allocation, made once the sort is queued), and
-    # dedup_launch also its info words, NaN/inf flag and clock as views of another (the flag
-    # costs no allocation or memset of its own). The schema promises fresh outputs: the schema
-    # util finds outputs that alias each other, and the fake util outputs that share storage
-    # at nonzero offsets, where the fake's (and the CPU kernel's) are fresh. The views do not
-    # overlap, so no output's values change through another. Until the kernels allocate each
-    # output on its own, the CUDA cases check the autograd registration and the traced values.
-    Case("dedup_batch", "counters", _dedup_batch(with_counters=True), cuda_utils=VALUES_ONLY),
-    Case("dedup_batch", "plain", _dedup_batch(with_counters=False), cuda_utils=VALUES_ONLY),
-    Case("dedup_launch", "distinct", _dedup_launch, VALUES_ONLY, CUDA_ONLY),
+    # The dedups return their five index rows as one (5, N) buffer (the wrappers take views),
+    # and dedup_launch its info words, NaN/inf flag and clock as one buffer too: no output
+    # aliases another. dedup_launch's case has U == N, so every row is meaningful.
+    Case("dedup_batch", "counters", _dedup_batch(with_counters=True)),
+    Case("dedup_batch", "plain", _dedup_batch(with_counters=False)),
+    Case("dedup_launch", "distinct", _dedup_launch, UTILS, CUDA_ONLY),
     Case("index_tables", "batch", _index_tables),
     Case("batch_bounds", "checks", _batch_bounds, devices=CPU_ONLY),  # host words: CPU only
     Case("status_counts", "two_tables", _status_counts),

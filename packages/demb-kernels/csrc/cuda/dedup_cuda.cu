@@ -50,10 +50,8 @@ int bits_for(int64_t max_value) {
   return bits;
 }
 
-using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                            at::Tensor, at::Tensor>;
-using LaunchOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                             at::Tensor, at::Tensor, at::Tensor>;
+using DedupOut = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;  // rows counts ...
+using LaunchOut = std::tuple<at::Tensor, at::Tensor, at::Tensor>;  // rows, counts, info
 
 // One dedup of a batch on the device: its buffers, and the launches that fill them (no sync).
 // `info` holds the words read back (dedup_bounds', see kDedupFlags), then the keys' varying
@@ -70,9 +68,10 @@ struct DedupRun {
   // The int64 scratch (sort keys in and out, first flags, their ranks) and the int32 scratch
   // (tables, tables by key, sorted tables, positions, positions by key, sorted positions) are
   // the stream's, kept across calls (held locked until the run's work is queued; new ones,
-  // `kept` null, while the stream is being captured); the outputs are views of one new buffer
-  // (inverse, order, keys, tables, starts), made once the sort is queued (ensure_outputs: its
-  // allocation no longer delays the first kernels).
+  // `kept` null, while the stream is being captured); the outputs are one new (5, N) buffer
+  // (inverse, order, keys, tables, starts: the ops return it whole, the Python wrappers take the
+  // rows), made once the sort is queued (ensure_outputs: its allocation no longer delays the
+  // first kernels).
   std::shared_ptr<SortScratch> kept;
   std::unique_lock<std::mutex> hold;
   at::Tensor scratch64, scratch32, outputs, counters_sorted;
@@ -121,7 +120,6 @@ struct DedupRun {
     if (cnt) counters_sorted = at::empty({n}, opts);
   }
   int64_t* out(int64_t k) const { return outputs.data_ptr<int64_t>() + k * n; }
-  at::Tensor output(int64_t k) const { return outputs[k]; }  // inverse order keys tables starts
 
   // How the sort keys pack (table, key) when the keys agree above their low end_bit bits:
   // with a radix, table * radix + low bits (`bits` wide); else, with room for the table above
@@ -307,13 +305,16 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
       dedup_bounds(host.const_data_ptr<int64_t>(), d.n, num_tables, d.features);
   const int64_t unique = bounds.const_data_ptr<int64_t>()[num_tables];
   const at::Tensor counts = d.counts(unique, unique, nullptr);
-  return {d.output(2).slice(0, 0, unique), d.output(3).slice(0, 0, unique), d.output(0), counts,
-          d.output(1), d.output(4).slice(0, 0, unique), bounds,
-          at::scalar_tensor(needed, at::kLong)};
+  d.ensure_outputs();  // (an empty batch sorts nothing)
+  if (unique < d.n) {  // keys, tables and starts past U: zeros, as on the CPU (one launch)
+    C10_CUDA_CHECK(cudaMemset2DAsync(d.out(2) + unique, d.n * sizeof(int64_t), 0,
+                                     (d.n - unique) * sizeof(int64_t), 3, d.stream));
+  }
+  return {d.outputs, counts, bounds, at::scalar_tensor(needed, at::kLong)};
 }
 
-// dedup_batch's outputs at full size N (the first U rows hold the unique keys; U, like the
-// rest, is on the device), with no sync: `info` (W + 6,) int64 on the device holds the words
+// dedup_batch's rows and counts at full size N (the first U entries of keys, tables, starts and
+// counts are the unique keys'; U, like the rest, is on the device), with no sync: `info` (W + 6,) int64 on the device holds the words
 // dedup_batch reads back (W = T + kDedupFlags + F + 1: see kDedupFlags) and then: the keys'
 // varying bits, their largest low key_bits bits, a count of the scatter's finished blocks, U,
 // the go flag (1: every check passed, the keys differ in no bit above key_bits and, with a
@@ -324,12 +325,11 @@ DedupOut dedup_batch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
 // (table_find_or_insert_gated). key_radix > 0 sorts (table, key) as table * key_radix + the
 // key's low key_bits bits: fewer radix passes than the table above those bits, when T *
 // key_radix fits fewer bytes. want_counts=false skips the counts (a (0,) tensor in their
-// place: a caller whose tables count no occurrences saves their launch). With clock_words = C > 0
-// the last output holds C copies of the global timer read by the first kernel (the timed scores
-// of the batch, as timestamp_kernel makes them, with no launch of their own); else it is (0,).
-// The one before it is a zeroed byte no kernel here writes, as summed_update's `nonfinite`
-// takes it (a backward's NaN/inf flag with no allocation or memset of its own). `info`, the
-// flag and the clock are views of one buffer.
+// place: a caller whose tables count no occurrences saves their launch). `info` (returned whole)
+// ends with a zeroed word no kernel here writes, whose first byte is summed_update's
+// `nonfinite` (a backward's NaN/inf flag with no allocation or memset of its own), then C =
+// clock_words copies of the global timer read by the first kernel (the timed scores of the
+// batch, as timestamp_kernel makes them, with no launch of their own).
 LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets,
                             const at::Tensor& feature_tables, int64_t num_tables,
                             int64_t batch_size, const std::optional<at::Tensor>& counters,
@@ -350,15 +350,8 @@ LaunchOut dedup_launch_cuda(const at::Tensor& indices, const at::Tensor& offsets
   int64_t* const info = d.info.data_ptr<int64_t>();
   const at::Tensor counts =
       want_counts ? d.counts(d.n, d.n, info + d.words + 3) : at::empty({0}, d.opts);
-  return {d.output(2),
-          d.output(3),
-          d.output(0),
-          counts,
-          d.output(1),
-          d.output(4),
-          d.info.narrow(0, 0, d.flag_at),
-          d.info.narrow(0, d.flag_at, 1).view(at::kBool).select(0, 0),
-          d.info.narrow(0, d.clock_at, clock_words)};
+  d.ensure_outputs();
+  return {d.outputs, counts, d.info};
 }
 
 // The batch's checks, and each index's table into `tables` when it is given.

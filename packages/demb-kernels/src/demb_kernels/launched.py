@@ -110,7 +110,7 @@ def dedup_launch(
         clock_words: ``C`` in ``[0, 1024]``: :attr:`LaunchedDedup.clock`'s size.
         others: as :func:`demb_kernels.lookup.dedup_batch`.
     """
-    out = torch.ops.demb.dedup_launch(
+    rows, made_counts, info = torch.ops.demb.dedup_launch(
         indices,
         offsets,
         feature_tables,
@@ -122,7 +122,11 @@ def dedup_launch(
         counts,
         clock_words,
     )
-    return LaunchedDedup(*out)
+    inverse, order, keys, tables, starts = rows.unbind()  # one (5, N) buffer
+    # info: the words, then a zeroed word (its first byte: the NaN/inf flag), then the clock.
+    words, flag, clock = info.split([info.shape[0] - 1 - clock_words, 1, clock_words])
+    nonfinite = flag.view(torch.bool)[0]
+    return LaunchedDedup(keys, tables, inverse, made_counts, order, starts, words, nonfinite, clock)
 
 
 def _words(host: torch.Tensor | list[int]) -> list[int]:
@@ -256,11 +260,9 @@ def _dedup_launch_fake(
 ) -> tuple[torch.Tensor, ...]:
     n = indices.shape[0]
     words = num_tables + _BATCH_CHECK_WORDS + feature_tables.shape[0] + 1 + _EXTRA_WORDS
-    outs = [indices.new_empty((n,)) for _ in range(6)]
-    if not counts:
-        outs[3] = indices.new_empty((0,))
-    flag = indices.new_empty((), dtype=torch.bool)
-    return (*outs, indices.new_empty((words,)), flag, indices.new_empty((clock_words,)))
+    rows = indices.new_empty((5, n))
+    made_counts = indices.new_empty((n,) if counts else (0,))
+    return rows, made_counts, indices.new_empty((words + 1 + clock_words,))
 
 
 @torch.library.register_fake("demb::table_find_or_insert_gated")  # type: ignore[untyped-decorator]

@@ -110,10 +110,12 @@ def dedup_batch(
         ValueError: a -1 key, a negative counter, or offsets that do not start at 0, decrease,
             or do not end at ``N`` (checked before anything is returned).
     """
-    keys, tables, inverse, counts, order, starts, bounds, bits = torch.ops.demb.dedup_batch(
+    rows, counts, bounds, bits = torch.ops.demb.dedup_batch(
         indices, offsets, feature_tables, num_tables, batch_size, counters, key_bits
     )
-    return DedupOutput(keys, tables, inverse, counts, order, starts, bounds, int(bits))
+    u = counts.shape[0]
+    inverse, order, keys, tables, starts = rows.unbind()  # one (5, N) buffer
+    return DedupOutput(keys[:u], tables[:u], inverse, counts, order, starts[:u], bounds, int(bits))
 
 
 def index_tables(
@@ -370,14 +372,9 @@ def _dedup_batch_fake(
     **__: object,
 ) -> tuple[torch.Tensor, ...]:
     unique = torch.library.get_ctx().new_dynamic_size()
-    n = indices.shape[0]
     bounds = num_tables + 1 + feature_tables.shape[0] + 1
     return (
-        indices.new_empty((unique,)),
-        indices.new_empty((unique,)),
-        indices.new_empty((n,)),
-        indices.new_empty((unique,)),
-        indices.new_empty((n,)),
+        indices.new_empty((5, indices.shape[0])),
         indices.new_empty((unique,)),
         torch.empty((bounds,), dtype=torch.int64, device="cpu"),
         torch.empty((), dtype=torch.int64, device="cpu"),
