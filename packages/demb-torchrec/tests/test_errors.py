@@ -13,6 +13,7 @@ import torch
 from demb_torchrec import (
     DembError,
     DynamicEmbeddingTables,
+    DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
     InputError,
     InputTypeError,
@@ -78,3 +79,34 @@ def test_an_unbuilt_option_and_a_frozen_table_name_the_table():
     frozen = module(training=False)
     with pytest.raises(TrainingStateError, match=r"tables \['user'\]: built with training=False"):
         frozen(torch.tensor([1]), torch.tensor([0, 1]))
+
+
+BAD_BATCHES = {
+    "indices": (torch.tensor([1, -1]), torch.tensor([0, 1, 2]), "the empty-key sentinel"),
+    "offsets": (torch.tensor([1, 2]), torch.tensor([0, 2, 1]), "never decrease and end at 2"),
+}
+
+
+@pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.NONE])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("argument", sorted(BAD_BATCHES))
+def test_bad_batch_data_is_an_input_error_naming_the_argument_and_tables(
+    pooling, training, argument
+):
+    """The batch's data checks run in the native ops (a -1 key, offsets that decrease), on
+    every training and eval path: the module raises them as InputError naming the argument
+    and the tables, and nothing is inserted."""
+    tables = DynamicEmbeddingTables(
+        [DynamicEmbTableOptions(dim=4, max_capacity=128)],
+        table_names=["user"],
+        pooling_mode=pooling,
+        device="cpu",
+    )
+    tables.train(training)
+    indices, offsets, reason = BAD_BATCHES[argument]
+    with pytest.raises(InputError, match=reason) as caught:
+        tables(indices, offsets)
+    assert caught.value.argument == argument
+    assert "['user']" in str(caught.value)
+    assert isinstance(caught.value.__cause__, ValueError)
+    assert tables.tables.export(0).keys.numel() == 0

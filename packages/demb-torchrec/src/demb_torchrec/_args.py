@@ -4,6 +4,7 @@ forward's batch (the spec's errors, each naming the argument)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -11,10 +12,46 @@ import torch
 from demb_optim import SPEC_TYPES, OptimizerKind, OptimizerSpec
 from demb_storage import TableConfigError
 
-from demb_torchrec.errors import InputError, InputTypeError
+from demb_torchrec.errors import DembError, InputError, InputTypeError
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 
-__all__ = ["check_batch_args", "check_weight_args", "optimizer_spec", "resolve_device"]
+__all__ = [
+    "batch_error",
+    "check_batch_args",
+    "check_offsets",
+    "check_weight_args",
+    "optimizer_spec",
+    "resolve_device",
+]
+
+_ARGUMENT = re.compile(r"(indices|offsets|counters|keys)\b")
+"""The batch arguments the native ops' checks name first in their messages (a table's ``keys``
+are the module's ``indices``)."""
+
+
+def batch_error(error: ValueError, tables: list[str]) -> ValueError:
+    """``error``, raised by a native op's check of a batch's data, as an :class:`InputError`
+    naming its argument (the one the message starts with, as ``offsets: ...``; else ``batch``)
+    and the ``tables`` whose batch it is; an error of demb's own is returned as it is."""
+    if isinstance(error, DembError):
+        return error
+    message = str(error)
+    found = _ARGUMENT.match(message)
+    argument = "batch" if found is None else found.group(1).replace("keys", "indices")
+    reason = message.removeprefix(f"{found.group(1)}: ") if found else message
+    return InputError(argument, f"{reason} (the batch of tables {tables})")
+
+
+def check_offsets(offsets: torch.Tensor, n: int) -> None:
+    """For a path that reads the offsets without a native op's check: raises the
+    ``ValueError`` such a check raises (the module names the tables: :func:`batch_error`)
+    unless the ``(F * B + 1,)`` ``offsets`` start at 0, never decrease and end at ``n`` (one
+    sync)."""
+    bad = (offsets[0] != 0) | (offsets[-1] != n) | (offsets.diff() < 0).any()
+    if bool(bad):
+        raise ValueError(
+            f"offsets: must start at 0, never decrease and end at {n} (the number of indices)"
+        )
 
 
 def optimizer_spec(optimizer: object, hyper_parameters: dict[str, float | bool]) -> OptimizerSpec:

@@ -13,6 +13,7 @@ from demb_kernels.lookup import check_batch, gather_table_rows, index_tables
 from demb_kernels.pooling import pool_table_rows
 from demb_storage import initialize_rows
 
+from demb_torchrec._args import check_offsets
 from demb_torchrec._autograd import summed_per_key
 from demb_torchrec._find_or_insert import Found, TrainRows
 from demb_torchrec._pooling import bag_rows, pool_slots
@@ -132,7 +133,8 @@ class EvalPooledFromTables:
             )
             bounds = check_batch(checks, indices.numel(), s.num_features)  # one sync; raises
             slots = s.tables.find(indices, tables, check=False)  # its data checks: the batch's
-        else:  # cheaper on the CPU than index_tables' searchsorted (the CPU lookup checks data)
+        else:  # cheaper on the CPU than index_tables' searchsorted (the CPU lookup checks keys)
+            check_offsets(offsets, indices.numel())
             bounds = offsets[::batch_size].tolist()
             sizes = torch.tensor(bounds, device=s.device).diff()
             slots = s.tables.find(indices, s.feature_tables.repeat_interleave(sizes))

@@ -26,7 +26,13 @@ from demb_kernels.init_rows import new_rows_args
 from demb_kernels.lookup import status_count_tensor
 from demb_storage import ScoredHashTable, TableConfigError, new_rows_spec, table_seed
 
-from demb_torchrec._args import check_batch_args, check_weight_args, optimizer_spec, resolve_device
+from demb_torchrec._args import (
+    batch_error,
+    check_batch_args,
+    check_weight_args,
+    optimizer_spec,
+    resolve_device,
+)
 from demb_torchrec._autograd import TrainStep, trained_rows
 from demb_torchrec._paths import eval_path, train_path
 from demb_torchrec._state import Bags, ForwardState
@@ -222,9 +228,12 @@ class DynamicEmbeddingTables(torch.nn.Module):
         if indices.numel() == 0 or batch_size == 0:
             return self._empty(batch_size, grad)
         bags = Bags(indices, offsets, batch_size, pooling_weights, frequency_counters)
-        if not self.training:
-            return self._eval_path.forward(bags)
-        out, status, bounds = self._train_path.forward(bags, grad)
+        try:
+            if not self.training:
+                return self._eval_path.forward(bags)
+            out, status, bounds = self._train_path.forward(bags, grad)
+        except ValueError as e:  # a native op's check of the batch's data: named as ours
+            raise batch_error(e, self.table_names) from e
         if status is not None:  # the forward's work is queued: failed inserts are counted now
             counts = status_count_tensor(status, bounds)
             self.tables.record_failures(counts[1], int(status.numel()))
