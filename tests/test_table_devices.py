@@ -105,9 +105,9 @@ def test_cuda_index_equals_cpu_index(policy):
             a_freed = ops.erase(cpu, keys[sub], tids[sub])
             b_freed = ops.erase(gpu, keys[sub].cuda(), tids[sub].cuda())
             torch.testing.assert_close(b_freed.cpu(), a_freed, rtol=0, atol=0)
-        lookups = ops.lookup(cpu, keys, tids, args, counts)
+        lookups = ops.find(cpu, keys, tids, args, counts)
         torch.testing.assert_close(
-            ops.lookup(gpu, keys.cuda(), tids.cuda(), args.cuda(), counts.cuda()).cpu(),
+            ops.find(gpu, keys.cuda(), tids.cuda(), args.cuda(), counts.cuda()).cpu(),
             lookups,
             rtol=0,
             atol=0,
@@ -140,11 +140,11 @@ def test_cuda_batches_found_whole_equal_cpu(policy):
     for step, (k, t) in enumerate([(keys, ktids), last_new, (keys, ktids)]):
         args = torch.tensor([11 + step, 21 + step])
         counts = torch.randint(0, 4, k.shape, generator=g)
-        a, a_hit = ops.find_or_insert_hits(cpu, k, t, args, counts)
+        a, a_hit, _ = ops.find_or_insert_rows(cpu, k, t, args, counts)
         gk, gt, gc = k, t, counts
         if step == 2:  # the GPU batch also holds the empty key: FAILED, not a hit
             gk, gt, gc = (torch.cat([x, torch.tensor([v])]) for x, v in ((k, -1), (t, 0), (gc, 1)))
-        b, b_hit = ops.find_or_insert_hits(
+        b, b_hit, _ = ops.find_or_insert_rows(
             gpu, gk.cuda(), gt.cuda(), args.cuda(), gc.cuda(), check=False
         )
         for x, y in zip(a, b, strict=True):
@@ -175,7 +175,7 @@ def test_cuda_find_or_insert_captured_in_a_graph_equals_cpu():
     ops.find_or_insert(warm, k, t, a)  # loads the kernels before the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured, all_hit = ops.find_or_insert_hits(gpu, k, t, a, check=False)
+        captured, all_hit, _ = ops.find_or_insert_rows(gpu, k, t, a, check=False)
     assert not all_hit  # not known while captured
     torch.testing.assert_close(gpu.sizes.cpu(), torch.zeros(2, dtype=torch.int64))
     for _ in range(2):
@@ -275,7 +275,7 @@ def test_cuda_bad_input_is_named(keys, tids, message):
     with pytest.raises(ValueError, match=message):
         ops.find_or_insert(index, k, t, torch.tensor([1, 1], device="cuda"))
     with pytest.raises(ValueError, match=message):
-        ops.lookup(index, k, t)
+        ops.find(index, k, t)
     # unchecked, the kernels skip the bad entries instead of writing out of bounds
     res = ops.find_or_insert(index, k, t, torch.tensor([1, 1], device="cuda"), check=False)
     assert res.status.tolist()[1] == InsertStatus.FAILED
@@ -300,9 +300,9 @@ def test_cuda_find_or_insert_rows_equals_cpu():
     new = torch.cat([present, torch.tensor([2 * 10**9])]), torch.cat([tids, torch.tensor([1])])
     for step, (k, t) in enumerate([(present, tids), new]):
         args = torch.tensor([3 + step, 4 + step])
-        a = ops.find_or_insert_rows(cpu, k, t, args, values=values, inverse=inverse, dim=128)
+        a = ops.find_or_insert_rows(cpu, k, t, args, gather=ops.RowGather(values, inverse, 128))
         b = ops.find_or_insert_rows(
-            gpu, k.cuda(), t.cuda(), args.cuda(), values=on_gpu, inverse=inverse.cuda(), dim=128
+            gpu, k.cuda(), t.cuda(), args.cuda(), gather=ops.RowGather(on_gpu, inverse.cuda(), 128)
         )
         for x, y in zip(a[0], b[0], strict=True):
             torch.testing.assert_close(y.cpu(), x, rtol=0, atol=0)
@@ -317,7 +317,7 @@ def test_cuda_find_or_insert_rows_equals_cpu():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         _, all_hit, rows = ops.find_or_insert_rows(
-            gpu, k, t, args, values=on_gpu, inverse=inv, dim=128, check=False
+            gpu, k, t, args, gather=ops.RowGather(on_gpu, inv, 128), check=False
         )
     assert not all_hit
     assert rows is None

@@ -1,7 +1,7 @@
-"""lookup_rows (``demb::table_find_rows``) equals a lookup then a gather of its slots, leaves the
+"""find_rows (``demb::table_find_rows``) equals a lookup then a gather of its slots, leaves the
 index unchanged, names bad arguments, and on CUDA equals the CPU bit for bit (marker ``cuda``).
-lookup_batch_rows (``demb::table_find_batch_rows``), each index's table taken from its feature,
-equals lookup_rows of index_tables' tables; on CUDA the CPU, with few features (kept in shared
+find_batch_rows (``demb::table_find_batch_rows``), each index's table taken from its feature,
+equals find_rows of index_tables' tables; on CUDA the CPU, with few features (kept in shared
 memory) and many (read from the offsets); bad offsets or feature tables read as missing keys."""
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ def snapshot(index: TableIndex) -> list[torch.Tensor]:
     queries=st.integers(0, 200),
     seed=st.integers(0, 2**31),
 )
-def test_lookup_rows_is_a_lookup_then_a_gather(capacities, dim, extra, dtype, queries, seed):
+def test_find_rows_is_a_lookup_then_a_gather(capacities, dim, extra, dtype, queries, seed):
     gen = torch.Generator().manual_seed(seed)
     index, values, keys, tables = filled_case(gen, capacities, dim + extra, dtype, 40, queries)
     before = snapshot(index)
-    rows, slots = ops.lookup_rows(index, values, keys, tables, dim)
-    expected_slots = ops.lookup(index, keys, tables)
+    rows, slots = ops.find_rows(index, values, keys, tables, dim)
+    expected_slots = ops.find(index, keys, tables)
     assert torch.equal(slots, expected_slots)
     assert rows.dtype == torch.float32
     assert rows.shape == (queries, dim)
@@ -66,23 +66,23 @@ def test_lookup_rows_is_a_lookup_then_a_gather(capacities, dim, extra, dtype, qu
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot(index), strict=True))
 
 
-def test_lookup_rows_names_bad_arguments():
+def test_find_rows_names_bad_arguments():
     gen = torch.Generator().manual_seed(0)
     index, values, keys, tables = filled_case(gen, [32, 64], 8, torch.float32, 20, 10)
     with pytest.raises(ValueError, match="values: 1 buffers for an index of 2 tables"):
-        ops.lookup_rows(index, values[:1], keys, tables, 8)
+        ops.find_rows(index, values[:1], keys, tables, 8)
     with pytest.raises(ValueError, match=r"values\[1\] has 10 rows for a table of 64 slots"):
-        ops.lookup_rows(index, [values[0], values[1][:10]], keys, tables, 8)
+        ops.find_rows(index, [values[0], values[1][:10]], keys, tables, 8)
     with pytest.raises(ValueError, match="width >= 9"):
-        ops.lookup_rows(index, values, keys, tables, 9)
+        ops.find_rows(index, values, keys, tables, 9)
     with pytest.raises(TypeError, match="one dtype for all tables"):
-        ops.lookup_rows(index, [values[0], values[1].half()], keys, tables, 8)
+        ops.find_rows(index, [values[0], values[1].half()], keys, tables, 8)
     with pytest.raises(ValueError, match="out of range"):
-        ops.lookup_rows(index, values, keys, torch.full_like(tables, 2), 8)
+        ops.find_rows(index, values, keys, torch.full_like(tables, 2), 8)
     with pytest.raises(ValueError, match="empty-key sentinel"):
-        ops.lookup_rows(index, values, torch.full_like(keys, -1), tables, 8)
+        ops.find_rows(index, values, torch.full_like(keys, -1), tables, 8)
     with pytest.raises(TypeError, match="keys must be int64 or int32"):
-        ops.lookup_rows(index, values, keys.float(), tables, 8)
+        ops.find_rows(index, values, keys.float(), tables, 8)
 
 
 def on_cuda(index: TableIndex) -> TableIndex:
@@ -97,25 +97,25 @@ def on_cuda(index: TableIndex) -> TableIndex:
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("dim", "extra"), [(128, 0), (64, 4), (130, 2), (256, 0), (33, 0)])
-def test_cuda_lookup_rows_equals_cpu(dtype, dim, extra):
+def test_cuda_find_rows_equals_cpu(dtype, dim, extra):
     """Every CUDA path (4 rows of one float4 per lane, wide 16-byte rows, scalar rows), tails of
     keys, and invalid entries (unchecked: they read as missing)."""
     gen = torch.Generator().manual_seed(3)
     index, values, keys, tables = filled_case(
         gen, [4096, 2048, 8192], dim + extra, dtype, 5000, 30_001
     )
-    cpu_rows, cpu_slots = ops.lookup_rows(index, values, keys, tables, dim)
+    cpu_rows, cpu_slots = ops.find_rows(index, values, keys, tables, dim)
     gpu_index = on_cuda(index)
     before = snapshot(gpu_index)
     gpu_values = [v.cuda() for v in values]
-    rows, slots = ops.lookup_rows(gpu_index, gpu_values, keys.cuda(), tables.cuda(), dim)
+    rows, slots = ops.find_rows(gpu_index, gpu_values, keys.cuda(), tables.cuda(), dim)
     assert torch.equal(slots.cpu(), cpu_slots)
     assert torch.equal(rows.cpu(), cpu_rows)
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot(gpu_index), strict=True))
     bad_keys, bad_tables = keys.clone(), tables.clone()
     bad_keys[::7] = -1
     bad_tables[3::11] = 5
-    rows, slots = ops.lookup_rows(
+    rows, slots = ops.find_rows(
         gpu_index, gpu_values, bad_keys.cuda(), bad_tables.cuda(), dim, check=False
     )
     invalid = (bad_keys == -1) | (bad_tables == 5)
@@ -124,7 +124,7 @@ def test_cuda_lookup_rows_equals_cpu(dtype, dim, extra):
     assert torch.equal(slots.cpu()[~invalid], cpu_slots[~invalid])
     assert torch.equal(rows.cpu()[~invalid], cpu_rows[~invalid])
     with pytest.raises(ValueError, match="table_ids: out of range"):
-        ops.lookup_rows(gpu_index, gpu_values, bad_keys.cuda(), bad_tables.cuda(), dim)
+        ops.find_rows(gpu_index, gpu_values, bad_keys.cuda(), bad_tables.cuda(), dim)
 
 
 def batch(gen: torch.Generator, n: int, features: int, batch_size: int, tables: int):
@@ -145,18 +145,14 @@ def batch(gen: torch.Generator, n: int, features: int, batch_size: int, tables: 
     dim=st.integers(1, 40),
     seed=st.integers(0, 2**31),
 )
-def test_batch_rows_are_lookup_rows_of_the_feature_tables(
-    tables, features, batch_size, n, dim, seed
-):
+def test_batch_rows_are_find_rows_of_the_feature_tables(tables, features, batch_size, n, dim, seed):
     gen = torch.Generator().manual_seed(seed)
     index, values, _, _ = filled_case(gen, [64] * tables, dim + 2, torch.float32, 40, 0)
     keys = torch.randint(0, 160, (n,), generator=gen)
     offsets, feature_tables = batch(gen, n, features, batch_size, tables)
-    rows, slots = ops.lookup_batch_rows(
-        index, values, keys, offsets, feature_tables, batch_size, dim
-    )
+    rows, slots = ops.find_batch_rows(index, values, keys, offsets, feature_tables, batch_size, dim)
     per_index, _ = index_tables(keys, offsets, feature_tables, tables, batch_size)
-    want_rows, want_slots = ops.lookup_rows(index, values, keys, per_index, dim)
+    want_rows, want_slots = ops.find_rows(index, values, keys, per_index, dim)
     assert torch.equal(slots, want_slots)
     assert torch.equal(rows, want_rows)
 
@@ -167,11 +163,11 @@ def test_cpu_raises_on_a_feature_table_out_of_range():
     offsets = torch.arange(0, 21, 10)
     bad = torch.tensor([0, 2])
     with pytest.raises(ValueError, match=r"table_ids\[10\]=2 is out of range"):
-        ops.lookup_batch_rows(index, values, keys, offsets, bad, 1, 8, check=False)
+        ops.find_batch_rows(index, values, keys, offsets, bad, 1, 8, check=False)
     with pytest.raises(ValueError, match=r"feature_tables: 1 entries outside \[0, 2\)"):
-        ops.lookup_batch_rows(index, values, keys, offsets, bad, 1, 8)
+        ops.find_batch_rows(index, values, keys, offsets, bad, 1, 8)
     with pytest.raises(ValueError, match="batch_size"):
-        ops.lookup_batch_rows(index, values, keys, offsets, torch.tensor([0, 1]), 0, 8)
+        ops.find_batch_rows(index, values, keys, offsets, torch.tensor([0, 1]), 0, 8)
 
 
 def check_cases(keys: torch.Tensor, offsets: torch.Tensor, tables: torch.Tensor):
@@ -208,12 +204,12 @@ def test_checked_batches_raise_naming_the_argument(device):
     for name, (k, o, t), error in check_cases(keys, offsets, torch.tensor([0, 1])):
         args = (index, values, k.to(device), o.to(device), t.to(device), 2, 8)
         if error is None:
-            rows, slots = ops.lookup_batch_rows(*args)
-            assert torch.equal(rows.cpu(), ops.lookup_batch_rows(*args, check=False)[0].cpu())
+            rows, slots = ops.find_batch_rows(*args)
+            assert torch.equal(rows.cpu(), ops.find_batch_rows(*args, check=False)[0].cpu())
             assert (slots >= 0).any(), name
         else:
             with pytest.raises(ValueError, match=error):
-                ops.lookup_batch_rows(*args)
+                ops.find_batch_rows(*args)
 
 
 @pytest.mark.cuda
@@ -225,11 +221,11 @@ def test_cuda_batch_rows_equal_cpu(features, batch_size, dim, extra, dtype):
     n = 30_001
     keys = torch.randint(0, 40_000, (n,), generator=gen)
     offsets, feature_tables = batch(gen, n, features, batch_size, 3)
-    cpu_rows, cpu_slots = ops.lookup_batch_rows(
+    cpu_rows, cpu_slots = ops.find_batch_rows(
         index, values, keys, offsets, feature_tables, batch_size, dim
     )
     gpu_index, gpu_values = on_cuda(index), [v.cuda() for v in values]
-    rows, slots = ops.lookup_batch_rows(
+    rows, slots = ops.find_batch_rows(
         gpu_index, gpu_values, keys.cuda(), offsets.cuda(), feature_tables.cuda(), batch_size, dim
     )
     assert torch.equal(slots.cpu(), cpu_slots)
@@ -237,9 +233,9 @@ def test_cuda_batch_rows_equal_cpu(features, batch_size, dim, extra, dtype):
     bad_tables = feature_tables.clone()
     bad_tables[0] = 7  # out of range: feature 0's indices read as missing
     gpu_batch = (keys.cuda(), offsets.cuda(), bad_tables.cuda(), batch_size, dim)
-    rows, slots = ops.lookup_batch_rows(gpu_index, gpu_values, *gpu_batch, check=False)
+    rows, slots = ops.find_batch_rows(gpu_index, gpu_values, *gpu_batch, check=False)
     with pytest.raises(ValueError, match="feature_tables: 1 entries outside"):
-        ops.lookup_batch_rows(gpu_index, gpu_values, *gpu_batch)
+        ops.find_batch_rows(gpu_index, gpu_values, *gpu_batch)
     mine = torch.arange(n) < offsets[batch_size]
     assert (slots.cpu()[mine] == -1).all()
     assert not rows.cpu()[mine].any()
@@ -247,8 +243,8 @@ def test_cuda_batch_rows_equal_cpu(features, batch_size, dim, extra, dtype):
     bad_offsets = offsets.clone()
     bad_offsets[1:-1] = bad_offsets[1:-1].flip(0)  # decreasing: no read out of bounds
     gpu_batch = (keys.cuda(), bad_offsets.cuda(), feature_tables.cuda(), batch_size, dim)
-    rows, slots = ops.lookup_batch_rows(gpu_index, gpu_values, *gpu_batch, check=False)
+    rows, slots = ops.find_batch_rows(gpu_index, gpu_values, *gpu_batch, check=False)
     with pytest.raises(ValueError, match="offsets: must start at 0, never decrease"):
-        ops.lookup_batch_rows(gpu_index, gpu_values, *gpu_batch)
+        ops.find_batch_rows(gpu_index, gpu_values, *gpu_batch)
     assert rows.shape == (n, dim)
     assert (slots.cpu() >= -1).all()

@@ -166,11 +166,11 @@ def gated_step_matches_twin(index, twin, values, batch, batch_size, score):
     args = torch.full((T,), score, dtype=torch.int64, device="cuda")
     result, host, rows = find_or_insert_gated(
         index, launched.keys, launched.tables, args, launched.counts, launched.info,
-        values=values, inverse=launched.inverse, dim=4,
+        gather=ops.RowGather(values, launched.inverse, 4),
     )  # fmt: skip
     expected, hit, expected_rows = ops.find_or_insert_rows(
         twin, want.keys, want.tables, args, want.counts,
-        values=values, inverse=want.inverse, dim=4,
+        gather=ops.RowGather(values, want.inverse, 4),
     )  # fmt: skip
     unique, go, missed = gate_words(host)
     assert go
@@ -246,7 +246,7 @@ def test_a_closed_gate_changes_nothing():
         values = [torch.randn(c, 5, device="cuda") for c in (64, 128, 64)]
         _, host, rows = find_or_insert_gated(
             index, launched.keys, launched.tables, torch.full((T,), 9, device="cuda"),
-            launched.counts, launched.info, values=values, inverse=launched.inverse, dim=4,
+            launched.counts, launched.info, gather=ops.RowGather(values, launched.inverse, 4),
         )  # fmt: skip
         assert gate_words(host)[1] is False
         assert rows is None

@@ -38,8 +38,8 @@ def test_create_names_the_bad_argument(kwargs, match):
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda ix: ops.lookup(ix, torch.tensor([1.0]), torch.tensor([0])), TypeError, "keys"),
-        (lambda ix: ops.lookup(ix, torch.tensor([1]), torch.tensor([0.0])), TypeError, "table_ids"),
+        (lambda ix: ops.find(ix, torch.tensor([1.0]), torch.tensor([0])), TypeError, "keys"),
+        (lambda ix: ops.find(ix, torch.tensor([1]), torch.tensor([0.0])), TypeError, "table_ids"),
         (
             lambda ix: ops.find_or_insert(
                 ix, torch.tensor([3, -1]), torch.tensor([0, 0]), torch.tensor([0, 1])
@@ -142,36 +142,40 @@ def test_timestamp_copies_one_reading():
         ops.timestamp("cpu", 0)
 
 
-def test_find_or_insert_hits_says_whether_every_key_was_found():
+def test_find_or_insert_rows_says_whether_every_key_was_found():
     """all_hit is True exactly when every status is HIT: an empty batch, a batch of present
     keys with duplicates; False with one new key or one failed insert."""
     index = TableIndex.create([64], [16], [ScorePolicy.STEP])
     zeros = torch.zeros(3, dtype=torch.int64)
-    res, all_hit = ops.find_or_insert_hits(index, torch.tensor([5, 6, 5]), zeros, torch.tensor([1]))
+    res, all_hit, _ = ops.find_or_insert_rows(
+        index, torch.tensor([5, 6, 5]), zeros, torch.tensor([1])
+    )
     assert not all_hit
     assert res.status.tolist() == [InsertStatus.INSERTED, InsertStatus.INSERTED, InsertStatus.HIT]
-    res, all_hit = ops.find_or_insert_hits(index, torch.tensor([6, 5, 6]), zeros, torch.tensor([2]))
+    res, all_hit, _ = ops.find_or_insert_rows(
+        index, torch.tensor([6, 5, 6]), zeros, torch.tensor([2])
+    )
     assert all_hit
     assert res.status.tolist() == [InsertStatus.HIT] * 3
     empty = torch.zeros(0, dtype=torch.int64)
-    assert ops.find_or_insert_hits(index, empty, empty, torch.tensor([3]))[1]
+    assert ops.find_or_insert_rows(index, empty, empty, torch.tensor([3])).all_hit
     full = TableIndex.create([16], [16], [ScorePolicy.NO_EVICTION])
     keys = torch.arange(17)
-    res, all_hit = ops.find_or_insert_hits(
+    res, all_hit, _ = ops.find_or_insert_rows(
         full, keys, torch.zeros(17, dtype=torch.int64), torch.tensor([1])
     )
     assert int((res.status == InsertStatus.FAILED).sum()) == 1
     assert not all_hit
-    res, all_hit = ops.find_or_insert_hits(
+    res, all_hit, _ = ops.find_or_insert_rows(
         full, keys[:16], torch.zeros(16, dtype=torch.int64), torch.tensor([2])
     )
     assert all_hit
 
 
 def test_find_or_insert_rows_reads_the_rows_when_every_key_is_found():
-    """find_or_insert_rows is find_or_insert_hits (on a twin index) plus, when all keys are
-    found, gather_table_rows of the slots found; rows None otherwise. A bad request raises
-    before the index changes."""
+    """find_or_insert_rows with a gather is find_or_insert_rows without one (on a twin index)
+    plus, when all keys are found, gather_table_rows of the slots found; rows None otherwise.
+    A bad request raises before the index changes."""
     from demb_kernels.lookup import gather_table_rows
 
     index, twin = make(), make()
@@ -181,9 +185,9 @@ def test_find_or_insert_rows_reads_the_rows_when_every_key_is_found():
     for k, t, hit in ((keys, tids, True), (torch.tensor([3, 99]), torch.tensor([1, 0]), False)):
         args = torch.tensor([4, 5])
         res, all_hit, rows = ops.find_or_insert_rows(
-            index, k, t, args, values=values, inverse=inverse[inverse < k.numel()], dim=4
+            index, k, t, args, gather=ops.RowGather(values, inverse[inverse < k.numel()], 4)
         )
-        expected, expected_hit = ops.find_or_insert_hits(twin, k, t, args)
+        expected, expected_hit, _ = ops.find_or_insert_rows(twin, k, t, args)
         assert all_hit == expected_hit == hit
         for a, b in zip(res, expected, strict=True):
             assert torch.equal(a, b)
@@ -196,10 +200,10 @@ def test_find_or_insert_rows_reads_the_rows_when_every_key_is_found():
     before = snapshot(index)
     with pytest.raises(TypeError, match="inverse must be int64"):
         ops.find_or_insert_rows(
-            index, keys, tids, torch.tensor([6, 7]), values=values, inverse=inverse.int(), dim=4
+            index, keys, tids, torch.tensor([6, 7]), gather=ops.RowGather(values, inverse.int(), 4)
         )
     with pytest.raises(ValueError, match="values: 1 buffers for an index of 2 tables"):
         ops.find_or_insert_rows(
-            index, keys, tids, torch.tensor([6, 7]), values=values[:1], inverse=inverse, dim=4
+            index, keys, tids, torch.tensor([6, 7]), gather=ops.RowGather(values[:1], inverse, 4)
         )
     assert all(torch.equal(a, b) for a, b in zip(snapshot(index), before, strict=True))

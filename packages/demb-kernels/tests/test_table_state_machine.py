@@ -20,9 +20,9 @@ from demb_kernels.table import (
     clear,
     erase,
     export,
+    find,
     find_or_insert,
     insert_or_assign,
-    lookup,
     rehash,
 )
 from demb_kernels.table_reference import (
@@ -218,7 +218,7 @@ class TableMachine(RuleBasedStateMachine):
         args = self.score_args(custom) if update else None
         cs = counts if use_counts else None
         before = self.kernel_state()
-        got = lookup(
+        got = find(
             self.index,
             i64(keys),
             i64(tids),

@@ -15,7 +15,7 @@ import torch
 
 from demb_kernels import _library  # noqa: F401  (loads the native ops)
 from demb_kernels.lookup import _BATCH_CHECK_WORDS
-from demb_kernels.table import InsertResult, TableIndex, as_batch
+from demb_kernels.table import InsertResult, RowGather, TableIndex, as_batch
 
 __all__ = [
     "LaunchInfo",
@@ -203,15 +203,13 @@ def find_or_insert_gated(
     counts: torch.Tensor | None,
     info: torch.Tensor,
     *,
-    values: list[torch.Tensor] | None = None,
-    inverse: torch.Tensor | None = None,
-    dim: int = 0,
+    gather: RowGather | None = None,
 ) -> tuple[InsertResult, torch.Tensor, torch.Tensor | None]:
     """:func:`demb_kernels.table.find_or_insert` of a batch from :func:`dedup_launch` (CUDA
     only), with the forward's one sync: the first pass runs over the first ``U`` rows, ``U``
     and the go flag read on the device from ``info`` (no row at all when the flag is clear:
-    nothing changes); the gather of the occurrences' rows (``values`` and ``inverse`` given) is
-    queued behind it; then ``info`` is read back whole, and when a key missed, the insert pass
+    nothing changes); the gather of the occurrences' rows (``gather`` given) is queued behind
+    it; then ``info`` is read back whole, and when a key missed, the insert pass
     runs on the first ``U`` rows.
 
     Args:
@@ -219,8 +217,8 @@ def find_or_insert_gated(
         keys, table_ids, counts: dedup_launch's ``(N,)`` keys, tables and counts (LFU words).
         score_args: ``(T,)`` int64 batch score per table.
         info: dedup_launch's info words (its ``missed`` word is set here).
-        values: per table, its ``(rows, width)`` value buffer; inverse: ``(N_occ,)`` int64 the
-            key of each occurrence; dim: the columns read.
+        gather: the occurrences' rows to read when every key is found
+            (:class:`demb_kernels.table.RowGather`), or None.
 
     Returns:
         ``(InsertResult, host, rows)``: the result's tensors have ``N`` rows, of which the
@@ -230,9 +228,10 @@ def find_or_insert_gated(
         was set and every key was found, else None.
     """
     keys, table_ids = as_batch(index, keys, table_ids)
+    values, inverse, dim = ([], None, 0) if gather is None else gather
     *out, host, rows = torch.ops.demb.table_find_or_insert_gated(
         *index._tensors(), index.sizes, keys, table_ids, score_args, counts, info,
-        [] if values is None else values, inverse, dim,
+        values, inverse, dim,
     )  # fmt: skip
     return InsertResult(*out), host, rows if rows.shape[0] else None
 

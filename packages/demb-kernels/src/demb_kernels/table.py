@@ -14,6 +14,8 @@ synchronizing reduction and can be skipped with ``check=False`` by callers that 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from demb_kernels import (
@@ -32,21 +34,22 @@ from demb_kernels._table_index import (
 __all__ = [
     "EMPTY_KEY",
     "ExportResult",
+    "FoundRows",
     "InsertResult",
     "InsertStatus",
+    "RowGather",
     "ScorePolicy",
     "TableIndex",
     "as_batch",
     "clear",
     "erase",
     "export",
+    "find",
+    "find_batch_rows",
     "find_or_insert",
-    "find_or_insert_hits",
     "find_or_insert_rows",
+    "find_rows",
     "insert_or_assign",
-    "lookup",
-    "lookup_batch_rows",
-    "lookup_rows",
     "rehash",
     "timestamp",
 ]
@@ -106,7 +109,7 @@ def _check_data(
         raise ValueError("counts: contains a negative count")
 
 
-def lookup(
+def find(
     index: TableIndex,
     keys: torch.Tensor,
     table_ids: torch.Tensor,
@@ -135,7 +138,7 @@ def lookup(
     return slots
 
 
-def lookup_rows(
+def find_rows(
     index: TableIndex,
     values: list[torch.Tensor],
     keys: torch.Tensor,
@@ -144,7 +147,7 @@ def lookup_rows(
     *,
     check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each key's row, read where :func:`lookup` finds it (no score touched): a lookup and a
+    """Each key's row, read where :func:`find` finds it (no score touched): a lookup and a
     gather in one pass (on CUDA, one launch).
 
     Args:
@@ -167,7 +170,7 @@ def lookup_rows(
     return rows, slots
 
 
-def lookup_batch_rows(
+def find_batch_rows(
     index: TableIndex,
     values: list[torch.Tensor],
     indices: torch.Tensor,
@@ -178,13 +181,13 @@ def lookup_batch_rows(
     *,
     check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`lookup_rows` of a TBE-layout batch: each index's table is its feature's (feature
+    """:func:`find_rows` of a TBE-layout batch: each index's table is its feature's (feature
     ``f`` owns ``indices[offsets[f * B]:offsets[(f + 1) * B]]``), found in the same pass (on
     CUDA, one launch).
 
     Args:
         index: the index.
-        values: as :func:`lookup_rows`.
+        values: as :func:`find_rows`.
         indices: ``(N,)`` int64 keys, feature-major.
         offsets: ``(F * B + 1,)`` int64 bag offsets.
         feature_tables: ``(F,)`` int64 table of each feature.
@@ -237,32 +240,32 @@ def find_or_insert(
     Returns:
         :class:`InsertResult`.
     """
-    return find_or_insert_hits(index, keys, table_ids, score_args, counts, check=check)[0]
+    return find_or_insert_rows(index, keys, table_ids, score_args, counts, check=check).result
 
 
-def find_or_insert_hits(
-    index: TableIndex,
-    keys: torch.Tensor,
-    table_ids: torch.Tensor,
-    score_args: torch.Tensor,
-    counts: torch.Tensor | None = None,
-    *,
-    check: bool = True,
-) -> tuple[InsertResult, bool]:
-    """:func:`find_or_insert`, and whether every key was found: every status HIT, so no row is
-    new and none failed (False on CUDA while the stream is captured into a CUDA graph, where
-    it is not known). A caller that initializes new rows can skip that work when True.
+class RowGather(NamedTuple):
+    """The rows :func:`find_or_insert_rows` reads when every key was found:
+    :func:`demb_kernels.lookup.gather_table_rows` ``(values, slots, table_ids, inverse, dim)``."""
 
-    Args: as :func:`find_or_insert`.
+    values: list[torch.Tensor]
+    """Per table, its ``(rows, width)`` value buffer on the index's device."""
+    inverse: torch.Tensor
+    """``(N_occ,)`` int64 the key (position in ``keys``) of each occurrence."""
+    dim: int
+    """The columns read, ``<=`` every table's width."""
 
-    Returns:
-        ``(InsertResult, all_hit)``.
-    """
-    keys, table_ids = _checked(index, keys, table_ids, counts, check)
-    *out, all_hit = torch.ops.demb.table_find_or_insert(
-        *index._tensors(), index.sizes, keys, table_ids, score_args, counts
-    )
-    return InsertResult(*out), bool(all_hit)
+
+class FoundRows(NamedTuple):
+    """:func:`find_or_insert_rows`' outcome."""
+
+    result: InsertResult
+    all_hit: bool
+    """Every status HIT: no row is new and none failed (False on CUDA while the stream is
+    captured into a CUDA graph, where it is not known). A caller that initializes new rows can
+    skip that work when True."""
+    rows: torch.Tensor | None
+    """With a :class:`RowGather`, when ``all_hit``: ``(N_occ, dim)`` float32 rows; else None
+    (new rows are not initialized yet: the caller gathers after that)."""
 
 
 def find_or_insert_rows(
@@ -272,35 +275,33 @@ def find_or_insert_rows(
     score_args: torch.Tensor,
     counts: torch.Tensor | None = None,
     *,
-    values: list[torch.Tensor],
-    inverse: torch.Tensor,
-    dim: int,
+    gather: RowGather | None = None,
     check: bool = True,
-) -> tuple[InsertResult, bool, torch.Tensor | None]:
-    """:func:`find_or_insert_hits`, and when every key was found also each occurrence's row:
-    :func:`demb_kernels.lookup.gather_table_rows` ``(values, slots, table_ids, inverse, dim)``.
-    On CUDA that gather is queued behind the lookup pass before the op waits for its flag, so
-    the rows are being read while the host learns whether they are the right ones.
+) -> FoundRows:
+    """:func:`find_or_insert`, whether every key was found and, with ``gather``, when every
+    key was found, each occurrence's row. On CUDA that gather is queued behind the lookup pass
+    before the op waits for its flag, so the rows are being read while the host learns whether
+    they are the right ones.
 
     Args:
         index, keys, table_ids, score_args, counts, check: as :func:`find_or_insert`.
-        values: per table, its ``(rows, width)`` value buffer on the index's device.
-        inverse: ``(N,)`` int64 the key (position in ``keys``) of each occurrence.
-        dim: the columns read, ``<=`` every table's width.
+        gather: the rows to read (:class:`RowGather`), or None.
 
     Returns:
-        ``(InsertResult, all_hit, rows)``: rows ``(N, dim)`` float32 when ``all_hit``, else
-        None (new rows are not initialized yet: the caller gathers after that).
+        :class:`FoundRows`.
 
     Raises:
-        ValueError / TypeError: bad values, inverse or dim, before the index changes.
+        ValueError / TypeError: bad keys, values, inverse or dim, before the index changes.
     """
     keys, table_ids = _checked(index, keys, table_ids, counts, check)
-    *out, all_hit, rows = torch.ops.demb.table_find_or_insert_rows(
-        *index._tensors(), index.sizes, keys, table_ids, score_args, counts, values, inverse, dim
-    )
-    hit = bool(all_hit)
-    return InsertResult(*out), hit, rows if hit else None
+    tensors = (*index._tensors(), index.sizes, keys, table_ids, score_args, counts)
+    if gather is None:
+        *out, all_hit = torch.ops.demb.table_find_or_insert(*tensors)
+        return FoundRows(InsertResult(*out), bool(all_hit), None)
+    values, inverse, dim = gather
+    *out, hit, rows = torch.ops.demb.table_find_or_insert_rows(*tensors, values, inverse, dim)
+    all_hit = bool(hit)
+    return FoundRows(InsertResult(*out), all_hit, rows if all_hit else None)
 
 
 def insert_or_assign(

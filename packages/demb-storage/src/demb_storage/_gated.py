@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from demb_kernels.launched import LaunchedDedup, find_or_insert_gated, gate_words
+from demb_kernels.table import RowGather
 
 from demb_storage._errors import TableConfigError
 from demb_storage._outcomes import InsertOutcome
@@ -61,11 +62,10 @@ def find_or_insert_launched(
             "counts", counts, "the dedup was launched with counts=False: it made no counts"
         )
     args = checked_scores(score_args, table.num_tables, table.device)
-    values, inverse, dim = (None, None, 0) if gather_rows is None else (table.values, *gather_rows)
+    gather = None if gather_rows is None else RowGather(table.values, *gather_rows)
     result, host, rows = find_or_insert_gated(
         table.index, launched.keys, launched.tables, args,
-        launched.counts if counts else None, launched.info,
-        values=values, inverse=inverse, dim=dim,
+        launched.counts if counts else None, launched.info, gather=gather,
     )  # fmt: skip
     words: list[int] = host.tolist()  # once: launch_info reads the same words
     unique, go, missed = gate_words(words)

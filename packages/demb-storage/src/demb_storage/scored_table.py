@@ -178,10 +178,10 @@ class ScoredHashTable:
     ) -> torch.Tensor:
         """``(N,)`` int64 slot of each key or -1; with ``update_scores``, found keys are touched
         (a forward: STEP tables advance one step). ``check=False`` skips the data checks of a
-        CUDA batch (:func:`demb_kernels.table.lookup`) for callers that made them."""
+        CUDA batch (:func:`demb_kernels.table.find`) for callers that made them."""
         args = self._score_args() if update_scores else None
         counts = counts if update_scores else None
-        return ops.lookup(self.index, keys, table_ids, args, counts, check=check)
+        return ops.find(self.index, keys, table_ids, args, counts, check=check)
 
     def find_rows(
         self, keys: torch.Tensor, table_ids: torch.Tensor, dim: int, *, check: bool = True
@@ -189,8 +189,8 @@ class ScoredHashTable:
         """``(N, dim)`` float32 first ``dim`` value columns of ``(N,)`` int64 ``keys`` of
         tables ``table_ids`` (zeros for a missing key), and their ``(N,)`` int64 slots (-1 for
         a missing key): :meth:`find` (no score touched) and the read in one pass
-        (:func:`demb_kernels.table.lookup_rows`); ``check`` as :meth:`find`."""
-        return ops.lookup_rows(self.index, self.values, keys, table_ids, dim, check=check)
+        (:func:`demb_kernels.table.find_rows`); ``check`` as :meth:`find`."""
+        return ops.find_rows(self.index, self.values, keys, table_ids, dim, check=check)
 
     def find_batch_rows(
         self,
@@ -201,9 +201,9 @@ class ScoredHashTable:
         dim: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`find_rows` of a TBE-layout batch, each index's table its feature's, after
-        the batch's checks (:func:`demb_kernels.table.lookup_batch_rows`: on CUDA the host
+        the batch's checks (:func:`demb_kernels.table.find_batch_rows`: on CUDA the host
         waits for the checks only, not for the lookup)."""
-        return ops.lookup_batch_rows(
+        return ops.find_batch_rows(
             self.index, self.values, indices, offsets, feature_tables, batch_size, dim
         )
 
@@ -256,17 +256,10 @@ class ScoredHashTable:
         else:
             args = checked_scores(score_args, self.num_tables, self.device)
             self.steps = [s + 1 for s in self.steps]
-        rows = None
-        if gather_rows is None:
-            result, all_hit = ops.find_or_insert_hits(
-                self.index, keys, table_ids, args, counts, check=check
-            )
-        else:
-            inverse, dim = gather_rows
-            result, all_hit, rows = ops.find_or_insert_rows(
-                self.index, keys, table_ids, args, counts, values=self.values, inverse=inverse,
-                dim=dim, check=check,
-            )  # fmt: skip
+        gather = None if gather_rows is None else ops.RowGather(self.values, *gather_rows)
+        result, all_hit, rows = ops.find_or_insert_rows(
+            self.index, keys, table_ids, args, counts, gather=gather, check=check
+        )
         slots, status = result.slots, result.status
         evicted = self._evicted(result, table_ids) if return_evicted else None
         if all_hit:  # no row is new, none failed: nothing below has work
@@ -427,7 +420,7 @@ class ScoredHashTable:
         growable = [t for t in range(self.num_tables) if self._growable(t)]
         if not growable or keys.numel() == 0:
             return
-        missing = ops.lookup(self.index, keys, table_ids) < 0
+        missing = ops.find(self.index, keys, table_ids) < 0
         per_table = torch.bincount(table_ids[missing], minlength=self.num_tables)
         needed = (per_table + self.index.sizes).tolist()
         for t in growable:
@@ -465,7 +458,7 @@ class ScoredHashTable:
             if not grown:
                 return slots, status
             # The slots of this batch's other keys moved with the rehash: look them up again.
-            slots = ops.lookup(self.index, keys, table_ids)
+            slots = ops.find(self.index, keys, table_ids)
             retry = ops.find_or_insert(
                 self.index,
                 keys[failed],

@@ -198,10 +198,10 @@ class _DimRun:
         return gather_rows(self.values, slots, check=False)
 
     def lookup(self) -> torch.Tensor:
-        return self.gather(ops.lookup(self.index, self.inp, self.tids, check=False))
+        return self.gather(ops.find(self.index, self.inp, self.tids, check=False))
 
     def lookup_touch(self) -> torch.Tensor:
-        return self.gather(ops.lookup(self.index, self.inp, self.tids, self.now, check=False))
+        return self.gather(ops.find(self.index, self.inp, self.tids, self.now, check=False))
 
     def find_or_insert(self) -> torch.Tensor:
         res = ops.find_or_insert(self.index, self.inp, self.tids, self.now, check=False)
@@ -268,14 +268,14 @@ def profile_ops(w: TableWorkload, device: torch.device, batches: int = 10) -> st
     half = w.batch // 2
     news = [torch.cat([hits[:half], keys.take(w.batch - half)]) for _ in range(batches)]
     for _ in range(3):
-        ops.lookup(index, hits, tids, check=False)
+        ops.find(index, hits, tids, check=False)
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     with profile(activities=activities, acc_events=True) as prof:
         for k in news:
-            ops.lookup(index, hits, tids, check=False)
+            ops.find(index, hits, tids, check=False)
             ops.find_or_insert(index, k, tids, now, check=False)
         if cuda:
             torch.cuda.synchronize(device)
