@@ -1,5 +1,6 @@
-"""Robustness of the readers and the writer: 10,000 mutated or truncated checkpoints and 10,000
-deltas never end in anything but a FormatError naming a file, and a writer killed with SIGKILL
+"""Robustness of the readers and the writer: mutated or truncated checkpoints and deltas (2,000
+of each by default, 10,000 under the ``slow`` marker) never end in anything but a FormatError
+naming a file, and a writer killed with SIGKILL
 mid-checkpoint leaves the previous checkpoint loadable and verified."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 from demb_io import Checkpoint, FormatError, read_delta
 from demb_io.mutations import mutate, small_checkpoint, small_delta
 
-MUTATIONS = 10_000
+MUTATIONS = [2_000, pytest.param(10_000, marks=pytest.mark.slow)]
+"""Mutations per fuzz run: the default suite's, and the slow variant's."""
 
 
 def read_all(path: Path) -> FormatError | None:
@@ -41,13 +43,15 @@ def read_delta_error(path: Path) -> FormatError | None:
     return None
 
 
-def fuzz(path: Path, read: Callable[[Path], FormatError | None], seed: int) -> dict[str, int]:
-    """MUTATIONS single mutations of the files under ``path``, each undone after its read."""
+def fuzz(
+    path: Path, read: Callable[[Path], FormatError | None], seed: int, mutations: int
+) -> dict[str, int]:
+    """``mutations`` single mutations of the files under ``path``, each undone after its read."""
     files = sorted(p for p in path.rglob("*") if p.is_file())
     original = {p: p.read_bytes() for p in files}
     rnd = random.Random(seed)
     outcomes = {"format_error": 0, "read": 0}
-    for _ in range(MUTATIONS):
+    for _ in range(mutations):
         victim = rnd.choice(files)
         blob = original[victim]
         mutated = mutate(victim, blob, rnd)
@@ -63,20 +67,23 @@ def fuzz(path: Path, read: Callable[[Path], FormatError | None], seed: int) -> d
             assert error.path.is_relative_to(path), error
             outcomes["format_error"] += 1
         victim.write_bytes(blob)
-    assert sum(outcomes.values()) == MUTATIONS
-    assert outcomes["format_error"] > MUTATIONS // 2
+    assert sum(outcomes.values()) == mutations
+    assert outcomes["format_error"] > mutations // 2
     return outcomes
 
 
-def test_ten_thousand_mutated_deltas_raise_only_format_errors(tmp_path):
+@pytest.mark.parametrize("mutations", MUTATIONS)
+def test_mutated_deltas_raise_only_format_errors(tmp_path, mutations):
     small_delta(tmp_path / "d")
-    print(f"{MUTATIONS} mutated deltas: {fuzz(tmp_path / 'd', read_delta_error, 1)}")
+    outcomes = fuzz(tmp_path / "d", read_delta_error, 1, mutations)
+    print(f"{mutations} mutated deltas: {outcomes}")
 
 
-def test_ten_thousand_mutated_inputs_raise_only_format_errors(tmp_path):
+@pytest.mark.parametrize("mutations", MUTATIONS)
+def test_mutated_inputs_raise_only_format_errors(tmp_path, mutations):
     path = tmp_path / "c"
     small_checkpoint(path)
-    print(f"{MUTATIONS} mutated checkpoints: {fuzz(path, read_all, 0)}")
+    print(f"{mutations} mutated checkpoints: {fuzz(path, read_all, 0, mutations)}")
 
 
 _KILLED_WRITER = """
