@@ -136,8 +136,12 @@ class TrainedRows(torch.autograd.Function):
     def forward(
         ctx: FunctionCtx, trigger: torch.Tensor, step: TrainStep
     ) -> tuple[torch.Tensor, ...]:
+        # The step hands its rows over: they become this node's outputs, and a step that kept
+        # them would close a cycle (node -> ctx -> step -> rows -> grad_fn -> node) through
+        # autograd's C++ graph, which Python's collector cannot see: each step's graph leaked.
+        rows, step.rows = step.rows, []
         ctx.step = step  # type: ignore[attr-defined]
-        return tuple(step.rows)
+        return tuple(rows)
 
     @staticmethod
     def backward(ctx: FunctionCtx, *grads: torch.Tensor) -> tuple[None, None]:
