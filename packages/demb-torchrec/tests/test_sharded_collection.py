@@ -203,3 +203,22 @@ def test_torchrec_index_dedup_over_dynamic_tables_is_refused():
         sharder.shard(ec, params, ShardingEnv(1, 0, None))
     with pytest.raises(ValueError, match="dedup: only a sequence dist"):
         DynamicRwSparseFeaturesDist(None, 1, "roundrobin", [10], is_sequence=False, dedup=True)
+
+
+@pytest.mark.parametrize("is_sequence", [True, False], ids=["sequence", "pooled"])
+def test_a_kjt_of_float_ids_is_a_type_error_naming_the_values(is_sequence):
+    """As the module refuses float indices, the sharded collections' input dist refuses a KJT
+    whose values are not int64 / int32, before any routing (InputTypeError naming them)."""
+    import torch.distributed as dist
+    from demb_torchrec import InputTypeError
+    from demb_torchrec.input_dist import DynamicRwSparseFeaturesDist
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    group = dist.ProcessGroupGloo(dist.HashStore(), 0, 1)  # one rank, no default group
+    input_dist = DynamicRwSparseFeaturesDist(group, 1, "roundrobin", [10], is_sequence)
+    floats = KeyedJaggedTensor.from_lengths_sync(
+        keys=["f"], values=torch.tensor([1.0, 2.0]), lengths=torch.tensor([1, 1])
+    )
+    with pytest.raises(InputTypeError, match=r"ids of features \['f'\] must be int64") as bad:
+        input_dist(floats)
+    assert bad.value.argument == "values"

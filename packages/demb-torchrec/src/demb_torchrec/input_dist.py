@@ -29,7 +29,7 @@ from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from demb_torchrec._dedup import dedup
-from demb_torchrec.errors import ConfigError
+from demb_torchrec.errors import ConfigError, InputTypeError, NotSupportedError
 
 __all__ = ["DynamicRwSparseFeaturesDist"]
 
@@ -89,11 +89,18 @@ class DynamicRwSparseFeaturesDist(RwSparseFeaturesDist):  # type: ignore[misc]
         """Route ``sparse_features`` (one stride for every feature) and start the
         all-to-all."""
         if sparse_features.variable_stride_per_key():
-            raise NotImplementedError(
-                "dynamic tables: variable batch sizes per feature are not supported yet"
+            raise NotSupportedError(
+                "variable_stride_per_key",
+                "dynamic tables: variable batch sizes per feature are not supported yet",
+            )
+        values = sparse_features.values()
+        if values.dtype not in (torch.int64, torch.int32):
+            raise InputTypeError(
+                "values",
+                f"the ids of features {sparse_features.keys()} must be int64 or int32, got "
+                f"{values.dtype}",
             )
         lengths = sparse_features.lengths().view(-1)
-        values = sparse_features.values()
         weights = sparse_features.weights_or_none()
         stride = sparse_features.stride()
         inverse: torch.Tensor | None = None
