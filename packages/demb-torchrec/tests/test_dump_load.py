@@ -242,3 +242,33 @@ def test_gpu_tables_round_trip_through_the_cpu_and_back(tmp_path: Path) -> None:
     back = Model(device="cuda", capacity=2048)
     DynamicEmbLoad(tmp_path / "cpu", back, optim=True)
     assert _content(back) == want
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_corrupt_last_shard_leaves_the_model_unchanged(tmp_path: Path, damage: str) -> None:
+    """The first table loads whole, then the last one's values file fails its CRC (or size):
+    DynamicEmbLoad raises and every table holds the keys, rows and scores it held before
+    (the first table's inserted and overwritten rows are undone)."""
+    src = Model()
+    _train(src, steps=6)
+    path = tmp_path / "c"
+    DynamicEmbDump(path, src, optim=True)
+    values = next((path / "sparse.tables").glob("item.*.values"))  # item loads after user
+    data = bytearray(values.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0x40
+    else:
+        data = data[: len(data) - 8]
+    values.write_bytes(bytes(data))
+
+    dst = Model()
+    _train(dst, steps=2)  # some of src's keys, other rows and scores
+    before = _content(dst)
+    assert before["user"] and before["item"]
+    with pytest.raises(FormatError, match="item"):
+        DynamicEmbLoad(path, dst, optim=True)
+    assert _content(dst) == before
+    empty = Model()
+    with pytest.raises(FormatError):
+        DynamicEmbLoad(path, empty, optim=True)
+    assert _content(empty) == {"user": {}, "item": {}}

@@ -304,10 +304,8 @@ def _load_table(
     """Insert the keys this rank owns from the table's shards ``metas`` (layout checked)."""
     tables = t.module.tables
     config = tables.configs[t.index]
-    layout = config.score_layout
     folder = ckpt.path / t.collection
     block = t.block_size()
-    words = max(layout.index_words) + 1
     initial = t.module.initial_states[t.index]
     for meta in metas:
         for chunk in _iter(folder, meta, chunk_rows, _dtype_name(config.dtype), config.dim):
@@ -316,9 +314,6 @@ def _load_table(
                 continue
             keys = torch.from_numpy(chunk.keys[mine]).to(tables.device)
             scores = torch.from_numpy(chunk.scores[mine]).to(tables.device)
-            score_words = torch.zeros((words, keys.numel()), dtype=torch.int64, device=keys.device)
-            for c, word in enumerate(layout.index_words):
-                score_words[word] = scores[:, c]
             rows = _torch(chunk.values[mine], config.dtype)
             if config.state_dim:
                 if optim and chunk.state is not None:
@@ -327,10 +322,39 @@ def _load_table(
                     assert initial is not None
                     state = initial.to(config.dtype).cpu().expand(rows.shape[0], -1)
                 rows = torch.cat([rows, state], dim=1)
-            table_ids = torch.full_like(keys, t.index)
-            values: list[torch.Tensor | None] = [None] * tables.num_tables
-            values[t.index] = rows
-            tables.insert_or_assign(keys, table_ids, score_words, values)
+            _assign(t, keys, scores, rows)
+
+
+def _assign(t: _Table, keys: torch.Tensor, scores: torch.Tensor, rows: torch.Tensor) -> None:
+    """Insert or overwrite ``keys`` of table ``t`` with their ``(n, C)`` score columns (the
+    table's ``score_strategy`` order) and full rows (embedding and optimizer state)."""
+    tables = t.module.tables
+    layout = tables.configs[t.index].score_layout
+    words = torch.zeros(
+        (max(layout.index_words) + 1, keys.numel()), dtype=torch.int64, device=keys.device
+    )
+    for c, word in enumerate(layout.index_words):
+        words[word] = scores[:, c]
+    values: list[torch.Tensor | None] = [None] * tables.num_tables
+    values[t.index] = rows.to(tables.values[t.index].device)
+    tables.insert_or_assign(keys, torch.full_like(keys, t.index), words, values)
+
+
+class _Kept:
+    """What a table holds before a load (its export, when it holds anything), put back by
+    :meth:`restore` when the load fails: a load is all or nothing."""
+
+    def __init__(self, t: _Table) -> None:
+        self.table = t
+        held = t.module.tables.export(t.index)
+        self.rows = held if held.keys.numel() else None
+
+    def restore(self) -> None:
+        """The table emptied, then its kept rows inserted again (keys, rows and scores)."""
+        t = self.table
+        t.module.tables.clear(t.index)
+        if self.rows is not None:
+            _assign(t, self.rows.keys, self.rows.scores, self.rows.values)
 
 
 def _iter(
@@ -351,9 +375,12 @@ def DynamicEmbLoad(  # noqa: N802 (the spec's name)
     chunk_rows: int = 1 << 20,
 ) -> None:
     """Insert the rows of checkpoint ``path`` that this rank owns into the model's dynamic
-    tables (existing keys are overwritten, others kept). The checkpoint may come from any
-    world size: ownership is recomputed from each key with the model's world size and each
-    table's ``dist_type``. Values stored at another precision are converted, with a warning.
+    tables (existing keys are overwritten, others kept). All or nothing: when a shard turns out
+    bad mid-load (a size or CRC that does not match), every table is put back as it was (the
+    rows a table held before the load are kept aside until it completes). The checkpoint may
+    come from any world size: ownership is recomputed from each key with the model's world size
+    and each table's ``dist_type``. Values stored at another precision are converted, with a
+    warning.
 
     Collective over ``pg`` (a barrier at the end), like :func:`DynamicEmbDump`.
 
@@ -380,7 +407,13 @@ def DynamicEmbLoad(  # noqa: N802 (the spec's name)
     for t, metas in zip(tables, shards, strict=True):  # every table checked before any write
         _check_layout(t, metas[0], optim)
     with torch.no_grad():
-        for t, metas in zip(tables, shards, strict=True):
-            _load_table(ckpt, t, metas, optim, chunk_rows)
+        kept = [_Kept(t) for t in tables]
+        try:
+            for t, metas in zip(tables, shards, strict=True):
+                _load_table(ckpt, t, metas, optim, chunk_rows)
+        except BaseException:  # a bad shard (size, CRC, values) found mid-load: undo it all
+            for k in kept:
+                k.restore()
+            raise
     if group is not None:
         dist.barrier(group=group)
