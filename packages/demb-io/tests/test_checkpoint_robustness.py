@@ -128,5 +128,43 @@ def test_a_writer_killed_mid_checkpoint_leaves_the_previous_one_whole(tmp_path):
     after = Checkpoint(path).read_table("ebc", "t", verify=True)
     np.testing.assert_array_equal(after.keys, before.keys)
     np.testing.assert_array_equal(after.values, before.values)
-    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("c.tmp-")]
-    assert len(leftovers) == 1  # the killed write's staging directory, never read as a checkpoint
+    leftovers = [p for p in tmp_path.iterdir() if p.name.startswith("c.tmp-")]
+    assert len(leftovers) == 1  # the killed write's staging directory
+    with pytest.raises(FormatError, match="staging or set-aside folder"):
+        Checkpoint(leftovers[0])  # never read as a checkpoint
+    small_checkpoint(path)  # the next write removes it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "ready"]
+
+
+def _dead_writer_tag() -> str:
+    """The ``<host>-<pid>-<start>`` of a process that ran and ended."""
+    code = "from demb_io._staging import _owner_tag; print(_owner_tag())"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process start times")
+def test_a_write_removes_only_the_staging_of_writers_that_ended(tmp_path):
+    """Before a write stages, the staging folders of its target's ended writers go; a live
+    writer's (here: this process's), another host's, an unknown one's, and a set-aside previous
+    version while the target is missing all stay."""
+    from demb_io._staging import _owner_tag, remove_stale_staging
+
+    target = tmp_path / "c"
+    dead = _dead_writer_tag()
+    host, _, _ = dead.split("-")
+    folders = {
+        "dead": f"c.tmp-{dead}-0a1b",
+        "live": f"c.tmp-{_owner_tag()}-0a1b",
+        "other_host": f"c.tmp-{'f' * 8 if host != 'f' * 8 else 'e' * 8}-1-1-0a1b",
+        "unknown": "c.tmp-unattributed",
+        "dead_set_aside": f"c.old-{dead}-0a1b",
+    }
+    for name in folders.values():
+        (tmp_path / name).mkdir()
+    assert remove_stale_staging(target) == [tmp_path / folders["dead"]]  # target missing
+    small_checkpoint(target)  # a write: now the target exists, the set-aside goes too
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["c", folders["live"], folders["other_host"], folders["unknown"]]
+    )

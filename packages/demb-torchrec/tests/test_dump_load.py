@@ -264,7 +264,8 @@ def test_a_corrupt_last_shard_leaves_the_model_unchanged(tmp_path: Path, damage:
     dst = Model()
     _train(dst, steps=2)  # some of src's keys, other rows and scores
     before = _content(dst)
-    assert before["user"] and before["item"]
+    assert before["user"]
+    assert before["item"]
     with pytest.raises(FormatError, match="item"):
         DynamicEmbLoad(path, dst, optim=True)
     assert _content(dst) == before
