@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 from demb_io._errors import FormatError
+from demb_io._small import MARKER_BYTES, read_small
 
 __all__ = [
     "MARKER",
@@ -171,8 +172,8 @@ def read_marker(directory: Path, marker: str, what: str) -> None:
             directory, "", f"a writer's staging or set-aside folder, not a committed {what}"
         )
     try:
-        text = path.read_bytes().decode("ascii").split()
-    except (OSError, UnicodeDecodeError) as err:
+        text = read_small(path, MARKER_BYTES).decode("ascii").split()
+    except (FormatError, UnicodeDecodeError) as err:
         raise FormatError(path, "", f"not a committed demb {what} ({err})") from err
     if text != marker.split():
         raise FormatError(path, "", f"expected '{marker}'")

@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from demb_io._errors import IoError
+from demb_io._errors import FormatError, IoError
+from demb_io._small import MARKER_BYTES, read_small
 from demb_io.checkpoint import Checkpoint
 from demb_io.delta import read_delta
 from demb_io.export import export_npz, export_parquet
@@ -22,8 +23,8 @@ __all__ = ["main"]
 
 def _is_delta(path: Path) -> bool:
     try:
-        return (path / "FORMAT").read_bytes().startswith(b"demb-delta")
-    except OSError:
+        return read_small(path / "FORMAT", MARKER_BYTES).startswith(b"demb-delta")
+    except FormatError:
         return False
 
 

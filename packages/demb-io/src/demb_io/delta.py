@@ -27,6 +27,7 @@ from demb_io._files import (
     row_layout,
     row_shapes,
 )
+from demb_io._small import META_BYTES, read_small
 from demb_io._staging import commit_staged, read_marker, staging_path, write_synced
 from demb_io.dtypes import DTYPES
 from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field, file_entry
@@ -227,8 +228,8 @@ def write_delta(path: str | Path, tables: Iterable[DeltaTable]) -> list[DeltaMet
 
 def _read_delta_meta(path: Path) -> DeltaMeta:
     try:
-        d = json.loads(path.read_bytes().decode())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        d = json.loads(read_small(path, META_BYTES).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FormatError(path, "", f"not a readable meta JSON ({err})") from err
     if not isinstance(d, dict):
         raise FormatError(path, "", "a meta JSON must hold an object")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from demb_io._errors import FormatError
+from demb_io._small import META_BYTES, read_small
 from demb_io.dtypes import DTYPES
 
 __all__ = [
@@ -198,8 +199,8 @@ def read_meta(path: str | Path) -> ShardMeta:
     """
     path = Path(path)
     try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        d = json.loads(read_small(path, META_BYTES).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FormatError(path, "", f"not a readable meta JSON ({err})") from err
     if not isinstance(d, dict):
         raise FormatError(path, "", "a meta JSON must hold an object")
