@@ -190,7 +190,7 @@ def _check_ranks(folder: Path, metas: list[ShardMeta]) -> None:
         if not first.legacy and m.embedding_dim != first.embedding_dim:
             raise FormatError(folder / f"{m.stem}.meta.json", "embedding_dim", "differs by rank")
     ranks = [m.rank for m in metas]
-    if ranks != list(range(first.world_size)):
+    if len(ranks) != first.world_size or ranks != list(range(len(ranks))):  # sized by files
         raise FormatError(
             folder,
             "rank",

@@ -131,10 +131,14 @@ def _field(
     return value
 
 
+_MAX_COUNT = 2**62
+"""The largest count a meta may hold (sizes in bytes derived from it stay within int64)."""
+
+
 def _count(d: dict[str, Any], path: Path, name: str, low: int = 0) -> int:
     value = int(_field(d, path, name, int))
-    if value < low:
-        raise FormatError(path, name, f"must be >= {low}, got {value}")
+    if not low <= value <= _MAX_COUNT:
+        raise FormatError(path, name, f"must be in [{low}, 2**62], got {value}")
     return value
 
 
