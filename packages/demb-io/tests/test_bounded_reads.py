@@ -105,3 +105,33 @@ def test_a_huge_or_negative_count_in_a_meta_is_a_format_error(tmp_path, field, v
         ckpt.read_table("ebc", "t")
 
     _raises_at_once(read_all)
+
+
+DATA = {
+    "checkpoint": ["ebc/t.rank0-of-2.keys", "ebc/t.rank1-of-2.values"],
+    "delta": ["ebc/t.values", "ebc/t.erased"],
+}
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX")
+@pytest.mark.parametrize(
+    ("kind", "part"), [(k, p) for k, parts in sorted(DATA.items()) for p in parts]
+)
+@pytest.mark.parametrize("replacement", ["fifo", "folder"])
+def test_a_data_file_that_is_not_a_regular_file_is_a_format_error(
+    tmp_path, kind, part, replacement
+):
+    """A FIFO or a folder in place of a data file is a FormatError naming it, raised at once
+    (a folder whose size happened to match used to give IsADirectoryError; a FIFO of the
+    expected size 0 would block the read)."""
+    make, read = READERS[kind]
+    root = tmp_path / kind
+    make(root)
+    victim = root / part
+    REPLACEMENTS[replacement](victim)
+    read_all = (
+        (lambda: Checkpoint(root).read_table("ebc", "t"))
+        if kind == "checkpoint"
+        else (lambda: read(root))
+    )
+    assert _raises_at_once(read_all).path == victim

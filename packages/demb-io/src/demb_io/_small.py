@@ -10,12 +10,28 @@ from pathlib import Path
 
 from demb_io._errors import FormatError
 
-__all__ = ["MARKER_BYTES", "META_BYTES", "read_small"]
+__all__ = ["MARKER_BYTES", "META_BYTES", "read_small", "regular_size"]
 
 MARKER_BYTES = 4096
 """The most a ``FORMAT`` marker holds."""
 META_BYTES = 16 << 20
 """The most a meta JSON holds (a few KB in practice)."""
+
+
+def regular_size(path: Path, part: str) -> int:
+    """The size of the data file ``path`` (the ``part`` of a shard or delta), which must be a
+    regular file (a symlink counts as what it points to).
+
+    Raises:
+        FormatError: it cannot be read, or is a folder, FIFO or device.
+    """
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise FormatError(path, part, f"cannot be read ({err.strerror or err})") from err
+    if not stat.S_ISREG(info.st_mode):
+        raise FormatError(path, part, "not a regular file")
+    return info.st_size
 
 
 def read_small(path: Path, limit: int) -> bytes:

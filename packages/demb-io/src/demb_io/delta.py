@@ -27,7 +27,7 @@ from demb_io._files import (
     row_layout,
     row_shapes,
 )
-from demb_io._small import META_BYTES, read_small
+from demb_io._small import META_BYTES, read_small, regular_size
 from demb_io._staging import commit_staged, read_marker, staging_path, write_synced
 from demb_io.dtypes import DTYPES
 from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field, file_entry
@@ -294,10 +294,7 @@ def _read_table(folder: Path, meta_path: Path, verify: bool) -> DeltaTable:
             raise FormatError(meta_path, f"files.{part}", "missing")
         file = folder / entry.name
         size = rows * width * dtype.itemsize
-        try:
-            actual = file.stat().st_size
-        except OSError as err:
-            raise FormatError(file, part, f"cannot be read ({err})") from err
+        actual = regular_size(file, part)
         if actual != size or entry.bytes != size:
             raise FormatError(
                 file, part, f"{actual} bytes on disk, {entry.bytes} in the meta, {size} expected"

@@ -25,6 +25,7 @@ from demb_io._files import (
     row_layout,
     row_shapes,
 )
+from demb_io._small import regular_size
 from demb_io._staging import write_synced
 from demb_io.dtypes import from_float32, storage_dtype, to_float32
 from demb_io.meta import FileEntry, ShardMeta, read_meta
@@ -160,12 +161,12 @@ def _resolve(directory: Path, meta: ShardMeta) -> ShardMeta:
     if not meta.legacy:
         return meta
     keys_path = _part_path(directory, meta, "keys")
-    key_bytes = keys_path.stat().st_size
+    key_bytes = regular_size(keys_path, "keys")
     if key_bytes % 8:
         raise FormatError(keys_path, "keys", f"{key_bytes} bytes is not a whole number of int64")
     rows = key_bytes // 8 if meta.rows < 0 else meta.rows
     values_path = _part_path(directory, meta, "values")
-    value_bytes = values_path.stat().st_size
+    value_bytes = regular_size(values_path, "values")
     if rows == 0 or value_bytes % (4 * rows):
         raise FormatError(
             values_path, "embedding_dim", f"{value_bytes} bytes do not hold {rows} float32 rows"
@@ -186,10 +187,7 @@ def _check_sizes(directory: Path, meta: ShardMeta) -> list[tuple[str, Path, File
             raise FormatError(directory / f"{meta.stem}.meta.json", f"files.{part}", "missing")
         entry = meta.files[part]
         path = directory / entry.name
-        try:
-            actual = path.stat().st_size
-        except OSError as err:
-            raise FormatError(path, part, f"cannot be read ({err})") from err
+        actual = regular_size(path, part)
         if actual != size or (entry.bytes is not None and entry.bytes != size):
             raise FormatError(
                 path, part, f"{actual} bytes on disk, {entry.bytes} in the meta, {size} expected"
