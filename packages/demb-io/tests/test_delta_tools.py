@@ -476,3 +476,17 @@ def test_an_empty_table_exports_and_a_failed_export_leaves_nothing(tmp_path):
     with pytest.raises(FormatError):
         export_npz(tmp_path / "c", "ebc", "nope", tmp_path / "x.npz")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c", "t.npz"]
+
+
+def test_a_meta_under_another_tables_name_is_a_format_error(tmp_path):
+    """A delta meta copied or swapped under another table's file name (two metas then claim
+    one table) is a FormatError naming the file and the field, not a writer's ValueError."""
+    from demb_io.mutations import small_delta
+
+    path = tmp_path / "d"
+    small_delta(path)
+    shutil.copy(path / "ebc" / "t.meta.json", path / "ebc" / "u.meta.json")
+    with pytest.raises(FormatError, match="'t' is not the table its file names") as bad:
+        read_delta(path)
+    assert bad.value.path == path / "ebc" / "u.meta.json"
+    assert bad.value.field == "table"

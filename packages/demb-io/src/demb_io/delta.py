@@ -282,6 +282,10 @@ def _read_delta_meta(path: Path) -> DeltaMeta:
 
 def _read_table(folder: Path, meta_path: Path, verify: bool) -> DeltaTable:
     m = _read_delta_meta(meta_path)
+    if meta_path.name != f"{m.table}.meta.json":  # a meta moved or swapped with another's
+        raise FormatError(meta_path, "table", f"{m.table!r} is not the table its file names")
+    if m.collection != folder.name:
+        raise FormatError(meta_path, "collection", f"differs from its folder {folder.name!r}")
     shapes = {part: (m.rows, w, dt) for part, (w, dt) in row_layout(m).items()}
     shapes["slots"] = (m.rows, 1, KEY)
     shapes["erased"] = (m.erased_rows, 1, KEY)
@@ -327,12 +331,7 @@ def iter_delta(path: str | Path, *, verify: bool = True) -> Iterator[DeltaTable]
     read_marker(path, f"{DELTA_FORMAT} {FORMAT_VERSION}", "delta")
     for folder in sorted(p for p in path.iterdir() if p.is_dir()):
         for meta_path in sorted(folder.glob("*.meta.json")):
-            table = _read_table(folder, meta_path, verify)
-            if table.meta.collection != folder.name:
-                raise FormatError(
-                    meta_path, "collection", f"differs from its folder {folder.name!r}"
-                )
-            yield table
+            yield _read_table(folder, meta_path, verify)
 
 
 def read_delta(path: str | Path, *, verify: bool = True) -> list[DeltaTable]:
