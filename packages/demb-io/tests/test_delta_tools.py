@@ -490,3 +490,24 @@ def test_a_meta_under_another_tables_name_is_a_format_error(tmp_path):
         read_delta(path)
     assert bad.value.path == path / "ebc" / "u.meta.json"
     assert bad.value.field == "table"
+
+
+def test_a_failed_apply_leaves_no_open_file_and_no_staging(tmp_path):
+    """A checkpoint whose second rank fails its CRC mid-apply: FormatError, the target not
+    written, no staging left, and no file of the dropped staging left open (ResourceWarning)."""
+    import gc
+    import warnings
+
+    make_checkpoint(tmp_path / "c", range(0, 600, 3), world=2)
+    values = next((tmp_path / "c").rglob("t.rank1-of-2.values"))
+    data = bytearray(values.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    values.write_bytes(bytes(data))
+    delta = [make_delta([1, 3, 4], [6], 7000, 3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(FormatError, match="values"):
+            apply_delta(tmp_path / "c", delta, tmp_path / "out", chunk_rows=16)
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]

@@ -139,6 +139,10 @@ class PartWriter:
         self.file.write(data)
         self.bytes += len(data)
 
+    def abort(self) -> None:
+        """Close the file unfinished (no fsync, no CRCs): its folder is being dropped."""
+        self.file.close()
+
     def close(self) -> FileEntry:
         self.file.flush()
         with ThreadPoolExecutor(max_workers=1) as flusher:

@@ -38,6 +38,7 @@ class CheckpointWriter:
         self.written: list[ShardMeta] = []
         self._open = False
         self._opened: set[str] = set()
+        self._shards: list[ShardWriter] = []
 
     def __enter__(self) -> CheckpointWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +65,9 @@ class CheckpointWriter:
         if name in self._opened:
             raise IoError(f"{self.path}: {name} written twice")
         self._opened.add(name)
-        return ShardWriter(folder, meta)
+        shard = ShardWriter(folder, meta)
+        self._shards.append(shard)
+        return shard
 
     def write_shard(self, meta: ShardMeta, chunks: Iterable[ShardData]) -> ShardMeta:
         """Write one table's shard from ``chunks`` (see :meth:`open_shard`).
@@ -85,6 +88,8 @@ class CheckpointWriter:
     ) -> None:
         self._open = False
         if kind is not None:
+            for shard in self._shards:  # no descriptor left open in the dropped staging
+                shard.abort()
             shutil.rmtree(self.staged, ignore_errors=True)
             return
         commit_staged(self.staged, self.path, f"{CHECKPOINT_FORMAT} {FORMAT_VERSION}")

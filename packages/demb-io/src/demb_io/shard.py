@@ -122,6 +122,14 @@ class ShardWriter:
             raise
         return self.close()
 
+    def abort(self) -> None:
+        """Close the files unfinished, unless closed already (a failed write's staging is
+        being dropped: no descriptor is left open)."""
+        if not self._closed:
+            self._closed = True
+            for w in self._writers.values():
+                w.abort()
+
     def close(self, *, commit: bool = True) -> ShardMeta:
         """Close the files; with ``commit``, fsync them and write the meta. Returns the meta
         as written (or as far as it got)."""
