@@ -30,7 +30,16 @@ from demb_io._files import (
 from demb_io._small import META_BYTES, read_small, regular_size
 from demb_io._staging import commit_staged, read_marker, staging_path, write_synced
 from demb_io.dtypes import DTYPES
-from demb_io.meta import DIST_TYPES, FORMAT_VERSION, FileEntry, _count, _field, file_entry
+from demb_io.meta import (
+    DIST_TYPES,
+    FORMAT_VERSION,
+    FileEntry,
+    _check_keys,
+    _count,
+    _field,
+    _score_strategy,
+    file_entry,
+)
 
 __all__ = [
     "DELTA_FORMAT",
@@ -135,6 +144,10 @@ class DeltaTable:
             raise ValueError(f"{m.table}: evicted keys given iff the meta's evicted_rows is set")
 
 
+_DELTA_KEYS = frozenset({f.name for f in dataclasses.fields(DeltaMeta)} | {"format", "num_scores"})
+"""The keys a delta meta holds: :func:`_meta_json`'s."""
+
+
 def _meta_json(meta: DeltaMeta) -> str:
     d = dataclasses.asdict(meta)
     d["format"] = DELTA_FORMAT
@@ -235,12 +248,13 @@ def _read_delta_meta(path: Path) -> DeltaMeta:
         raise FormatError(path, "", "a meta JSON must hold an object")
     if _field(d, path, "format_version", int) != FORMAT_VERSION:
         raise FormatError(path, "format_version", f"{d['format_version']} is not {FORMAT_VERSION}")
+    _check_keys(d, path, _DELTA_KEYS)
+    if _field(d, path, "format", str) != DELTA_FORMAT:
+        raise FormatError(path, "format", f"{d['format']!r} is not {DELTA_FORMAT!r}")
     dtype = _field(d, path, "embedding_dtype", str)
     if dtype not in DTYPES:
         raise FormatError(path, "embedding_dtype", f"{dtype!r} is not one of {DTYPES}")
-    strategy = _field(d, path, "score_strategy", list)
-    if not 1 <= len(strategy) <= 2 or not all(isinstance(s, str) for s in strategy):
-        raise FormatError(path, "score_strategy", f"expected 1 or 2 names, got {strategy!r}")
+    strategy = _score_strategy(d, path)
     row_capacity = _field(d, path, "row_capacity", list)
     if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in row_capacity):
         raise FormatError(path, "row_capacity", f"expected counts, got {row_capacity!r}")

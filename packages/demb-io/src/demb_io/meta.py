@@ -7,7 +7,7 @@ See ``docs/format.md``. Reading validates every field's type and range and raise
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ __all__ = [
     "CRC_BLOCK",
     "FORMAT_VERSION",
     "PARTS",
+    "SCORE_NAMES",
     "FileEntry",
     "ShardMeta",
     "read_meta",
@@ -34,6 +35,8 @@ PARTS = ("keys", "values", "state", "scores", "admit_keys", "admit_counts")
 """The files of a shard, by part name (``state`` and the admission parts are optional)."""
 
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
+SCORE_NAMES = ("TIMESTAMP", "STEP", "CUSTOMIZED", "LFU", "NO_EVICTION")
+"""The score columns a meta may name; two columns are TIMESTAMP and LFU (either order)."""
 
 
 def shard_stem(table: str, rank: int, world_size: int) -> str:
@@ -110,6 +113,9 @@ class ShardMeta:
 
 _MISSING = object()
 
+_SHARD_KEYS = frozenset({f.name for f in fields(ShardMeta)} - {"legacy"} | {"format", "num_scores"})
+"""The keys a (versioned) shard meta holds: :meth:`ShardMeta.to_json`'s."""
+
 
 def _field(
     d: dict[str, Any],
@@ -133,6 +139,28 @@ def _field(
 
 _MAX_COUNT = 2**62
 """The largest count a meta may hold (sizes in bytes derived from it stay within int64)."""
+
+
+def _check_keys(d: dict[str, Any], path: Path, allowed: frozenset[str]) -> None:
+    """Raises FormatError naming the first key of ``d`` that ``allowed`` lacks (a misspelt
+    or bit-flipped field would otherwise read as absent)."""
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise FormatError(path, unknown[0], "not a field of this meta")
+
+
+def _score_strategy(d: dict[str, Any], path: Path, default: object = _MISSING) -> tuple[str, ...]:
+    """The meta's ``score_strategy``: 1 name of :data:`SCORE_NAMES`, or TIMESTAMP and LFU."""
+    strategy = _field(d, path, "score_strategy", list, default)
+    names = set(strategy) if all(isinstance(s, str) for s in strategy) else set()
+    single = len(strategy) == 1 and names <= set(SCORE_NAMES)
+    if not (single or (len(strategy) == 2 and names == {"TIMESTAMP", "LFU"})):
+        raise FormatError(
+            path,
+            "score_strategy",
+            f"expected one of {SCORE_NAMES} or TIMESTAMP and LFU, got {strategy!r}",
+        )
+    return tuple(strategy)
 
 
 def _count(d: dict[str, Any], path: Path, name: str, low: int = 0) -> int:
@@ -212,6 +240,10 @@ def read_meta(path: str | Path) -> ShardMeta:
     version = _field(d, path, "format_version", int, 0 if legacy else _MISSING)
     if not legacy and version != FORMAT_VERSION:
         raise FormatError(path, "format_version", f"{version} is not {FORMAT_VERSION}")
+    if not legacy:
+        _check_keys(d, path, _SHARD_KEYS)
+        if _field(d, path, "format", str) != CHECKPOINT_FORMAT:
+            raise FormatError(path, "format", f"{d['format']!r} is not {CHECKPOINT_FORMAT!r}")
     world_size = _count(d, path, "world_size", 1)
     rank = _count(d, path, "rank")
     if rank >= world_size:
@@ -223,9 +255,7 @@ def read_meta(path: str | Path) -> ShardMeta:
     if dtype not in DTYPES:
         raise FormatError(path, "embedding_dtype", f"{dtype!r} is not one of {DTYPES}")
     dim = 0 if legacy else _count(d, path, "embedding_dim", 1)
-    strategy = tuple(_field(d, path, "score_strategy", list, ["TIMESTAMP"] if legacy else _MISSING))
-    if not 1 <= len(strategy) <= 2 or not all(isinstance(s, str) for s in strategy):
-        raise FormatError(path, "score_strategy", f"expected 1 or 2 names, got {strategy!r}")
+    strategy = _score_strategy(d, path, ["TIMESTAMP"] if legacy else _MISSING)
     if "num_scores" in d and _count(d, path, "num_scores") != len(strategy):
         raise FormatError(path, "num_scores", f"disagrees with score_strategy {strategy}")
     state_width = _count(d, path, "state_width") if "state_width" in d else 0
