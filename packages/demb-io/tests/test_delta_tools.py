@@ -511,3 +511,24 @@ def test_a_failed_apply_leaves_no_open_file_and_no_staging(tmp_path):
         gc.collect()
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+
+
+def test_a_failed_delta_write_leaves_no_open_file_and_no_staging(tmp_path, monkeypatch):
+    """A part that fails to write (here: the disk refuses its bytes) drops the staging and
+    leaves no file open (ResourceWarning), as a failed checkpoint write does."""
+    import gc
+    import warnings
+
+    from demb_io import _files, write_delta
+
+    def refuse(self, array):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_files.PartWriter, "write", refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(OSError, match="No space left"):
+            write_delta(tmp_path / "d", [make_delta([1, 3], [6], 7000, 3)])
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+    assert list(tmp_path.iterdir()) == []

@@ -144,12 +144,15 @@ class PartWriter:
         self.file.close()
 
     def close(self) -> FileEntry:
-        self.file.flush()
-        with ThreadPoolExecutor(max_workers=1) as flusher:
-            synced = flusher.submit(os.fsync, self.file.fileno())
-            crcs = block_crcs(self.path, self.bytes)
-            synced.result()
-        self.file.close()
+        """Flush and fsync the file, with its block CRC-32s; the file is closed either way."""
+        try:
+            self.file.flush()
+            with ThreadPoolExecutor(max_workers=1) as flusher:
+                synced = flusher.submit(os.fsync, self.file.fileno())
+                crcs = block_crcs(self.path, self.bytes)
+                synced.result()
+        finally:
+            self.file.close()
         return FileEntry(self.path.name, self.bytes, tuple(crcs))
 
 

@@ -196,7 +196,11 @@ class DeltaWriter:
             if array is None:
                 continue
             writer = PartWriter(folder / f"{m.table}.{part}")
-            writer.write(array)
+            try:
+                writer.write(array)
+            except BaseException:  # no descriptor left open in the staging being dropped
+                writer.abort()
+                raise
             files[part] = writer.close()
         meta = dataclasses.replace(
             m,
