@@ -265,7 +265,7 @@ def test_cli_commands(tmp_path, capsys):
     (tmp_path / "c3" / "ebc" / "t.rank1-of-3.values").write_bytes(b"\x00")
     assert main(["verify", str(tmp_path / "c3")]) == 2
     err = capsys.readouterr().err
-    assert "t.rank1-of-3.values [values]" in err
+    assert "t.rank1-of-3.values: 1 bytes, the manifest says" in err
 
 
 def _uv() -> str:
@@ -480,12 +480,19 @@ def test_an_empty_table_exports_and_a_failed_export_leaves_nothing(tmp_path):
 
 def test_a_meta_under_another_tables_name_is_a_format_error(tmp_path):
     """A delta meta copied or swapped under another table's file name (two metas then claim
-    one table) is a FormatError naming the file and the field, not a writer's ValueError."""
+    one table) is a FormatError naming the file, not a writer's ValueError: the manifest does
+    not list the copy; and where the manifest is rewritten to list it, the meta's table is
+    checked against its file's name."""
+    from demb_io.manifest import reseal
     from demb_io.mutations import small_delta
 
     path = tmp_path / "d"
     small_delta(path)
     shutil.copy(path / "ebc" / "t.meta.json", path / "ebc" / "u.meta.json")
+    with pytest.raises(FormatError, match="not in the manifest") as bad:
+        read_delta(path)
+    assert bad.value.path == path / "ebc" / "u.meta.json"
+    reseal(path)
     with pytest.raises(FormatError, match="'t' is not the table its file names") as bad:
         read_delta(path)
     assert bad.value.path == path / "ebc" / "u.meta.json"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from demb_io import Checkpoint, FormatError, read_delta
+from demb_io.manifest import reseal
 from demb_io.mutations import small_checkpoint, small_delta
 
 META = {"checkpoint": "ebc/t.rank0-of-2.meta.json", "delta": "ebc/t.meta.json"}
@@ -76,4 +77,5 @@ def test_the_compound_score_reads_in_either_order(tmp_path):
         d = json.loads(meta.read_text())
         d["score_strategy"] = ["LFU", "TIMESTAMP"]
         meta.write_text(json.dumps(d))
+    reseal(root)  # an edit on purpose: the manifest rewritten to it
     assert Checkpoint(root).shards("ebc", "t")[0].score_strategy == ("LFU", "TIMESTAMP")

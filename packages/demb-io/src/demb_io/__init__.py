@@ -8,8 +8,8 @@ admission counters, and a meta JSON with their sizes and CRC-32s.
 """
 
 from demb_io._errors import FormatError, IoError, LayoutError
-from demb_io._staging import MARKER, commit_directory, commit_staged, staging_path
-from demb_io.checkpoint import Checkpoint, CheckpointWriter
+from demb_io._staging import MARKER, commit_directory, staging_path
+from demb_io.checkpoint import Checkpoint, CheckpointWriter, commit_checkpoint
 from demb_io.delta import (
     DELTA_FORMAT,
     DeltaMeta,
@@ -21,6 +21,7 @@ from demb_io.delta import (
 )
 from demb_io.dtypes import DTYPES, from_float32, itemsize, storage_dtype, to_float32
 from demb_io.export import export_npz, export_parquet
+from demb_io.manifest import MANIFEST, Manifest
 from demb_io.meta import (
     CHECKPOINT_FORMAT,
     FORMAT_VERSION,
@@ -38,6 +39,7 @@ __all__ = [
     "DELTA_FORMAT",
     "DTYPES",
     "FORMAT_VERSION",
+    "MANIFEST",
     "MARKER",
     "PARTS",
     "Checkpoint",
@@ -49,12 +51,13 @@ __all__ = [
     "FormatError",
     "IoError",
     "LayoutError",
+    "Manifest",
     "ShardData",
     "ShardMeta",
     "ShardWriter",
     "apply_delta",
+    "commit_checkpoint",
     "commit_directory",
-    "commit_staged",
     "export_npz",
     "export_parquet",
     "from_float32",

@@ -160,8 +160,9 @@ def commit_staged(staged: Path, target: Path, marker: str) -> None:
     remove_stale_staging(target)  # with the target there, a killed commit's set-aside goes too
 
 
-def read_marker(directory: Path, marker: str, what: str) -> None:
-    """Check that ``directory`` is a committed ``what`` whose marker reads ``marker``.
+def read_marker(directory: Path, marker: str, what: str) -> list[str]:
+    """Check that ``directory`` is a committed ``what`` whose marker starts with ``marker``
+    (``<format> <version>``); the marker's words after it (a manifest's checksum, or none).
 
     Raises:
         FormatError: no readable marker, or another format or version.
@@ -175,5 +176,7 @@ def read_marker(directory: Path, marker: str, what: str) -> None:
         text = read_small(path, MARKER_BYTES).decode("ascii").split()
     except (FormatError, UnicodeDecodeError) as err:
         raise FormatError(path, "", f"not a committed demb {what} ({err})") from err
-    if text != marker.split():
+    expected = marker.split()
+    if text[: len(expected)] != expected:
         raise FormatError(path, "", f"expected '{marker}'")
+    return text[len(expected) :]

@@ -15,11 +15,22 @@ import numpy as np
 import numpy.typing as npt
 
 from demb_io._errors import FormatError, IoError
-from demb_io._staging import commit_staged, read_marker, staging_path
+from demb_io._staging import staging_path
+from demb_io.manifest import Manifest, commit_with_manifest, open_tree
 from demb_io.meta import CHECKPOINT_FORMAT, FORMAT_VERSION, ShardMeta, read_meta
 from demb_io.shard import ShardData, ShardWriter, iter_shard, read_shard
 
-__all__ = ["Checkpoint", "CheckpointWriter"]
+__all__ = ["Checkpoint", "CheckpointWriter", "commit_checkpoint"]
+
+_MARKER = f"{CHECKPOINT_FORMAT} {FORMAT_VERSION}"
+
+
+def commit_checkpoint(staged: Path, target: Path) -> None:
+    """Commit the complete staging directory ``staged`` (collection folders of shards, each
+    meta written) to ``target``: its manifest written (the data files' sizes and CRC-32s taken
+    from their metas), then its marker, then one rename or exchange
+    (:func:`demb_io.manifest.commit_with_manifest`)."""
+    commit_with_manifest(staged, target, _MARKER, lambda meta: read_meta(meta).files.values())
 
 
 class CheckpointWriter:
@@ -87,12 +98,19 @@ class CheckpointWriter:
         tb: TracebackType | None,
     ) -> None:
         self._open = False
-        if kind is not None:
+        unclosed = [s.meta.stem for s in self._shards if not s.closed]
+        if kind is not None or unclosed:
             for shard in self._shards:  # no descriptor left open in the dropped staging
                 shard.abort()
             shutil.rmtree(self.staged, ignore_errors=True)
+            if kind is None:
+                raise IoError(f"{self.path}: shards not closed, nothing written: {unclosed}")
             return
-        commit_staged(self.staged, self.path, f"{CHECKPOINT_FORMAT} {FORMAT_VERSION}")
+        try:
+            commit_checkpoint(self.staged, self.path)
+        except BaseException:
+            shutil.rmtree(self.staged, ignore_errors=True)
+            raise
 
 
 class Checkpoint:
@@ -104,7 +122,7 @@ class Checkpoint:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        read_marker(self.path, f"{CHECKPOINT_FORMAT} {FORMAT_VERSION}", "checkpoint")
+        self.manifest: Manifest = open_tree(self.path, _MARKER, "checkpoint")
 
     def collections(self) -> list[str]:
         """The embedding collections, sorted."""
@@ -121,7 +139,7 @@ class Checkpoint:
         if not folder.is_dir():
             raise FormatError(folder, "", "no such collection in the checkpoint")
         pattern = "*.meta.json" if table is None else f"{glob.escape(table)}.rank*-of-*.meta.json"
-        metas = [read_meta(p) for p in sorted(folder.glob(pattern))]
+        metas = [self._read_meta(p) for p in sorted(folder.glob(pattern))]
         if table is not None:
             metas = [m for m in metas if m.table == table]  # a name may hold ".rank"
             if not metas:
@@ -130,6 +148,11 @@ class Checkpoint:
         for name in sorted({m.table for m in metas}):
             _check_ranks(folder, [m for m in metas if m.table == name])
         return metas
+
+    def _read_meta(self, path: Path) -> ShardMeta:
+        meta = self.manifest.read_meta(path, read_meta)
+        self.manifest.check_files(path, meta.files)
+        return meta
 
     def tables(self, collection: str) -> list[str]:
         """The tables of a collection, sorted."""

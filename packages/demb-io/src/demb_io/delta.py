@@ -28,8 +28,9 @@ from demb_io._files import (
     row_shapes,
 )
 from demb_io._small import META_BYTES, read_small, regular_size
-from demb_io._staging import commit_staged, read_marker, staging_path, write_synced
+from demb_io._staging import staging_path, write_synced
 from demb_io.dtypes import DTYPES
+from demb_io.manifest import Manifest, commit_with_manifest, open_tree
 from demb_io.meta import (
     DIST_TYPES,
     FORMAT_VERSION,
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 DELTA_FORMAT = "demb-delta"
+_MARKER = f"{DELTA_FORMAT} {FORMAT_VERSION}"
 _PARTS = ("keys", "values", "state", "scores", "slots", "erased", "evicted")
 
 
@@ -219,7 +221,12 @@ class DeltaWriter:
     def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
         if kind is None:
             try:
-                commit_staged(self._staged, self.path, f"{DELTA_FORMAT} {FORMAT_VERSION}")
+                commit_with_manifest(
+                    self._staged,
+                    self.path,
+                    _MARKER,
+                    lambda meta: _read_delta_meta(meta).files.values(),
+                )
                 return
             except BaseException:
                 shutil.rmtree(self._staged, ignore_errors=True)
@@ -243,9 +250,9 @@ def write_delta(path: str | Path, tables: Iterable[DeltaTable]) -> list[DeltaMet
     return w.written
 
 
-def _read_delta_meta(path: Path) -> DeltaMeta:
+def _read_delta_meta(path: Path, data: bytes | None = None) -> DeltaMeta:
     try:
-        d = json.loads(read_small(path, META_BYTES).decode())
+        d = json.loads((read_small(path, META_BYTES) if data is None else data).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FormatError(path, "", f"not a readable meta JSON ({err})") from err
     if not isinstance(d, dict):
@@ -298,8 +305,9 @@ def _read_delta_meta(path: Path) -> DeltaMeta:
     )
 
 
-def _read_table(folder: Path, meta_path: Path, verify: bool) -> DeltaTable:
-    m = _read_delta_meta(meta_path)
+def _read_table(folder: Path, meta_path: Path, verify: bool, manifest: Manifest) -> DeltaTable:
+    m = manifest.read_meta(meta_path, _read_delta_meta)
+    manifest.check_files(meta_path, m.files)
     if meta_path.name != f"{m.table}.meta.json":  # a meta moved or swapped with another's
         raise FormatError(meta_path, "table", f"{m.table!r} is not the table its file names")
     if m.collection != folder.name:
@@ -346,10 +354,10 @@ def iter_delta(path: str | Path, *, verify: bool = True) -> Iterator[DeltaTable]
         FormatError: not a committed delta, or a bad meta or file (named with its field).
     """
     path = Path(path)
-    read_marker(path, f"{DELTA_FORMAT} {FORMAT_VERSION}", "delta")
+    manifest = open_tree(path, _MARKER, "delta")
     for folder in sorted(p for p in path.iterdir() if p.is_dir()):
         for meta_path in sorted(folder.glob("*.meta.json")):
-            yield _read_table(folder, meta_path, verify)
+            yield _read_table(folder, meta_path, verify, manifest)
 
 
 def read_delta(path: str | Path, *, verify: bool = True) -> list[DeltaTable]:

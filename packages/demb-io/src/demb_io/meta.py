@@ -217,8 +217,8 @@ def _files(d: dict[str, Any], path: Path, legacy_stem: str | None) -> dict[str, 
     return files
 
 
-def read_meta(path: str | Path) -> ShardMeta:
-    """Read and validate a shard's meta JSON.
+def read_meta(path: str | Path, data: bytes | None = None) -> ShardMeta:
+    """Read and validate a shard's meta JSON (``data``: its bytes, read already).
 
     A meta without ``embedding_dtype`` / ``embedding_dim`` (the legacy format) is returned with
     ``legacy=True``, float32 values and ``embedding_dim`` 0 (the reader recovers the width from
@@ -231,7 +231,7 @@ def read_meta(path: str | Path) -> ShardMeta:
     """
     path = Path(path)
     try:
-        d = json.loads(read_small(path, META_BYTES).decode())
+        d = json.loads((read_small(path, META_BYTES) if data is None else data).decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise FormatError(path, "", f"not a readable meta JSON ({err})") from err
     if not isinstance(d, dict):

@@ -94,7 +94,8 @@ class ShardWriter:
             parts += ["admit_keys", "admit_counts"]
         self._writers = {p: PartWriter(self.directory / f"{meta.stem}.{p}") for p in parts}
         self.rows = self.admitted = 0
-        self._closed = False
+        self.closed = False
+        """Closed (committed or aborted)."""
 
     def append(self, chunk: ShardData) -> None:
         """Append rows (and admission counters).
@@ -125,17 +126,17 @@ class ShardWriter:
     def abort(self) -> None:
         """Close the files unfinished, unless closed already (a failed write's staging is
         being dropped: no descriptor is left open)."""
-        if not self._closed:
-            self._closed = True
+        if not self.closed:
+            self.closed = True
             for w in self._writers.values():
                 w.abort()
 
     def close(self, *, commit: bool = True) -> ShardMeta:
         """Close the files; with ``commit``, fsync them and write the meta. Returns the meta
         as written (or as far as it got)."""
-        if self._closed:
+        if self.closed:
             raise ValueError(f"{self.meta.stem}: closed twice")
-        self._closed = True
+        self.closed = True
         files = {p: w.close() for p, w in self._writers.items()}
         written = dataclasses.replace(
             self.meta,

@@ -32,11 +32,10 @@ from demb_io import (
     ShardData,
     ShardMeta,
     ShardWriter,
-    commit_staged,
+    commit_checkpoint,
     iter_shard,
     staging_path,
 )
-from demb_io.meta import CHECKPOINT_FORMAT, FORMAT_VERSION
 from demb_planner import continuous_block_size, owner_rank
 from torch import nn
 
@@ -269,7 +268,7 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
         if errors:
             shutil.rmtree(staged[0], ignore_errors=True)
         else:
-            commit_staged(staged[0], target, f"{CHECKPOINT_FORMAT} {FORMAT_VERSION}")
+            commit_checkpoint(staged[0], target)
     if group is not None:
         dist.barrier(group=group)
     if errors:
