@@ -104,7 +104,9 @@ def make_delta(keys, erased, current, seed, table="t"):
         meta=meta,
         keys=keys,
         values=from_float32(rng.standard_normal((n, DIM)), "bfloat16"),
-        scores=np.stack([rng.integers(0, 1000, n), rng.integers(0, 50, n)], 1).astype(np.int64),
+        scores=np.stack([rng.integers(0, current + 1, n), rng.integers(0, 50, n)], 1).astype(
+            np.int64
+        ),
         slots=rng.integers(0, 1024, n).astype(np.int64),
         state=rng.standard_normal((n, STATE)).astype(np.float32),
         erased=np.asarray(erased, dtype=np.int64),

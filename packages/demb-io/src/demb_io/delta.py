@@ -32,6 +32,7 @@ from demb_io._staging import staging_path, write_synced
 from demb_io.dtypes import DTYPES
 from demb_io.manifest import Manifest, commit_with_manifest, open_tree
 from demb_io.meta import (
+    _MAX_SCORE,
     DIST_TYPES,
     FORMAT_VERSION,
     FileEntry,
@@ -39,7 +40,9 @@ from demb_io.meta import (
     _count,
     _field,
     _score_strategy,
+    check_parts,
     file_entry,
+    settings,
 )
 
 __all__ = [
@@ -144,6 +147,18 @@ class DeltaTable:
                 raise ValueError(f"{m.table}: {name} must be 1-D int64")
         if (self.evicted is None) != (m.evicted_rows is None):
             raise ValueError(f"{m.table}: evicted keys given iff the meta's evicted_rows is set")
+        arrays: dict[str, npt.NDArray[np.generic]] = {
+            "keys": self.keys,
+            "slots": self.slots,
+            "scores": self.scores,
+            "erased": self.erased,
+        }
+        if self.evicted is not None:
+            arrays["evicted"] = self.evicted
+        try:
+            _check_values(Path(m.collection), m, arrays, written=True)
+        except FormatError as err:
+            raise ValueError(f"{m.collection}/{m.table}: {err.field}: {err}") from None
 
 
 _DELTA_KEYS = frozenset({f.name for f in dataclasses.fields(DeltaMeta)} | {"format", "num_scores"})
@@ -282,7 +297,29 @@ def _read_delta_meta(path: Path, data: bytes | None = None) -> DeltaMeta:
         if part not in _PARTS or not isinstance(entry, dict):
             raise FormatError(path, f"files.{part}", "not a part of a delta table")
         files[part] = file_entry(entry, path, part)
-    current = _field(d, path, "current_score", int)
+    check_parts(
+        path,
+        files,
+        {
+            "state": ("state_width", bool(state_width)),
+            "evicted": ("evicted_rows", evicted is not None),
+        },
+    )
+    current = _count(d, path, "current_score", limit=_MAX_SCORE)
+    current_capacity = _count(d, path, "current_capacity", 1)
+    bucket_capacity = _count(d, path, "bucket_capacity", 1)
+    if current_capacity % bucket_capacity:
+        raise FormatError(
+            path,
+            "current_capacity",
+            f"{current_capacity} is not a whole number of buckets of {bucket_capacity}",
+        )
+    if not row_capacity or sum(row_capacity) > current_capacity:
+        raise FormatError(
+            path,
+            "row_capacity",
+            f"{row_capacity}: one count per tier, {current_capacity} slots in all at most",
+        )
     return DeltaMeta(
         collection=_field(d, path, "collection", str),
         table=_field(d, path, "table", str),
@@ -290,9 +327,9 @@ def _read_delta_meta(path: Path, data: bytes | None = None) -> DeltaMeta:
         embedding_dim=_count(d, path, "embedding_dim", 1),
         score_strategy=tuple(strategy),
         current_score=current,
-        current_capacity=_count(d, path, "current_capacity"),
+        current_capacity=current_capacity,
         row_capacity=tuple(row_capacity),
-        bucket_capacity=_count(d, path, "bucket_capacity", 1),
+        bucket_capacity=bucket_capacity,
         world_size=_count(d, path, "world_size", 1),
         dist_type=dist_type,
         optim_state_dtype=state_dtype if state_width else None,
@@ -300,7 +337,7 @@ def _read_delta_meta(path: Path, data: bytes | None = None) -> DeltaMeta:
         rows=_count(d, path, "rows"),
         erased_rows=_count(d, path, "erased_rows"),
         evicted_rows=None if evicted is None else _count(d, path, "evicted_rows"),
-        table_options=_field(d, path, "table_options", dict, {}),
+        table_options=settings(d, path, "table_options", numbers_only=False),
         files=files,
     )
 
@@ -332,6 +369,7 @@ def _read_table(folder: Path, meta_path: Path, verify: bool, manifest: Manifest)
         if verify:
             check_crcs(file, part, entry)
         arrays[part] = read_rows(file, 0, rows, width, dtype)
+    _check_values(folder, m, arrays)
     return DeltaTable(
         meta=m,
         keys=arrays["keys"].reshape(-1).astype(np.int64, copy=False),
@@ -344,6 +382,53 @@ def _read_table(folder: Path, meta_path: Path, verify: bool, manifest: Manifest)
         if "evicted" in arrays
         else None,
     )
+
+
+_EMPTY_KEY = -1
+"""The key no table holds (its empty slots' key)."""
+
+
+def _check_values(
+    folder: Path,
+    m: DeltaMeta,
+    arrays: dict[str, npt.NDArray[np.generic]],
+    *,
+    written: bool = False,
+) -> None:
+    """Values a table cannot hold: the empty key, a slot outside ``current_capacity``, a
+    TIMESTAMP age outside ``[0, current_score]`` (its score would precede the clock's start).
+    ``written``: the arrays of a table being written (no files yet).
+
+    Raises:
+        FormatError: naming the file and the part.
+    """
+
+    def file(part: str) -> Path:
+        return folder / (f"{m.table}.{part}" if written else m.files[part].name)
+
+    for part in ("keys", "erased", "evicted"):
+        if part in arrays and bool((arrays[part] == _EMPTY_KEY).any()):
+            raise FormatError(file(part), part, "holds -1, the empty key")
+    slots = arrays["slots"]
+    if slots.size and not (int(slots.min()) >= 0 and int(slots.max()) < m.current_capacity):
+        raise FormatError(
+            file("slots"),
+            "slots",
+            f"a slot outside [0, current_capacity {m.current_capacity})",
+        )
+    scores = arrays["scores"]
+    for column, name in enumerate(m.score_strategy):
+        ages = scores[:, column]
+        if (
+            name == "TIMESTAMP"
+            and ages.size
+            and not (int(ages.min()) >= 0 and int(ages.max()) <= m.current_score)
+        ):
+            raise FormatError(
+                file("scores"),
+                "scores",
+                f"a TIMESTAMP age outside [0, current_score {m.current_score}]",
+            )
 
 
 def iter_delta(path: str | Path, *, verify: bool = True) -> Iterator[DeltaTable]:

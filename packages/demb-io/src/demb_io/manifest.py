@@ -68,8 +68,8 @@ def _manifest_text(
         for path in sorted(folder.iterdir()):
             name = _relative(directory, path)
             size = path.stat().st_size
-            entry = described.get(name)
-            crcs = entry.crc32 if entry is not None and entry.bytes == size else None
+            known = described.get(name)
+            crcs = known.crc32 if known is not None and known.bytes == size else None
             if crcs is None:
                 crcs = tuple(block_crcs(path, size))
             files[name] = {"bytes": size, "crc32": list(crcs)}

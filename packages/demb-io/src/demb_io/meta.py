@@ -7,6 +7,7 @@ See ``docs/format.md``. Reading validates every field's type and range and raise
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,8 @@ def _field(
 
 _MAX_COUNT = 2**62
 """The largest count a meta may hold (sizes in bytes derived from it stay within int64)."""
+_MAX_SCORE = 2**63 - 1
+"""The largest score (scores are int64)."""
 
 
 def _check_keys(d: dict[str, Any], path: Path, allowed: frozenset[str]) -> None:
@@ -163,11 +166,53 @@ def _score_strategy(d: dict[str, Any], path: Path, default: object = _MISSING) -
     return tuple(strategy)
 
 
-def _count(d: dict[str, Any], path: Path, name: str, low: int = 0) -> int:
+def _count(d: dict[str, Any], path: Path, name: str, low: int = 0, limit: int = _MAX_COUNT) -> int:
     value = int(_field(d, path, name, int))
-    if not low <= value <= _MAX_COUNT:
-        raise FormatError(path, name, f"must be in [{low}, 2**62], got {value}")
+    if not low <= value <= limit:
+        raise FormatError(path, name, f"must be in [{low}, {limit}], got {value}")
     return value
+
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _finite(value: object) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def settings(d: dict[str, Any], path: Path, name: str, *, numbers_only: bool) -> dict[str, Any]:
+    """``d[name]`` (default empty): a JSON object of settings by name, each a finite number or
+    a bool (``numbers_only``: a meta's ``hyper_parameters``), else also a string, null, or a
+    list of such scalars (a delta's ``table_options``).
+
+    Raises:
+        FormatError: naming ``<name>.<key>``.
+    """
+    values: dict[str, Any] = _field(d, path, name, dict, {})
+    for key, value in values.items():
+        scalars = (bool, int, float) if numbers_only else _SCALARS
+        items = value if isinstance(value, list) and not numbers_only else [value]
+        if not all(isinstance(v, scalars) and _finite(v) for v in items):
+            kind = "a finite number or bool" if numbers_only else "a finite JSON scalar"
+            raise FormatError(path, f"{name}.{key}", f"expected {kind}, got {value!r}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63:
+            raise FormatError(path, f"{name}.{key}", f"{value} is out of range")
+    return values
+
+
+def check_parts(
+    path: Path, files: dict[str, FileEntry], optional: dict[str, tuple[str, bool]]
+) -> None:
+    """Each optional part listed in ``files`` must be one the meta's fields ask for
+    (``optional``: per part, the field that asks for it and whether it does).
+
+    Raises:
+        FormatError: naming the field (a ``state_width`` of 0 beside a state file, a null
+            ``admission_rows`` beside admission counters: the file would be dropped unread).
+    """
+    for part, (field_name, wanted) in optional.items():
+        if part in files and not wanted:
+            raise FormatError(path, field_name, f"says there is no {part}, but files lists one")
 
 
 def file_entry(entry: dict[str, Any], path: Path, part: str) -> FileEntry:
@@ -262,7 +307,7 @@ def read_meta(path: str | Path, data: bytes | None = None) -> ShardMeta:
     state_dtype = _field(d, path, "optim_state_dtype", (str, type(None)), None)
     if state_width and (state_dtype if not legacy else "float32") not in DTYPES:
         raise FormatError(path, "optim_state_dtype", f"{state_dtype!r} is not one of {DTYPES}")
-    hyper = _field(d, path, "hyper_parameters", dict, {})
+    hyper = settings(d, path, "hyper_parameters", numbers_only=True)
     admission = d.get("admission_rows")
     if admission is not None:
         admission = _count(d, path, "admission_rows")
@@ -271,6 +316,16 @@ def read_meta(path: str | Path, data: bytes | None = None) -> ShardMeta:
         num_embeddings = _count(d, path, "num_embeddings", 1)
     table = _field(d, path, "table", str)
     rows = _count(d, path, "rows") if "rows" in d or not legacy else -1
+    files = _files(d, path, shard_stem(table, rank, world_size) if legacy else None)
+    check_parts(  # a legacy meta's files are what lies beside it
+        path,
+        {} if legacy else files,
+        {
+            "state": ("state_width", bool(state_width)),
+            "admit_keys": ("admission_rows", admission is not None),
+            "admit_counts": ("admission_rows", admission is not None),
+        },
+    )
     return ShardMeta(
         collection=_field(d, path, "collection", str),
         table=table,
@@ -287,7 +342,7 @@ def read_meta(path: str | Path, data: bytes | None = None) -> ShardMeta:
         hyper_parameters=hyper,
         admission_rows=admission,
         num_embeddings=num_embeddings,
-        files=_files(d, path, shard_stem(table, rank, world_size) if legacy else None),
+        files=files,
         format_version=version,
         legacy=legacy,
     )

@@ -51,8 +51,14 @@ def _merge_two(old: DeltaTable, new: DeltaTable) -> DeltaTable:
                 f"{name}: {field} differs between deltas ({old.meta.layout()[field]!r} "
                 f"then {value!r})"
             )
+    ages = _age_columns(old.meta.score_strategy)
+    if ages and new.meta.current_score < old.meta.current_score:
+        raise LayoutError(
+            f"{name}: current_score goes back between deltas ({old.meta.current_score} then "
+            f"{new.meta.current_score}): deltas out of order, or of another clock"
+        )
     scores = old.scores.copy()
-    for c in _age_columns(old.meta.score_strategy):  # ages were taken at old's current score
+    for c in ages:  # ages were taken at old's current score
         scores[:, c] += new.meta.current_score - old.meta.current_score
     old = dataclasses.replace(old, scores=scores)
     kept = _take(old, ~np.isin(old.keys, np.concatenate([new.keys, new.erased])))
