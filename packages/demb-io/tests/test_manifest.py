@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from demb_io import MANIFEST, Checkpoint, FormatError, read_delta
 from demb_io.cli import main
+from demb_io.manifest import reseal
 from demb_io.mutations import small_checkpoint, small_delta
 
 
@@ -213,3 +214,24 @@ def test_writes_through_every_tool_carry_a_manifest(ckpt, delta, tmp_path):
         warnings.simplefilter("error")  # no "without a manifest" warning
         read_all(tmp_path / "r")
         read_delta(tmp_path / "m")
+
+
+def test_a_resealed_copy_of_a_collection_is_refused(ckpt):
+    """A collection folder copied (or swapped) and the manifest rewritten to it: its metas
+    name another collection, a FormatError naming the meta and the field (it read as extra
+    tables, and reshard failed writing them twice)."""
+    shutil.copytree(ckpt / "ebc", ckpt / "ebc2")
+    reseal(ckpt)
+    with pytest.raises(FormatError, match="differs from its folder") as bad:
+        read_all(ckpt)
+    assert bad.value.field == "collection"
+    shutil.rmtree(ckpt / "ebc2")
+    folder = ckpt / "ebc"
+    a, b = folder / "t.rank0-of-2.meta.json", folder / "t.rank1-of-2.meta.json"
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+    reseal(ckpt)
+    with pytest.raises(FormatError, match="is not the shard its file names") as bad:
+        read_all(ckpt)
+    assert bad.value.field == "table"

@@ -190,6 +190,36 @@ def test_compound_score_columns_round_trip(tmp_path: Path) -> None:
     assert max(frequencies) > 1  # the LFU column is first, as configured
 
 
+def test_tables_of_different_score_columns_round_trip(tmp_path: Path) -> None:
+    """A module whose tables score one and two columns (its index keeps two words for all):
+    each table loads back its own columns (the load used to size the score words by the
+    loading table, and the index refused them)."""
+
+    def model() -> Model:
+        m = Model()
+        scores = [
+            (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU),
+            DynamicEmbScoreStrategy.LFU,
+        ]
+        opts = [
+            DynamicEmbTableOptions(dim=d, max_capacity=1024, score_strategy=score)
+            for d, score in zip((8, 4), scores, strict=True)
+        ]
+        m.sparse["tables"] = DynamicEmbeddingTables(
+            opts, table_names=["user", "item"], device="cpu", optimizer="adam"
+        )
+        return m
+
+    src = model()
+    _train(src)
+    DynamicEmbDump(tmp_path / "c", src, optim=True)
+    dst = model()
+    DynamicEmbLoad(tmp_path / "c", dst, optim=True)
+    assert _content(dst) == _content(src)
+    assert {len(s) for _, s in _content(src)["user"].values()} == {2}
+    assert {len(s) for _, s in _content(src)["item"].values()} == {1}
+
+
 def test_truncated_file_raises_and_a_failed_dump_keeps_the_old_checkpoint(
     tmp_path: Path,
 ) -> None:

@@ -151,6 +151,10 @@ class Checkpoint:
 
     def _read_meta(self, path: Path) -> ShardMeta:
         meta = self.manifest.read_meta(path, read_meta)
+        if meta.collection != path.parent.name:
+            raise FormatError(path, "collection", f"differs from its folder {path.parent.name!r}")
+        if path.name != f"{meta.stem}.meta.json":  # a meta moved or swapped with another's
+            raise FormatError(path, "table", f"{meta.stem!r} is not the shard its file names")
         self.manifest.check_files(path, meta.files)
         return meta
 

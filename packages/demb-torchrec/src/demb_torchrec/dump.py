@@ -329,9 +329,8 @@ def _assign(t: _Table, keys: torch.Tensor, scores: torch.Tensor, rows: torch.Ten
     table's ``score_strategy`` order) and full rows (embedding and optimizer state)."""
     tables = t.module.tables
     layout = tables.configs[t.index].score_layout
-    words = torch.zeros(
-        (max(layout.index_words) + 1, keys.numel()), dtype=torch.int64, device=keys.device
-    )
+    width = tables.index.scores.shape[0]  # the index's words: its widest table's
+    words = torch.zeros((width, keys.numel()), dtype=torch.int64, device=keys.device)
     for c, word in enumerate(layout.index_words):
         words[word] = scores[:, c]
     values: list[torch.Tensor | None] = [None] * tables.num_tables
