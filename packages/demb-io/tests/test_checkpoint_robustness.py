@@ -1,6 +1,7 @@
-"""Robustness of the readers and the writer: mutated or truncated checkpoints and deltas (2,000
-of each by default, 10,000 under the ``slow`` marker) never end in anything but a FormatError
-naming a file, and a writer killed with SIGKILL
+"""Robustness of the readers and the writer: mutated or truncated checkpoints and deltas (300
+of each by default, 10,000 under the ``slow`` marker; the default suite's 2,000-case fuzz of
+every reader, tree mutations included, is demb-torchrec's ``test_fuzz_readers.py``) never end
+in anything but a FormatError naming a file, and a writer killed with SIGKILL
 mid-checkpoint leaves the previous checkpoint loadable and verified."""
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ import pytest
 from demb_io import Checkpoint, FormatError, read_delta
 from demb_io.mutations import mutate, small_checkpoint, small_delta
 
-MUTATIONS = [2_000, pytest.param(10_000, marks=pytest.mark.slow)]
-"""Mutations per fuzz run: the default suite's, and the slow variant's."""
+MUTATIONS = [300, pytest.param(10_000, marks=pytest.mark.slow)]
+"""Mutations per fuzz run: the default suite's (a smoke run of demb-io alone: the 2,000-case
+fuzz over every reader is ``packages/demb-torchrec/tests/test_fuzz_readers.py``), and the slow
+variant's."""
 
 
 def read_all(path: Path) -> FormatError | None:

@@ -5,7 +5,8 @@ dynamic tables (at one world size, or several with their scaling efficiency); ``
 balance`` the keys per rank of the two modulo routings; ``demb bench table``, ``update`` and
 ``io`` the hash table ops, the fused optimizer update and checkpoint I/O, each figure beside a
 baseline measured in the same run; ``demb bench fuzz`` reads back mutated checkpoints and
-deltas."""
+deltas; ``demb bench soak`` memory over a long evicting training run beside eval forwards;
+``demb bench readspeed`` checkpoint reads of the current demb-io beside an older one."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from demb_torchrec.bench._parsers import (
+    add_fuzz_parser,
+    add_io_parser,
+    add_readspeed_parser,
+    add_soak_parser,
+)
+from demb_torchrec.bench._parsers import bench_parser as _bench_parser
 
 if TYPE_CHECKING:
     import torch
@@ -196,9 +205,50 @@ def _world_sizes(text: str) -> list[int]:
 def _bench_fuzz(args: argparse.Namespace) -> int:
     from demb_torchrec.bench.fuzz_bench import FuzzWorkload, run
 
-    report = run(FuzzWorkload(cases=args.cases, seed=args.seed))
+    w = FuzzWorkload(
+        cases=args.cases,
+        seed=args.seed,
+        case_seconds=args.case_seconds,
+        readers=tuple(args.readers),
+        case=args.case,
+        listed=args.list,
+        reseal=args.reseal,
+    )
+    report = run(w)
     _write_report(report, args)
     return 1 if report["failed"] else 0
+
+
+def _bench_soak(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.soak_bench import SoakWorkload, run
+
+    w = SoakWorkload(
+        steps=args.steps,
+        warmup=args.warmup,
+        every=args.every,
+        dump_every=args.dump_every,
+        dims=tuple(args.dims),
+    )
+    report = run(w, _device(args))
+    _write_report(report, args)
+    dump = report["dump"]
+    return 1 if dump is not None and dump["exact"] != dump["round_trips"] else 0
+
+
+def _bench_readspeed(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.readspeed_bench import ReadspeedWorkload, run
+
+    w = ReadspeedWorkload(
+        baseline=args.baseline,
+        gb=args.gb,
+        repeats=args.repeats,
+        tables=args.tables,
+        dim=args.dim,
+        cold=args.cold,
+        limit=args.limit,
+        directory=args.dir,
+    )
+    return _write_report(run(w), args)
 
 
 def _bench_balance(args: argparse.Namespace) -> int:
@@ -210,20 +260,6 @@ def _bench_balance(args: argparse.Namespace) -> int:
     for name, t in report["tables"].items():
         print(f"  {name:<28} max/mean {t['max_over_mean']:.3f}  per rank {t['keys_per_rank']}")
     return _write_report(report, args)
-
-
-def _bench_parser(
-    bench: _Subparsers, name: str, summary: str, *, device: bool = False, scale: str | None = None
-) -> argparse.ArgumentParser:
-    """The parser of ``demb bench NAME`` (``summary``: its help), with ``--out`` and, where
-    asked, ``--device`` and ``--scale`` (``scale``: its help)."""
-    parser = bench.add_parser(name, help=summary)
-    parser.add_argument("--out", help="write the report as JSON here")
-    if device:
-        parser.add_argument("--device", help="cuda or cpu (default: cuda when visible)")
-    if scale is not None:
-        parser.add_argument("--scale", type=float, help=scale)
-    return parser
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -287,8 +323,10 @@ def _parser() -> argparse.ArgumentParser:
     balance.add_argument("--steps", type=int, default=8, help="forwards")
     _add_table_parser(bench)
     _add_update_parser(bench)
-    _add_io_parser(bench)
-    _add_fuzz_parser(bench)
+    add_io_parser(bench)
+    add_fuzz_parser(bench)
+    add_soak_parser(bench)
+    add_readspeed_parser(bench)
     return parser
 
 
@@ -352,33 +390,6 @@ def _add_update_parser(bench: _Subparsers) -> None:
     update.add_argument("--copy-mib", type=int, help="MiB copied to measure bandwidth (512)")
 
 
-def _add_io_parser(bench: _Subparsers) -> None:
-    io = _bench_parser(
-        bench, "io", "checkpoint write and read beside raw numpy file writes and reads"
-    )
-    io.add_argument(
-        "--rows",
-        type=int,
-        default=262_144,
-        help="the table's rows (default 262144: 0.14 GB; the full size is 4000000, with "
-        "--repeats 16)",
-    )
-    io.add_argument("--dim", type=int, default=128, help="embedding dim, float32 (128)")
-    io.add_argument("--repeats", type=int, default=6, help="timed repeats, even (6)")
-    io.add_argument("--dir", help="where to write (default: the system's temporary folder)")
-
-
-def _add_fuzz_parser(bench: _Subparsers) -> None:
-    fuzz = _bench_parser(
-        bench,
-        "fuzz",
-        "seeded single mutations of a small checkpoint and delta, each read back: fails on any "
-        "exception but demb-io's typed errors, or a case over 5 s",
-    )
-    fuzz.add_argument("--cases", type=int, default=2000, help="mutations, in all (2000)")
-    fuzz.add_argument("--seed", type=int, default=0, help="the mutations' seed (0)")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``demb``."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -393,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "update": _bench_update,
             "io": _bench_io,
             "fuzz": _bench_fuzz,
+            "soak": _bench_soak,
+            "readspeed": _bench_readspeed,
         }
         return runs[args.bench](args)
     for name, value in environment_report():

@@ -1,226 +1,363 @@
-"""``demb bench fuzz``: seeded single mutations of a small checkpoint and a small delta, each
-read back by demb-io's readers; every case must end, within a time limit, in one of demb-io's
-typed errors (``FormatError`` or another ``IoError``) or in a read.
+"""``demb bench fuzz``: seeded mutations of a real checkpoint and real deltas, each read by one
+of demb's readers; every case must end, within a time limit, in identical content or a typed
+error.
 
-Case ``i`` damages the checkpoint (even ``i``) or the delta (odd ``i``) written by
-:mod:`demb_io.mutations`: one file is picked and mutated
-(:func:`~demb_io.mutations.mutate`) by a generator seeded with the seed and ``i``
-(any case can be replayed alone), the reader reads everything back (CRCs checked), and the
-file is restored. Outcomes: ``typed_error``; ``identical_read``: the rows read back are the
-undamaged files' (the mutation was harmless: whitespace, a hyper-parameter, bytes left equal);
-``changed_read``: the reader accepted a meta edit that changes what it reads (listed, not a
-failure: a meta is plain JSON, and some edits are consistent, e.g. ``admission_rows: null``
-drops a shard's admission counters); ``other``: any other exception. Any ``other`` case, or any
-case over the time limit, fails the command.
+Case ``i`` runs reader ``readers[i % len(readers)]`` (:data:`~.fuzz_readers.READERS`: the
+demb-io CLI's verify, inspect, merge, apply, reshard and export, demb-io's readers,
+DynamicEmbLoad) with one of its inputs replaced by a fresh copy damaged by
+:func:`~demb_io.mutations.mutate_tree` (bytes, JSON numbers, files and folders deleted,
+swapped, renamed or added, FIFOs, symlinks), from a generator seeded with the seed and ``i``:
+any case replays alone (``--case I``). A share (``reseal``) of the mutations that leave no FIFO
+or symlink are then resealed: the manifest rewritten to match the damaged tree, as a deliberate
+edit would, so that what the readers check behind the manifest sees the damage too.
+
+Outcomes: ``identical`` (the content the undamaged inputs give), ``typed_error``
+(``demb_io.IoError``; for DynamicEmbLoad any ``DembError``), ``edited`` (a resealed mutation
+read back with other content: a consistent edit, such as a collection removed, not a failure),
+or a failure: ``changed`` (no error, other content: a table missing, a meta edit accepted, an
+unreadable output), ``escaped`` (a tree with a symlink out of it, read), ``partial`` (a typed
+error that left a partial output or a changed model), ``untyped`` (any other exception,
+``MemoryError`` included) or ``hang`` (over the time limit, interrupted by ``SIGALRM``).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import hashlib
 import random
+import shutil
+import signal
 import tempfile
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+import traceback
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from demb_io import Checkpoint, DeltaTable, IoError, ShardData, read_delta
-from demb_io.mutations import mutate, small_checkpoint, small_delta
+from demb_io.mutations import TREE_KINDS, mutate_tree
 
 from demb_torchrec.bench.compare import check_counts, machine_info
+from demb_torchrec.bench.fuzz_readers import INPUTS, READERS, Content, DirtyError, diff, leftovers
 
-__all__ = ["OUTCOMES", "READERS", "FuzzWorkload", "read_checkpoint", "read_delta_rows", "run"]
+__all__ = ["FAILURES", "OUTCOMES", "FuzzWorkload", "run", "run_case"]
 
-OUTCOMES = ("typed_error", "identical_read", "changed_read", "other")
+OUTCOMES = (
+    "identical", "typed_error", "edited", "changed", "escaped", "partial", "untyped", "hang",
+)  # fmt: skip
 """How a case can end (see the module's docstring)."""
-_LISTED = 20
-"""Failed (and changed-read) cases listed in the report; all are counted."""
-
-Rows = tuple[tuple[str, str, tuple[int, ...], bytes], ...]
-"""What a reader read: each array's name, dtype, shape and bytes, in reading order."""
-
-
-def _arrays(where: str, data: ShardData | DeltaTable) -> Rows:
-    """The array fields of ``data`` (a None field as an empty entry)."""
-    rows = []
-    for f in dataclasses.fields(data):
-        value = getattr(data, f.name)
-        if value is None:
-            rows.append((f"{where}.{f.name}", "none", (), b""))
-        elif isinstance(value, np.ndarray):
-            rows.append((f"{where}.{f.name}", value.dtype.str, value.shape, value.tobytes()))
-    return tuple(rows)
-
-
-def read_checkpoint(path: Path) -> Rows:
-    """Open the checkpoint at ``path``, list it and read every table (CRCs checked); the rows
-    read."""
-    ckpt = Checkpoint(path)
-    rows: Rows = ()
-    for collection in ckpt.collections():
-        for table in ckpt.tables(collection):
-            rows += _arrays(f"{collection}/{table}", ckpt.read_table(collection, table))
-    return rows
-
-
-def read_delta_rows(path: Path) -> Rows:
-    """Read the delta at ``path`` (CRCs checked); the rows read."""
-    rows: Rows = ()
-    for table in read_delta(path):
-        rows += _arrays(f"{table.meta.collection}/{table.meta.table}", table)
-    return rows
-
-
-READERS: dict[str, tuple[Callable[[Path], None], Callable[[Path], Rows]]] = {
-    "checkpoint": (small_checkpoint, read_checkpoint),
-    "delta": (small_delta, read_delta_rows),
-}
-"""Each reader's name: the function writing its small files, and the reader (looked up at each
-case)."""
+FAILURES = OUTCOMES[3:]
+"""The outcomes that fail the run."""
+_RESEALABLE = frozenset(TREE_KINDS) - {
+    "fifo", "dev_zero", "file_to_folder", "symlink_outside", "symlink_inside",
+}  # fmt: skip
+"""The mutations a case may reseal (a FIFO or a symlink would block or leave the tree)."""
 
 
 @dataclass(frozen=True)
 class FuzzWorkload:
-    """``cases`` mutations from ``seed``, each read back within ``case_seconds``."""
+    """``cases`` mutations from ``seed`` spread over ``readers``, each read within
+    ``case_seconds``; ``case``: run that case alone; ``listed``: failed cases printed;
+    ``reseal``: the share of mutations resealed (where they can be)."""
 
     cases: int = 2000
     seed: int = 0
     case_seconds: float = 5.0
+    readers: tuple[str, ...] = tuple(READERS)
+    case: int | None = None
+    listed: int = 20
+    reseal: float = 0.25
 
     def __post_init__(self) -> None:
         check_counts(self, "cases")
         if not self.case_seconds > 0:
             raise ValueError(f"case_seconds={self.case_seconds!r}: must be > 0")
+        unknown = sorted(set(self.readers) - set(READERS))
+        if unknown or not self.readers:
+            raise ValueError(f"readers={self.readers!r}: pick from {', '.join(READERS)}")
+        if self.case is not None and self.case < 0:
+            raise ValueError(f"case={self.case!r}: must be >= 0")
+        if not 0 <= self.reseal <= 1:
+            raise ValueError(f"reseal={self.reseal!r}: must be in [0, 1]")
+
+
+class _Hang(BaseException):
+    """The case's time is up (a BaseException: no reader's ``except Exception`` takes it)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise :class:`_Hang` in this thread after ``seconds`` (``SIGALRM``, which also breaks
+    a blocked ``open`` or ``read``); only on the main thread of a system with ``setitimer``."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(
+        signal, "setitimer"
+    ):
+        yield
+        return
+
+    def fire(signum: int, frame: object) -> None:
+        raise _Hang
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @dataclass
-class _Target:
-    """A reader's files: their undamaged bytes and the rows they read back."""
+class _Inputs:
+    """The undamaged inputs under ``root`` and each reader's content of them."""
 
     root: Path
-    original: dict[Path, bytes]
-    rows: Rows
+    paths: dict[str, Path]
+    reference: dict[str, Content] = field(default_factory=dict)
+
+    def fingerprint(self) -> str:
+        """A hash of every input's names, kinds and bytes (a reader must change none)."""
+        h = hashlib.sha256()
+        for p in sorted(self.root.rglob("*")):
+            h.update(str(p.relative_to(self.root)).encode())
+            h.update(p.read_bytes() if p.is_file() and not p.is_symlink() else b"/")
+        return h.hexdigest()
 
 
-def _target(name: str, root: Path) -> _Target:
-    write, read = READERS[name]
-    write(root)
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    return _Target(root, {p: p.read_bytes() for p in files}, read(root))
+def _scratch() -> str | None:
+    """Where cases are written: ``/dev/shm`` where it is a writable folder (the writers fsync
+    every file: cheap in memory), else the system's temporary folder."""
+    shm = Path("/dev/shm")
+    with contextlib.suppress(OSError):
+        if shm.is_dir():
+            tempfile.TemporaryDirectory(dir=shm).cleanup()
+            return str(shm)
+    return None
 
 
-def _case(w: FuzzWorkload, i: int, reader: str, target: _Target) -> dict[str, Any]:
-    """Mutate one file of ``target``, read it back, restore it; the case's outcome."""
+def _prepare(root: Path, readers: tuple[str, ...], seconds: float) -> _Inputs:
+    """Write the inputs under ``root`` and compute each reader's reference (twice: it must be
+    the same)."""
+    inputs = _Inputs(root, {name: root / "inputs" / name for name in INPUTS})
+    for name, write in INPUTS.items():
+        write(inputs.paths[name])
+    for name in readers:
+        contents = []
+        for attempt in range(2):
+            out = root / f"reference-{name}-{attempt}"
+            out.mkdir()
+            try:
+                with _deadline(seconds * 4), warnings.catch_warnings(record=True):
+                    contents.append(READERS[name].run(inputs.paths, out))
+            except _Hang:
+                raise RuntimeError(f"reader {name}: hangs on the undamaged inputs") from None
+            shutil.rmtree(out)
+        if contents[0] != contents[1]:
+            raise RuntimeError(
+                f"reader {name}: not deterministic ({diff(contents[0], contents[1])})"
+            )
+        inputs.reference[name] = contents[0]
+    return inputs
+
+
+def _reseal(tree: Path) -> bool:
+    """Rewrite the manifest of the mutated ``tree`` to match it (a deliberate edit, as
+    ``demb_io.manifest.reseal`` makes one), so the readers' checks behind the manifest's see
+    the mutation; whether it could (not without a marker, nor before demb-io had manifests)."""
+    try:
+        from demb_io.manifest import reseal
+    except ImportError:
+        return False
+    try:
+        reseal(tree)
+    except Exception:
+        return False
+    return True
+
+
+def run_case(w: FuzzWorkload, i: int, inputs: _Inputs) -> dict[str, Any]:
+    """Case ``i``: its reader on a freshly mutated copy of one input; its record."""
     rnd = random.Random(f"{w.seed}/{i}")
-    victim = rnd.choice(sorted(target.original))
-    blob = target.original[victim]
-    victim.write_bytes(mutate(victim, blob, rnd))
-    error = ""
+    name = w.readers[i % len(w.readers)]
+    reader = READERS[name]
+    target = rnd.choice(reader.inputs)
+    folder = inputs.root / f"case{i}"
+    copy = folder / target
+    shutil.copytree(inputs.paths[target], copy, symlinks=True)
+    mutation = mutate_tree(copy, rnd, folder / "outside")
+    resealed = mutation.kind in _RESEALABLE and rnd.random() < w.reseal and _reseal(copy)
+    out = folder / "out"
+    out.mkdir()
+    paths = {**inputs.paths, target: copy}
+    error, trace = "", ""
     start = time.perf_counter()
     try:
-        rows = READERS[reader][1](target.root)
-    except IoError as err:
+        with _deadline(w.case_seconds), warnings.catch_warnings(record=True):
+            content = reader.run(paths, out)  # warnings recorded (a reader may ask "always")
+    except _Hang:
+        outcome, error = "hang", f"over {w.case_seconds:g} s"
+    except DirtyError as err:
+        outcome, error = "partial", str(err)
+    except reader.typed as err:
         outcome, error = "typed_error", type(err).__name__
+        if left := leftovers(reader, out):
+            outcome, error = "partial", f"{error} left {left}"
     except Exception as err:
-        outcome, error = "other", f"{type(err).__name__}: {err}"
+        outcome, error = "untyped", f"{type(err).__name__}: {err}"
+        trace = traceback.format_exc()
     else:
-        outcome = "identical_read" if rows == target.rows else "changed_read"
+        changed = diff(inputs.reference[name], content)
+        outcome = "changed" if changed else "escaped" if mutation.leaves else "identical"
+        outcome = "edited" if changed and resealed else outcome
+        error = changed or ("read through a symlink out of the tree" if mutation.leaves else "")
     seconds = time.perf_counter() - start
-    victim.write_bytes(blob)
+    if seconds > w.case_seconds and outcome != "hang":  # no SIGALRM here, or it came late
+        outcome, error = "hang", f"{outcome} after {seconds:.1f} s: {error}"
+    shutil.rmtree(folder)
     return {
         "case": i,
-        "reader": reader,
-        "file": victim.relative_to(target.root).as_posix(),
+        "reader": name,
+        "input": target,
+        "mutation": mutation.kind + ("+reseal" if resealed else ""),
+        "path": mutation.path,
+        "detail": mutation.detail,
         "outcome": outcome,
         "error": error,
         "seconds": seconds,
+        "traceback": trace,
     }
 
 
+def _kind_order(kind: str) -> tuple[int, bool]:
+    """Mutations in :data:`TREE_KINDS` order, each resealed variant after it."""
+    return list(TREE_KINDS).index(kind.removesuffix("+reseal")), kind.endswith("+reseal")
+
+
+def _replay(w: FuzzWorkload, case: int | str) -> str:
+    """The command that runs case ``case`` of ``w`` alone."""
+    readers = "" if w.readers == tuple(READERS) else f" --readers {' '.join(w.readers)}"
+    return f"demb bench fuzz --seed {w.seed} --case {case}{readers}"
+
+
 def _case_line(case: dict[str, Any]) -> str:
+    detail = f" ({case['detail']})" if case["detail"] else ""
     error = f": {case['error']}" if case["error"] else ""
     return (
-        f"  case {case['case']} ({case['reader']}, {case['file']}, {case['seconds']:.3f} s): "
+        f"  case {case['case']}: {case['reader']}, {case['mutation']} of "
+        f"{case['input']}/{case['path']}{detail}, {case['seconds'] * 1e3:.1f} ms: "
         f"{case['outcome']}{error}"
     )
 
 
-def _print(w: FuzzWorkload, report: dict[str, Any]) -> None:
-    print(
-        f"fuzz: {w.cases:,} single mutations (seed {w.seed}) of a small checkpoint and a small "
-        f"delta, each read back: {report['seconds']:.2f} s"
-    )
-    header = ("reader", "cases", *OUTCOMES)
-    table = [
+def _table(rows: dict[str, dict[str, int]], first: str) -> list[str]:
+    """``rows`` (name -> outcome counts) and their total as aligned lines."""
+    total = {o: sum(r[o] for r in rows.values()) for o in OUTCOMES}
+    header = (first, "cases", *OUTCOMES)
+    body = [
         (name, str(sum(c.values())), *(str(c[o]) for o in OUTCOMES))
-        for name, c in [*report["readers"].items(), ("all", report["outcomes"])]
+        for name, c in [*rows.items(), ("all", total)]
     ]
-    widths = [max(len(r[i]) for r in [header, *table]) for i in range(len(header))]
-    for r in [header, *table]:
-        cells = [r[0].ljust(widths[0])] + [
-            v.rjust(n) for v, n in zip(r[1:], widths[1:], strict=True)
-        ]
-        print("  " + "  ".join(cells))
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    return [
+        "  "
+        + "  ".join(
+            [r[0].ljust(widths[0])] + [v.rjust(n) for v, n in zip(r[1:], widths[1:], strict=True)]
+        )
+        for r in [header, *body]
+    ]
+
+
+def _print(w: FuzzWorkload, report: dict[str, Any]) -> None:
+    what = f"case {w.case}" if w.case is not None else f"{report['cases']:,} cases"
+    print(
+        f"fuzz: {what} (seed {w.seed}) of {len(w.readers)} readers on mutated checkpoints and "
+        f"deltas: {report['seconds']:.2f} s"
+    )
+    print("\n".join(_table(report["readers"], "reader")))
+    if w.case is None:
+        print("\n".join(_table(report["kinds"], "mutation")))
     typed = ", ".join(f"{k} {v:,}" for k, v in report["typed_errors"].items()) or "none"
     print(f"typed errors by class: {typed}")
-    print(
-        f"slowest case {report['slowest_case_seconds'] * 1e3:.1f} ms "
-        f"(limit {w.case_seconds:g} s; over it: {report['slow_cases']})"
-    )
-    if report["changed"]:
-        print("changed reads (a meta edit the reader accepts changes the rows read):")
-        for case in report["changed"]:
+    slowest = report["slowest"]
+    print(f"slowest case (limit {w.case_seconds:g} s):\n{_case_line(slowest)}")
+    if report["edited"]:
+        print("edited (resealed mutations read back as edited; not failures), the first:")
+        for case in report["edited"][:5]:
             print(_case_line(case))
-    if report["failed"]:
-        other, slow = report["outcomes"]["other"], report["slow_cases"]
-        print(f"FAILED: {other} case(s) ended in another exception, {slow} over the time limit:")
+    if report["pristine_changed"]:
+        print("FAILED: a reader changed its undamaged inputs")
+    if report["groups"]:
+        print("FAILED: failures by outcome, mutation and reader (count, first case):")
+        for g in report["groups"]:
+            print(
+                f"  {g['outcome']:8s} {g['mutation']:16s} {g['reader']:18s} {g['count']:6,}  "
+                f"case {g['first_case']}: {g['example']}"
+            )
+        print(f"first {len(report['failures'])} failed cases (replay: {_replay(w, 'I')}):")
         for case in report["failures"]:
             print(_case_line(case))
+            if w.case is not None and case["traceback"]:
+                print(case["traceback"])
 
 
-def run(w: FuzzWorkload) -> dict[str, Any]:
-    """Run the cases of ``w`` in a temporary folder; print the counts per outcome and reader
-    (and the changed-read and failed cases) and return the report (its ``failed``: any
-    ``other`` outcome or any case over ``w.case_seconds``)."""
-    names = list(READERS)
-    readers = {name: dict.fromkeys(OUTCOMES, 0) for name in names}
+def run(w: FuzzWorkload, directory: str | Path | None = None) -> dict[str, Any]:
+    """Run the cases of ``w`` (or its one ``case``) in a temporary folder under ``directory``
+    (default: ``/dev/shm`` where there is one); print the counts per reader, mutation and
+    outcome, and the failures; return the report (its ``failed``: any failure outcome, or an
+    undamaged input changed)."""
+    readers = {name: dict.fromkeys(OUTCOMES, 0) for name in w.readers}
+    kinds = {kind: dict.fromkeys(OUTCOMES, 0) for kind in TREE_KINDS}
     typed: dict[str, int] = {}
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     failures: list[dict[str, Any]] = []
-    changed: list[dict[str, Any]] = []
-    slow, slowest = 0, 0.0
+    edited: list[dict[str, Any]] = []
+    slowest: dict[str, Any] = {"seconds": -1.0}
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="demb_fuzz_") as tmp:
-        targets = {name: _target(name, Path(tmp) / name) for name in names}
-        for i in range(w.cases):
-            reader = names[i % len(names)]
-            case = _case(w, i, reader, targets[reader])
+    with tempfile.TemporaryDirectory(prefix="demb_fuzz_", dir=directory or _scratch()) as tmp:
+        inputs = _prepare(Path(tmp), w.readers, w.case_seconds)
+        before = inputs.fingerprint()
+        for i in range(w.cases) if w.case is None else [w.case]:
+            case = run_case(w, i, inputs)
             outcome = case["outcome"]
-            readers[reader][outcome] += 1
+            readers[case["reader"]][outcome] += 1
+            kinds.setdefault(case["mutation"], dict.fromkeys(OUTCOMES, 0))[outcome] += 1
             if outcome == "typed_error":
                 typed[case["error"]] = typed.get(case["error"], 0) + 1
-            over = case["seconds"] > w.case_seconds
-            slow += over
-            slowest = max(slowest, case["seconds"])
-            failing = outcome == "other" or over
-            listed = failures if failing else changed if outcome == "changed_read" else None
-            if listed is not None and len(listed) < _LISTED:
-                listed.append(case)
+            if case["seconds"] > slowest["seconds"]:
+                slowest = case
+            if outcome in FAILURES:
+                key = (outcome, case["mutation"], case["reader"])
+                group = groups.setdefault(
+                    key, {"count": 0, "first_case": case["case"], "example": case["error"]}
+                )
+                group["count"] += 1
+                if len(failures) < w.listed:
+                    failures.append(case)
+            elif outcome == "edited" and len(edited) < w.listed:
+                edited.append(case)
+        pristine_changed = inputs.fingerprint() != before
     outcomes = {o: sum(r[o] for r in readers.values()) for o in OUTCOMES}
     report = {
         "benchmark": "fuzz",
         "machine": machine_info(),
         "workload": asdict(w),
         "seconds": time.perf_counter() - start,
+        "cases": sum(outcomes.values()),
         "outcomes": outcomes,
         "readers": readers,
+        "kinds": dict(sorted(kinds.items(), key=lambda kv: _kind_order(kv[0]))),
         "typed_errors": dict(sorted(typed.items())),
-        "slow_cases": slow,
-        "slowest_case_seconds": slowest,
-        "failed": bool(outcomes["other"] or slow),
+        "slowest": slowest,
+        "pristine_changed": pristine_changed,
+        "failed": pristine_changed or any(outcomes[o] for o in FAILURES),
+        "groups": [
+            {"outcome": o, "mutation": k, "reader": r, **g}
+            for (o, k, r), g in sorted(groups.items(), key=lambda kv: -kv[1]["count"])
+        ],
         "failures": failures,
-        "changed": changed,
+        "edited": edited,
     }
     _print(w, report)
     return report
