@@ -93,7 +93,7 @@ VALUE_CASES = {
     "checkpoint": {
         "hyper_nan": (_set("hyper_parameters", {"lr": float("nan")}), "hyper_parameters.lr"),
         "hyper_text": (_set("hyper_parameters", {"lr": "0.1"}), "hyper_parameters.lr"),
-        "hyper_huge": (_set("hyper_parameters", {"lr": 2**70}), "hyper_parameters.lr"),
+        "hyper_huge": (_set("hyper_parameters", {"lr": 2**63}), "hyper_parameters.lr"),
         "state_without_width": (_set("state_width", 0), "state_width"),
         "admission_null": (_set("admission_rows", None), "admission_rows"),
         "world_huge": (_set("world_size", 2**64), "world_size"),

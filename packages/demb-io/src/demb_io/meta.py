@@ -195,7 +195,7 @@ def settings(d: dict[str, Any], path: Path, name: str, *, numbers_only: bool) ->
         if not all(isinstance(v, scalars) and _finite(v) for v in items):
             kind = "a finite number or bool" if numbers_only else "a finite JSON scalar"
             raise FormatError(path, f"{name}.{key}", f"expected {kind}, got {value!r}")
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63:
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
             raise FormatError(path, f"{name}.{key}", f"{value} is out of range")
     return values
 
