@@ -71,3 +71,18 @@ def test_soak_workload_refuses_bad_counts():
         SoakWorkload(steps=10, every=20)
     with pytest.raises(ValueError, match="dump_every"):
         SoakWorkload(dump_every=-1)
+
+
+def test_soak_of_the_reference_workload_samples_both_phases():
+    """``--model reference`` (scaled down): the module bench's prefilled tables and batches;
+    no round trips there (refused), samples of both phases."""
+    w = SoakWorkload(steps=20, every=10, warmup=2, model="reference", scale=0.001)
+    report = run(w, torch.device("cpu"))
+    assert report["workload"]["model"] == "reference"
+    assert [s["step"] for s in report["samples"]["train"]] == [0.0, 10.0, 20.0]
+    assert [s["step"] for s in report["samples"]["eval"]] == [0.0, 10.0, 20.0]
+    assert report["dump"] is None
+    with pytest.raises(ValueError, match="dump_every"):
+        SoakWorkload(model="reference", dump_every=10)
+    with pytest.raises(ValueError, match="model="):
+        SoakWorkload(model="other")

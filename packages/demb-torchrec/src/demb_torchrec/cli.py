@@ -228,6 +228,8 @@ def _bench_soak(args: argparse.Namespace) -> int:
         every=args.every,
         dump_every=args.dump_every,
         dims=tuple(args.dims),
+        model=args.model,
+        scale=args.scale,
     )
     report = run(w, _device(args))
     _write_report(report, args)

@@ -123,6 +123,19 @@ def add_soak_parser(bench: _Subparsers) -> None:
     soak.add_argument(
         "--dims", type=int, nargs=2, default=[16, 16], metavar="D", help="the two dims (16 16)"
     )
+    soak.add_argument(
+        "--model",
+        choices=["evicting", "reference"],
+        default="evicting",
+        help="evicting: the two-table model that evicts every step (default); reference: the "
+        "reference workload of demb bench module (10 prefilled tables, D=128)",
+    )
+    soak.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="with --model reference: rows and samples times this (default 1)",
+    )
 
 
 def add_readspeed_parser(bench: _Subparsers) -> None:

@@ -42,12 +42,16 @@ import torch
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.bench.compare import check_counts, machine_info
+from demb_torchrec.bench.module_bench import build, prefill
+from demb_torchrec.bench.workload import Workload, make_batches
 from demb_torchrec.dump import DynamicEmbDump, DynamicEmbLoad
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 
 __all__ = ["SoakWorkload", "growth", "memory_sample", "round_trip_mismatch", "run", "slope"]
 
 _MB = 2**20
+_MODELS = ("evicting", "reference")
+_REFERENCE_BATCHES = 8
 _LABELS = {"rss_mb": "RSS", "allocated_mb": "allocated", "reserved_mb": "reserved"}
 
 
@@ -67,10 +71,21 @@ class SoakWorkload:
     id_space: int = 10**6
     optimizer: str = "adam"
     seed: int = 0
+    model: str = "evicting"
+    """``evicting``: the two-table model above; ``reference``: the reference workload of
+    ``demb bench module`` (10 prefilled tables of D=128, power-law batches; no eviction),
+    rows and samples times ``scale``."""
+    scale: float = 1.0
 
     def __post_init__(self) -> None:
         check_counts(self, "steps", "every", "capacity", "batch", "bag", "id_space")
         check_counts(self, "warmup", "dump_every", minimum=0)
+        if self.model not in _MODELS:
+            raise ValueError(f"model={self.model!r}: must be one of {_MODELS}")
+        if self.model == "reference" and self.dump_every:
+            raise ValueError("dump_every: round trips run on the evicting model only")
+        if not self.scale > 0:
+            raise ValueError(f"scale={self.scale!r}: must be > 0")
         if len(self.dims) != 2 or any(d < 1 for d in self.dims):
             raise ValueError(f"dims={self.dims!r}: must be two positive dims")
         if self.every > self.steps:
@@ -82,6 +97,11 @@ class SoakWorkload:
 
 
 def _model(w: SoakWorkload, device: torch.device) -> DynamicEmbeddingTables:
+    if w.model == "reference":
+        reference = Workload().scaled(w.scale)
+        module = build(reference, device)
+        prefill(module, reference)
+        return module
     options = [
         DynamicEmbTableOptions(dim=d, max_capacity=w.capacity, init_capacity=w.capacity)
         for d in w.dims
@@ -218,6 +238,8 @@ def _stepper(
     """One step of the model on a fresh batch: two features (one per table, feature-major),
     ``batch`` bags of ``bag`` ids each, drawn from ``id_space`` by a generator seeded
     ``seed``; a training step runs the backward (and its fused update)."""
+    if w.model == "reference":
+        return _reference_stepper(model, w, device, train, seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     n = 2 * w.batch * w.bag
     offsets = torch.arange(0, n + 1, w.bag, device=device)
@@ -228,6 +250,27 @@ def _stepper(
             model(indices, offsets).square().sum().backward()
         else:
             model(indices, offsets)
+
+    return step
+
+
+def _reference_stepper(
+    model: DynamicEmbeddingTables, w: SoakWorkload, device: torch.device, train: bool, seed: int
+) -> Callable[[], None]:
+    """One step of the reference workload: the next of a few pre-made batches in turn (a
+    training step backpropagates a fixed small output gradient)."""
+    batches = make_batches(Workload().scaled(w.scale), _REFERENCE_BATCHES, device, seed)
+    with torch.no_grad():
+        grad = torch.full_like(model(*batches[0]), 1e-3)
+    turn = [0]
+
+    def step() -> None:
+        batch = batches[turn[0] % len(batches)]
+        turn[0] += 1
+        if train:
+            torch.autograd.backward([model(*batch)], [grad])
+        else:
+            model(*batch)
 
     return step
 
@@ -264,7 +307,7 @@ def _print(report: dict[str, Any]) -> None:
     train, base = report["samples"]["train"], report["samples"]["eval"]
     w = report["workload"]
     print(
-        f"soak on {report['device']}: {w['steps']:,} steps per phase after {w['warmup']:,} "
+        f"soak of the {w['model']} model on {report['device']}: {w['steps']:,} steps per phase after {w['warmup']:,} "
         f"warm-up, a sample every {w['every']:,} (MB; eval = the baseline)"
     )
     heads = (f"{'train ' + _LABELS[m]:>15} {'eval ' + _LABELS[m]:>15}" for m in metrics)
