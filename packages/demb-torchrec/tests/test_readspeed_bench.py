@@ -24,6 +24,7 @@ def baseline(tmp_path):
     return tmp_path / "base"
 
 
+@pytest.mark.slow  # four fresh processes importing torch: about 17 s on a 2-core machine
 def test_readspeed_reports_each_reader_beside_the_baseline(baseline, tmp_path):
     """``demb bench readspeed --gb 0.002 --repeats 1``: both readers ran on both sides, each
     child imported the demb_io it was meant to."""
