@@ -307,8 +307,9 @@ def _print(report: dict[str, Any]) -> None:
     train, base = report["samples"]["train"], report["samples"]["eval"]
     w = report["workload"]
     print(
-        f"soak of the {w['model']} model on {report['device']}: {w['steps']:,} steps per phase after {w['warmup']:,} "
-        f"warm-up, a sample every {w['every']:,} (MB; eval = the baseline)"
+        f"soak of the {w['model']} model on {report['device']}: {w['steps']:,} steps per "
+        f"phase after {w['warmup']:,} warm-up, a sample every {w['every']:,} "
+        "(MB; eval = the baseline)"
     )
     heads = (f"{'train ' + _LABELS[m]:>15} {'eval ' + _LABELS[m]:>15}" for m in metrics)
     print("  step    " + "  ".join(heads))
