@@ -35,6 +35,11 @@ def crc32_backend() -> str:
     return "zlib" if crc32 is zlib.crc32 else "isal"
 
 
+_INLINE_BYTES = 1 << 20
+"""Files of at most this many bytes in all are checksummed on the calling thread (starting
+worker threads would cost more than the checksums)."""
+
+
 def _blocks(path: Path, size: int) -> list[memoryview]:
     """The file's first ``size`` bytes as its :data:`CRC_BLOCK`-byte blocks, mapped read-only
     (none for an empty file)."""
@@ -68,8 +73,11 @@ def _compare(path: Path, part: str, block: int, got: int, want: int) -> None:
 def block_crcs(path: Path, size: int, workers: int = 2) -> list[int]:
     """The CRC-32 of each :data:`CRC_BLOCK`-byte block of the file's first ``size`` bytes, read
     through a memory map (its pages, no copy), several blocks at once."""
+    blocks = _blocks(path, size)
+    if len(blocks) <= 1:  # a small file: no threads to start
+        return [crc32(b) for b in blocks]
     with _pool(workers) as pool:
-        return list(pool.map(crc32, _blocks(path, size)))
+        return list(pool.map(crc32, blocks))
 
 
 class BlockChecks:
@@ -82,7 +90,7 @@ class BlockChecks:
     """
 
     def __init__(self, files: list[tuple[str, Path, FileEntry]], workers: int = 2) -> None:
-        self._pool = _pool(workers)
+        self._pool: ThreadPoolExecutor | None = None
         self._files: dict[str, tuple[Path, tuple[int, ...]]] = {}
         self._futures: dict[str, list[Future[int]]] = {}
         self._checked: dict[str, int] = {}
@@ -96,6 +104,13 @@ class BlockChecks:
             self._checked[part] = 0
             for k, block in enumerate(_blocks(path, size)):
                 tasks.append((k * CRC_BLOCK / size, order, part, block))
+        if sum(len(t[3]) for t in tasks) <= _INLINE_BYTES:  # small: checked here, no threads
+            for _, _, part, block in tasks:
+                done: Future[int] = Future()
+                done.set_result(crc32(block))
+                self._futures[part].append(done)
+            return
+        self._pool = _pool(workers)
         for _, _, part, block in sorted(tasks, key=lambda t: t[:2]):
             self._futures[part].append(self._pool.submit(crc32, block))
 
@@ -120,7 +135,8 @@ class BlockChecks:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def check_crcs(path: Path, part: str, entry: FileEntry) -> None:
@@ -130,6 +146,12 @@ def check_crcs(path: Path, part: str, entry: FileEntry) -> None:
         FormatError: the first block whose CRC-32 differs, naming the file and the part.
     """
     if entry.crc32 is None:
+        return
+    size = path.stat().st_size
+    if size <= CRC_BLOCK:  # one block at most: checked here, no threads to start
+        expected = _expected(path, part, entry, size)
+        for block, (data, want) in enumerate(zip(_blocks(path, size), expected, strict=True)):
+            _compare(path, part, block, crc32(data), want)
         return
     with BlockChecks([(part, path, entry)], workers=os.cpu_count() or 1) as checks:
         checks.wait(part)
