@@ -249,6 +249,7 @@ def _bench_readspeed(args: argparse.Namespace) -> int:
         cold=args.cold,
         limit=args.limit,
         directory=args.dir,
+        verify_calls=args.verify_calls,
     )
     return _write_report(run(w), args)
 

@@ -170,3 +170,9 @@ def add_readspeed_parser(bench: _Subparsers) -> None:
         "--limit", type=float, default=1.1, help="pass when current <= LIMIT x baseline (1.1)"
     )
     readspeed.add_argument("--dir", help="where to write (default: the system's temporary folder)")
+    readspeed.add_argument(
+        "--verify-calls",
+        type=int,
+        default=5,
+        help="timed verify calls per process, their median its time (5; warm cache)",
+    )
