@@ -86,7 +86,8 @@ def reference_outputs(
         (1, "roundrobin", "sgd"),
         (2, "roundrobin", "adam"),
         (2, "hash_roundrobin", "sgd"),
-        (4, "continuous", "sgd"),
+        (2, "continuous", "sgd"),
+        pytest.param(4, "continuous", "sgd", marks=pytest.mark.slow),
         (2, "roundrobin", "sgd-clip"),
     ],
 )
