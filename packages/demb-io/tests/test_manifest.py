@@ -235,3 +235,15 @@ def test_a_resealed_copy_of_a_collection_is_refused(ckpt):
     with pytest.raises(FormatError, match="is not the shard its file names") as bad:
         read_all(ckpt)
     assert bad.value.field == "table"
+
+
+def test_a_resealed_row_count_is_refused_by_every_reader(ckpt, capsys):
+    """A meta whose rows disagree with the sizes it lists (edited and resealed) is refused
+    when the meta is read, by inspect too, which reads no rows."""
+    meta = ckpt / "ebc" / "t.rank0-of-2.meta.json"
+    d = json.loads(meta.read_text())
+    d["rows"] += 1
+    meta.write_text(json.dumps(d))
+    reseal(ckpt)
+    assert main(["inspect", str(ckpt)]) == 2
+    assert "[files.keys]: 32 bytes listed, 40 implied by rows" in capsys.readouterr().err

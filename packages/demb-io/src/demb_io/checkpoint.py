@@ -18,7 +18,7 @@ from demb_io._errors import FormatError, IoError
 from demb_io._staging import staging_path
 from demb_io.manifest import Manifest, commit_with_manifest, open_tree
 from demb_io.meta import CHECKPOINT_FORMAT, FORMAT_VERSION, ShardMeta, read_meta
-from demb_io.shard import ShardData, ShardWriter, iter_shard, read_shard
+from demb_io.shard import ShardData, ShardWriter, check_meta_sizes, iter_shard, read_shard
 
 __all__ = ["Checkpoint", "CheckpointWriter", "commit_checkpoint"]
 
@@ -156,6 +156,7 @@ class Checkpoint:
         if path.name != f"{meta.stem}.meta.json":  # a meta moved or swapped with another's
             raise FormatError(path, "table", f"{meta.stem!r} is not the shard its file names")
         self.manifest.check_files(path, meta.files)
+        check_meta_sizes(path, meta)
         return meta
 
     def tables(self, collection: str) -> list[str]:

@@ -30,7 +30,14 @@ from demb_io._staging import write_synced
 from demb_io.dtypes import from_float32, storage_dtype, to_float32
 from demb_io.meta import FileEntry, ShardMeta, read_meta
 
-__all__ = ["ShardData", "ShardWriter", "iter_shard", "read_shard", "write_shard"]
+__all__ = [
+    "ShardData",
+    "ShardWriter",
+    "check_meta_sizes",
+    "iter_shard",
+    "read_shard",
+    "write_shard",
+]
 
 
 @dataclass
@@ -183,11 +190,34 @@ def _resolve(directory: Path, meta: ShardMeta) -> ShardMeta:
     return dataclasses.replace(meta, rows=rows, embedding_dim=value_bytes // (4 * rows))
 
 
-def _check_sizes(directory: Path, meta: ShardMeta) -> list[tuple[str, Path, FileEntry]]:
-    """Every file exists with the size the meta implies; returns them (part, path, entry)."""
+def _expected_sizes(meta: ShardMeta) -> dict[str, int]:
+    """Each part's bytes, as the meta's rows and widths imply."""
     expected = {p: meta.rows * w * int(dt.itemsize) for p, (w, dt) in row_layout(meta).items()}
     if meta.admission_rows is not None:
         expected["admit_keys"] = expected["admit_counts"] = meta.admission_rows * 8
+    return expected
+
+
+def check_meta_sizes(meta_path: Path, meta: ShardMeta) -> None:
+    """The sizes a (versioned) meta lists for its files are the ones its rows and widths imply
+    (arithmetic only: the files are not looked at).
+
+    Raises:
+        FormatError: naming the meta and the part.
+    """
+    if meta.legacy:
+        return
+    for part, size in _expected_sizes(meta).items():
+        entry = meta.files.get(part)
+        if entry is not None and entry.bytes != size:
+            raise FormatError(
+                meta_path, f"files.{part}", f"{entry.bytes} bytes listed, {size} implied by rows"
+            )
+
+
+def _check_sizes(directory: Path, meta: ShardMeta) -> list[tuple[str, Path, FileEntry]]:
+    """Every file exists with the size the meta implies; returns them (part, path, entry)."""
+    expected = _expected_sizes(meta)
     files = []
     for part, size in expected.items():
         if part not in meta.files:
