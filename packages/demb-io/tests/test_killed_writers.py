@@ -3,12 +3,11 @@
 (``write_delta``, i.e. ``DeltaWriter``).
 
 Per writer, the target already holds a complete OLD version, written by the same writer from
-other inputs. A server process (this file run as a script) makes or reads the NEW version's
-inputs once, then forks a writer process per request: the writer creates a "ready" file, then
-writes the NEW version to the same target (~0.2-0.5 s of work: tens of MB over dozens of
-files). The server reaps a writer only when told to, so its process id stays its own until the
-test has killed it. One unkilled write measures the write's duration ``T`` and gives the NEW
-version; then each writer is killed with SIGKILL at a seeded random delay in
+other inputs. A server process (this file run as a script, :mod:`demb_io.kill_harness`) makes
+or reads the NEW version's inputs once, then forks a writer process per request: the writer
+creates a "ready" file, then writes the NEW version to the same target (~0.2-0.5 s of work:
+tens of MB over dozens of files). One unkilled write measures the write's duration ``T``
+and gives the NEW version; then each writer is killed with SIGKILL at a seeded random delay in
 ``[0, 0.95 T]`` after its ready file. After each kill the target reads back through the public
 readers (CRC-32s verified) as exactly the OLD or exactly the NEW version (every meta and array
 equal); whatever the killed writer left beside it (``<target>.tmp-*``) is refused by both
@@ -23,16 +22,9 @@ Each run prints its tally: kills, landed, finished first, outcomes old/new, stag
 from __future__ import annotations
 
 import os
-import queue
-import random
 import signal
-import subprocess
 import sys
-import threading
-import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +35,20 @@ from demb_io import (
     DeltaMeta,
     DeltaTable,
     DeltaWriter,
-    FormatError,
     ShardData,
     ShardMeta,
     apply_delta,
     merge_delta_files,
     read_delta,
     write_delta,
+)
+from demb_io.kill_harness import (
+    Content,
+    WriterServer,
+    checkpoint_content,
+    delta_content,
+    kill_writes,
+    serve,
 )
 from demb_planner import owner_rank
 
@@ -217,242 +216,8 @@ def plan(writer: str, version: str, target: Path, inputs: Path) -> Callable[[], 
     return lambda: merge_delta_files(paths, target)
 
 
-Content = dict[str, object]
-
-
-def checkpoint_content(path: Path) -> Content:
-    """Every shard meta and every array of every table of the checkpoint (CRC-32s
-    verified)."""
-    ckpt = Checkpoint(path)
-    content: Content = {}
-    for collection in ckpt.collections():
-        for table in ckpt.tables(collection):
-            name = f"{collection}/{table}"
-            content[f"{name}/metas"] = ckpt.shards(collection, table)
-            data = ckpt.read_table(collection, table, verify=True)
-            for part in ("keys", "values", "scores", "state", "admit_keys", "admit_counts"):
-                content[f"{name}/{part}"] = getattr(data, part)
-    return content
-
-
-def delta_content(path: Path) -> Content:
-    """Every table meta and array of the delta (CRC-32s verified)."""
-    content: Content = {}
-    for t in read_delta(path, verify=True):
-        name = f"{t.meta.collection}/{t.meta.table}"
-        content[f"{name}/meta"] = t.meta
-        for part in ("keys", "values", "scores", "slots", "state", "erased", "evicted"):
-            content[f"{name}/{part}"] = getattr(t, part)
-    return content
-
-
 def read_version(writer: str, target: Path) -> Content:
     return (checkpoint_content if writer in ("checkpoint", "apply") else delta_content)(target)
-
-
-def same(a: Content, b: Content) -> bool:
-    """Whether two contents hold the same names, metas and arrays (dtype, shape, values)."""
-    if a.keys() != b.keys():
-        return False
-    for name, x in a.items():
-        y = b[name]
-        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
-            if not (
-                isinstance(x, np.ndarray)
-                and isinstance(y, np.ndarray)
-                and x.dtype == y.dtype
-                and np.array_equal(x, y)
-            ):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-@dataclass
-class Tally:
-    kills: int = 0
-    """Children sent SIGKILL."""
-    landed: int = 0
-    """Of them, killed mid-write (still running)."""
-    finished: int = 0
-    """Of them, ended before the kill (their write complete)."""
-    old: int = 0
-    new: int = 0
-    """Outcomes: the target held the OLD or the NEW version."""
-    new_killed: int = 0
-    """NEW outcomes of kills that landed: in the commit's last steps (after the exchange)."""
-    staging_left: int = 0
-    """Staging folders left beside the target by the killed writers."""
-    complete_left: int = 0
-    """Of them, complete with their marker (refused for their name alone)."""
-
-
-class WriterServer:
-    """A process (this file run as a script) that holds the NEW version's write ready, its
-    inputs made or read, and forks a writer per request: the writer creates the ready file
-    and writes. The server reaps a writer only when told to, so until then its process id
-    cannot be reused and the SIGKILL cannot hit another process."""
-
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.log = log
-        with open(log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, *args],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-            )
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.writer: int | None = None
-        self.expect("ready", timeout=600)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put("")
-
-    def expect(self, word: str, timeout: float = 120) -> str:
-        """The next line of the server, which must start with ``word``; the rest of it."""
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            line = "(no answer)"
-        head, _, rest = line.strip().partition(" ")
-        assert head == word, f"server said {line!r}:\n{self.log.read_text()[-4000:]}"
-        return rest
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def write(self, ready: Path, delay: float | None) -> tuple[int, float]:
-        """Fork a writer; ``delay`` seconds after its ready file kill it (None: let it
-        finish). Its exit code (``-SIGKILL`` if killed) and the seconds from its ready file
-        to its end."""
-        ready.unlink(missing_ok=True)
-        self.send(f"fork {ready}")
-        self.writer = int(self.expect("pid"))
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert self.proc.poll() is None, self.log.read_text()[-4000:]
-            assert time.monotonic() < deadline, "the writer never got ready"
-            time.sleep(0.001)
-        start = time.monotonic()
-        if delay is not None:
-            time.sleep(delay)
-            os.kill(self.writer, signal.SIGKILL)  # alive, or a zombie: not reaped yet
-        self.send("reap")
-        code = int(self.expect("exit"))
-        self.writer = None
-        assert code in (0, -signal.SIGKILL), self.log.read_text()[-4000:]
-        return code, time.monotonic() - start
-
-    def close(self) -> None:
-        if self.writer is not None and self.proc.poll() is None:  # a failed test's writer
-            os.kill(self.writer, signal.SIGKILL)
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-def serve(write: Callable[[], object]) -> None:
-    """The server's loop (see :class:`WriterServer`): ``fork READY`` forks a writer that
-    creates READY then calls ``write``; ``reap`` waits for it and answers its exit code."""
-    print("ready", flush=True)
-    while line := sys.stdin.readline():
-        command, _, ready = line.strip().partition(" ")
-        assert command == "fork", line
-        pid = os.fork()
-        if pid == 0:  # the writer
-            code = 1
-            try:
-                Path(ready).touch()
-                write()
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                os._exit(code)
-        print(f"pid {pid}", flush=True)
-        assert sys.stdin.readline().strip() == "reap"
-        _, status = os.waitpid(pid, 0)
-        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
-
-
-def check_left_behind(out: Path, tally: Tally) -> None:
-    """What the killed writer left beside ``out/target`` is its staging (or set-aside)
-    folder, and neither reader takes it for a checkpoint or a delta."""
-    for folder in sorted(p for p in out.iterdir() if p.name != "target"):
-        assert folder.name.startswith(("target.tmp-", "target.old-")), folder
-        assert folder.is_dir(), folder
-        tally.staging_left += 1
-        tally.complete_left += (folder / "FORMAT").exists()
-        with pytest.raises(FormatError):
-            Checkpoint(folder)
-        with pytest.raises(FormatError):
-            read_delta(folder)
-
-
-def kill_writer(writer: str, kills: int, seed: int, tmp_path: Path) -> Tally:
-    """Kill ``writer`` until ``kills`` kills landed mid-write (at most ``3 * kills + 10``
-    tries), checking each outcome; the tally."""
-    inputs, out, ctl = tmp_path / "in", tmp_path / "out", tmp_path / "ctl"
-    for folder in (inputs, out, ctl):
-        folder.mkdir()
-    target, ready = out / "target", ctl / "ready"
-    make_inputs(writer, inputs)
-    reset = plan(writer, "old", target, inputs)
-    reset()
-    old = read_version(writer, target)
-    server = WriterServer([__file__, writer, str(target), str(inputs)], ctl / "server.log")
-    try:
-        code, calibrated = server.write(ready, None)  # calibration: unkilled
-        assert code == 0
-        new = read_version(writer, target)
-        assert not same(old, new)
-        reset()
-        assert sorted(p.name for p in out.iterdir()) == ["target"]
-        duration = calibrated
-
-        rnd = random.Random(seed)
-        tally = Tally()
-        for _ in range(3 * kills + 10):
-            if tally.landed >= kills:
-                break
-            code, _ = server.write(ready, rnd.uniform(0, 0.95 * duration))
-            tally.kills += 1
-            after = read_version(writer, target)
-            if same(after, old):
-                tally.old += 1
-            else:
-                assert same(after, new), "the target is neither the old version nor the new one"
-                tally.new += 1
-                tally.new_killed += code != 0
-            if code == 0:  # the write ended before the kill: draw shorter delays
-                tally.finished += 1
-                assert same(after, new)
-                duration *= 0.9
-                assert sorted(p.name for p in out.iterdir()) == ["target"]
-            else:
-                tally.landed += 1
-            check_left_behind(out, tally)
-            reset()  # a write removes the staging the killed one left
-            assert sorted(p.name for p in out.iterdir()) == ["target"]
-    finally:
-        server.close()
-    print(f"\n{writer}: write {calibrated:.2f} s (delays up to {0.95 * duration:.2f} s), {tally}")
-    assert tally.landed >= kills, tally
-    return tally
 
 
 @pytest.mark.parametrize("kills", KILLS)
@@ -460,10 +225,32 @@ def kill_writer(writer: str, kills: int, seed: int, tmp_path: Path) -> Tally:
 def test_a_killed_writer_leaves_the_old_or_the_new_version(tmp_path, writer, kills):
     """A writer killed anywhere leaves its target whole, old or new; the next write cleans
     up after it."""
-    tally = kill_writer(writer, kills, WRITERS.index(writer), tmp_path)
+    inputs, out, ctl = tmp_path / "in", tmp_path / "out", tmp_path / "ctl"
+    for folder in (inputs, out, ctl):
+        folder.mkdir()
+    target = out / "target"
+    make_inputs(writer, inputs)
+    reset = plan(writer, "old", target, inputs)
+    reset()
+    server = WriterServer([__file__, writer, str(target), str(inputs)], ctl / "server.log")
+    try:
+        tally, calibrated = kill_writes(
+            server,
+            target,
+            ctl / "ready",
+            lambda path: read_version(writer, path),
+            reset,
+            kills=kills,
+            seed=WRITERS.index(writer),
+            readers=[Checkpoint, read_delta],
+        )
+    finally:
+        server.close()
+    print(f"\n{writer}: write {calibrated:.2f} s, {tally}")
     assert tally.old + tally.new == tally.kills
 
 
 if __name__ == "__main__":  # the server of the writers of a target's NEW version
     _writer, _target, _inputs = sys.argv[1:]
-    serve(plan(_writer, "new", Path(_target), Path(_inputs)))
+    _new = plan(_writer, "new", Path(_target), Path(_inputs))
+    serve(lambda version: _new())

@@ -26,19 +26,12 @@ outcomes old/new, staging left.
 from __future__ import annotations
 
 import os
-import queue
-import random
 import signal
-import subprocess
-import sys
-import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
-from demb_io import Checkpoint, FormatError
+from demb_io import Checkpoint
+from demb_io.kill_harness import WriterServer, checkpoint_content, kill_writes
 
 pytestmark = pytest.mark.skipif(
     not hasattr(signal, "SIGKILL")
@@ -54,10 +47,11 @@ ROWS = 1 << 16
 """Rows per table."""
 
 _SERVER = r"""
-import os, sys, traceback
+import sys
 from pathlib import Path
 
 import torch
+from demb_io.kill_harness import serve
 
 torch.set_num_threads(1)  # no thread pool for a forked writer to miss
 import demb_torchrec.lookup, demb_torchrec.sharders  # what a first dump imports (seconds)
@@ -115,177 +109,8 @@ class Model(nn.Module):
 
 
 models = {"old": Model(0), "new": Model(1)}
-print("ready", flush=True)
-while line := sys.stdin.readline():
-    command, version, *ready = line.split()
-    if command == "dump":  # in this process, unkilled
-        DynamicEmbDump(target, models[version], optim=True)
-        print("done", flush=True)
-        continue
-    assert command == "fork", line
-    pid = os.fork()
-    if pid == 0:  # the writer, which the test kills
-        code = 1
-        try:
-            Path(ready[0]).touch()
-            DynamicEmbDump(target, models[version], optim=True)
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    print(f"pid {pid}", flush=True)
-    assert sys.stdin.readline().strip() == "reap"
-    _, status = os.waitpid(pid, 0)
-    print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
+serve(lambda version: DynamicEmbDump(target, models[version], optim=True))
 """
-
-
-class DumpServer:
-    """The server (see the module's docstring), spoken to by lines on its stdin and stdout."""
-
-    def __init__(self, target: Path, log: Path) -> None:
-        self.log = log
-        with open(log, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _SERVER, str(target), str(ROWS)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-            )
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.writer: int | None = None
-        self.expect("ready", timeout=600)
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put("")
-
-    def expect(self, word: str, timeout: float = 300) -> str:
-        """The next line of the server, which must start with ``word``; the rest of it."""
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            line = "(no answer)"
-        head, _, rest = line.strip().partition(" ")
-        assert head == word, f"server said {line!r}:\n{self.log.read_text()[-4000:]}"
-        return rest
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def dump_old(self) -> None:
-        """Dump OLD in the server's own process (a normal dump)."""
-        self.send("dump old")
-        self.expect("done")
-
-    def write(self, ready: Path, delay: float | None) -> tuple[int, float]:
-        """Fork a writer dumping NEW; ``delay`` seconds after its ready file kill it (None:
-        let it finish). Its exit code (``-SIGKILL`` if killed) and the seconds from its ready
-        file to its end."""
-        ready.unlink(missing_ok=True)
-        self.send(f"fork new {ready}")
-        self.writer = int(self.expect("pid"))
-        deadline = time.monotonic() + 300
-        while not ready.exists():
-            assert self.proc.poll() is None, self.log.read_text()[-4000:]
-            assert time.monotonic() < deadline, "the writer never got ready"
-            time.sleep(0.001)
-        start = time.monotonic()
-        if delay is not None:
-            time.sleep(delay)
-            os.kill(self.writer, signal.SIGKILL)  # alive, or a zombie: not reaped yet
-        self.send("reap")
-        code = int(self.expect("exit"))
-        self.writer = None
-        assert code in (0, -signal.SIGKILL), self.log.read_text()[-4000:]
-        return code, time.monotonic() - start
-
-    def close(self) -> None:
-        if self.writer is not None and self.proc.poll() is None:  # a failed test's writer
-            os.kill(self.writer, signal.SIGKILL)
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-Content = dict[str, object]
-
-
-def checkpoint_content(path: Path) -> Content:
-    """Every shard meta and every array of every table of every collection of the
-    checkpoint (CRC-32s verified)."""
-    ckpt = Checkpoint(path)
-    content: Content = {}
-    for collection in ckpt.collections():
-        for table in ckpt.tables(collection):
-            name = f"{collection}/{table}"
-            content[f"{name}/metas"] = ckpt.shards(collection, table)
-            data = ckpt.read_table(collection, table, verify=True)
-            for part in ("keys", "values", "scores", "state", "admit_keys", "admit_counts"):
-                content[f"{name}/{part}"] = getattr(data, part)
-    return content
-
-
-def same(a: Content, b: Content) -> bool:
-    """Whether two contents hold the same names, metas and arrays (dtype, shape, values)."""
-    if a.keys() != b.keys():
-        return False
-    for name, x in a.items():
-        y = b[name]
-        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
-            if not (
-                isinstance(x, np.ndarray)
-                and isinstance(y, np.ndarray)
-                and x.dtype == y.dtype
-                and np.array_equal(x, y)
-            ):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-@dataclass
-class Tally:
-    kills: int = 0
-    """Writers sent SIGKILL."""
-    landed: int = 0
-    """Of them, killed mid-dump (still running)."""
-    finished: int = 0
-    """Of them, ended before the kill (their dump complete)."""
-    old: int = 0
-    new: int = 0
-    """Outcomes: the target held the OLD or the NEW checkpoint."""
-    new_killed: int = 0
-    """NEW outcomes of kills that landed: in the commit's last steps (after the exchange)."""
-    staging_left: int = 0
-    """Staging folders left beside the target by the killed dumps."""
-    complete_left: int = 0
-    """Of them, complete with their marker (refused for their name alone)."""
-
-
-def check_left_behind(out: Path, tally: Tally) -> None:
-    """What the killed dump left beside ``out/target`` is its staging (or set-aside) folder,
-    and the reader does not take it for a checkpoint."""
-    for folder in sorted(p for p in out.iterdir() if p.name != "target"):
-        assert folder.name.startswith(("target.tmp-", "target.old-")), folder
-        assert folder.is_dir(), folder
-        tally.staging_left += 1
-        tally.complete_left += (folder / "FORMAT").exists()
-        with pytest.raises(FormatError):
-            Checkpoint(folder)
 
 
 @pytest.mark.parametrize("kills", KILLS)
@@ -295,46 +120,24 @@ def test_a_killed_dump_leaves_the_old_or_the_new_checkpoint(tmp_path, kills):
     out, ctl = tmp_path / "out", tmp_path / "ctl"
     out.mkdir()
     ctl.mkdir()
-    target, ready = out / "target", ctl / "ready"
-    server = DumpServer(target, ctl / "server.log")
+    target = out / "target"
+    argv = ["-c", _SERVER, str(target), str(ROWS)]
+    server = WriterServer(argv, ctl / "server.log", timeout=300)
     try:
-        server.dump_old()
+        server.run("old")
         old = checkpoint_content(target)
         assert len([k for k in old if k.endswith("/keys")]) == 4  # two collections of two
-        code, calibrated = server.write(ready, None)  # calibration: unkilled
-        assert code == 0
-        new = checkpoint_content(target)
-        assert not same(old, new)
-        server.dump_old()
-        assert sorted(p.name for p in out.iterdir()) == ["target"]
-        duration = calibrated
-
-        rnd = random.Random(47)
-        tally = Tally()
-        for _ in range(3 * kills + 10):
-            if tally.landed >= kills:
-                break
-            code, _ = server.write(ready, rnd.uniform(0, 0.95 * duration))
-            tally.kills += 1
-            after = checkpoint_content(target)
-            if same(after, old):
-                tally.old += 1
-            else:
-                assert same(after, new), "the target is neither the old checkpoint nor the new one"
-                tally.new += 1
-                tally.new_killed += code != 0
-            if code == 0:  # the dump ended before the kill: draw shorter delays
-                tally.finished += 1
-                assert same(after, new)
-                duration *= 0.9
-                assert sorted(p.name for p in out.iterdir()) == ["target"]
-            else:
-                tally.landed += 1
-            check_left_behind(out, tally)
-            server.dump_old()  # a dump removes the staging the killed one left
-            assert sorted(p.name for p in out.iterdir()) == ["target"]
+        tally, calibrated = kill_writes(
+            server,
+            target,
+            ctl / "ready",
+            checkpoint_content,
+            lambda: server.run("old"),
+            kills=kills,
+            seed=47,
+            readers=[Checkpoint],
+        )
     finally:
         server.close()
-    print(f"\ndump: {calibrated:.2f} s (delays up to {0.95 * duration:.2f} s), {tally}")
-    assert tally.landed >= kills, tally
+    print(f"\ndump: {calibrated:.2f} s, {tally}")
     assert tally.old + tally.new == tally.kills
