@@ -57,7 +57,7 @@ __all__ = [
 
 DELTA_FORMAT = "demb-delta"
 _MARKER = f"{DELTA_FORMAT} {FORMAT_VERSION}"
-_PARTS = ("keys", "values", "state", "scores", "slots", "erased", "evicted")
+_PARTS = ("keys", "values", "state", "scores", "slots", "erased", "erased_slots", "evicted")
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,10 @@ class DeltaMeta:
     erased_rows: int = 0
     evicted_rows: int | None = None
     """None: the table retains no evicted keys (the spec's ``evicted_keys`` entry is None)."""
+    erased_slots: bool = False
+    """Whether the slot each erased key was freed from travels with it (file ``erased_slots``,
+    ``erased_rows`` int64): a replica clears those slots, which may hold a key the erased one
+    had evicted."""
     table_options: dict[str, Any] = field(default_factory=dict)
     files: dict[str, FileEntry] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
@@ -124,6 +128,7 @@ class DeltaTable:
         slots: ``(n,)`` int64 slot each key held in the source table (``slot_index``).
         state: ``(n, state_width)`` or None. erased: ``(e,)`` int64 keys explicitly erased.
         evicted: ``(v,)`` int64 retained evicted keys, or None.
+        erased_slots: ``(e,)`` int64 the slot each erased key was freed from, or None.
     """
 
     meta: DeltaMeta
@@ -134,6 +139,7 @@ class DeltaTable:
     state: npt.NDArray[np.generic] | None = None
     erased: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     evicted: npt.NDArray[np.int64] | None = None
+    erased_slots: npt.NDArray[np.int64] | None = None
 
     def check(self) -> None:
         """Raise ValueError when an array disagrees with the meta."""
@@ -147,6 +153,12 @@ class DeltaTable:
                 raise ValueError(f"{m.table}: {name} must be 1-D int64")
         if (self.evicted is None) != (m.evicted_rows is None):
             raise ValueError(f"{m.table}: evicted keys given iff the meta's evicted_rows is set")
+        if (self.erased_slots is None) == m.erased_slots:
+            raise ValueError(f"{m.table}: erased_slots given iff the meta's erased_slots is set")
+        if self.erased_slots is not None and (
+            self.erased_slots.dtype != np.int64 or self.erased_slots.shape != self.erased.shape
+        ):
+            raise ValueError(f"{m.table}: erased_slots must be int64 like erased")
         arrays: dict[str, npt.NDArray[np.generic]] = {
             "keys": self.keys,
             "slots": self.slots,
@@ -155,6 +167,8 @@ class DeltaTable:
         }
         if self.evicted is not None:
             arrays["evicted"] = self.evicted
+        if self.erased_slots is not None:
+            arrays["erased_slots"] = self.erased_slots
         try:
             _check_values(Path(m.collection), m, arrays, written=True)
         except FormatError as err:
@@ -292,6 +306,7 @@ def _read_delta_meta(path: Path, data: bytes | None = None) -> DeltaMeta:
     if dist_type not in DIST_TYPES:
         raise FormatError(path, "dist_type", f"{dist_type!r} is not one of {DIST_TYPES}")
     evicted = d.get("evicted_rows")
+    erased_slots = _field(d, path, "erased_slots", bool, False)
     files = {}
     for part, entry in _field(d, path, "files", dict).items():
         if part not in _PARTS or not isinstance(entry, dict):
@@ -303,6 +318,7 @@ def _read_delta_meta(path: Path, data: bytes | None = None) -> DeltaMeta:
         {
             "state": ("state_width", bool(state_width)),
             "evicted": ("evicted_rows", evicted is not None),
+            "erased_slots": ("erased_slots", erased_slots),
         },
     )
     current = _count(d, path, "current_score", limit=_MAX_SCORE)
@@ -337,6 +353,7 @@ def _read_delta_meta(path: Path, data: bytes | None = None) -> DeltaMeta:
         rows=_count(d, path, "rows"),
         erased_rows=_count(d, path, "erased_rows"),
         evicted_rows=None if evicted is None else _count(d, path, "evicted_rows"),
+        erased_slots=erased_slots,
         table_options=settings(d, path, "table_options", numbers_only=False),
         files=files,
     )
@@ -354,6 +371,8 @@ def _read_table(folder: Path, meta_path: Path, verify: bool, manifest: Manifest)
     shapes["erased"] = (m.erased_rows, 1, KEY)
     if m.evicted_rows is not None:
         shapes["evicted"] = (m.evicted_rows, 1, KEY)
+    if m.erased_slots:
+        shapes["erased_slots"] = (m.erased_rows, 1, KEY)
     arrays: dict[str, npt.NDArray[np.generic]] = {}
     for part, (rows, width, dtype) in shapes.items():
         entry = m.files.get(part)
@@ -380,6 +399,9 @@ def _read_table(folder: Path, meta_path: Path, verify: bool, manifest: Manifest)
         erased=arrays["erased"].reshape(-1).astype(np.int64, copy=False),
         evicted=arrays["evicted"].reshape(-1).astype(np.int64, copy=False)
         if "evicted" in arrays
+        else None,
+        erased_slots=arrays["erased_slots"].reshape(-1).astype(np.int64, copy=False)
+        if "erased_slots" in arrays
         else None,
     )
 
@@ -409,13 +431,14 @@ def _check_values(
     for part in ("keys", "erased", "evicted"):
         if part in arrays and bool((arrays[part] == _EMPTY_KEY).any()):
             raise FormatError(file(part), part, "holds -1, the empty key")
-    slots = arrays["slots"]
-    if slots.size and not (int(slots.min()) >= 0 and int(slots.max()) < m.current_capacity):
-        raise FormatError(
-            file("slots"),
-            "slots",
-            f"a slot outside [0, current_capacity {m.current_capacity})",
-        )
+    for part in ("slots", "erased_slots"):
+        slots = arrays.get(part)
+        if slots is None or not slots.size:
+            continue
+        if not (int(slots.min()) >= 0 and int(slots.max()) < m.current_capacity):
+            raise FormatError(
+                file(part), part, f"a slot outside [0, current_capacity {m.current_capacity})"
+            )
     scores = arrays["scores"]
     for column, name in enumerate(m.score_strategy):
         ages = scores[:, column]

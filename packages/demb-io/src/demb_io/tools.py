@@ -42,8 +42,22 @@ def _take(table: DeltaTable, rows: npt.NDArray[np.bool_]) -> DeltaTable:
     )
 
 
+def _erased(
+    old: DeltaTable, new: DeltaTable
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
+    """The erased keys of both deltas, distinct, and with the slots of both (when both carry
+    them) the slot of each key's latest erase."""
+    keys = np.concatenate([old.erased, new.erased])
+    if old.erased_slots is None or new.erased_slots is None:
+        return np.unique(keys), None
+    slots = np.concatenate([old.erased_slots, new.erased_slots])
+    last = keys.size - 1 - np.unique(keys[::-1], return_index=True)[1]
+    return keys[last], slots[last]
+
+
 def _merge_two(old: DeltaTable, new: DeltaTable) -> DeltaTable:
-    """``new`` after ``old``: later rows win, keys ``new`` erased are gone."""
+    """``new`` after ``old``: later rows win; old rows whose key ``new`` erased or evicted, or
+    whose slot a row of ``new`` holds, are gone."""
     name = f"{new.meta.collection}/{new.meta.table}"
     for field, value in new.meta.layout().items():
         if old.meta.layout()[field] != value:
@@ -61,9 +75,14 @@ def _merge_two(old: DeltaTable, new: DeltaTable) -> DeltaTable:
     for c in ages:  # ages were taken at old's current score
         scores[:, c] += new.meta.current_score - old.meta.current_score
     old = dataclasses.replace(old, scores=scores)
-    kept = _take(old, ~np.isin(old.keys, np.concatenate([new.keys, new.erased])))
+    # An old row is stale when its key was written, erased or evicted again, or when a newer
+    # key holds its slot (the old key was evicted or moved, recorded or not).
+    gone = [new.keys, new.erased] + ([] if new.evicted is None else [new.evicted])
+    kept = _take(old, ~np.isin(old.keys, np.concatenate(gone)) & ~np.isin(old.slots, new.slots))
     keys = np.concatenate([kept.keys, new.keys])
-    erased = np.unique(np.concatenate([old.erased, new.erased]))
+    erased, erased_slots = _erased(old, new)
+    # An erase the merged rows undo is dropped; kept with its slot, which a replica clears.
+    again = ~np.isin(erased, keys) if erased_slots is None else np.ones(erased.size, bool)
     evicted = None
     if old.evicted is not None or new.evicted is not None:
         parts = [e for e in (old.evicted, new.evicted) if e is not None]
@@ -75,9 +94,14 @@ def _merge_two(old: DeltaTable, new: DeltaTable) -> DeltaTable:
         scores=np.concatenate([kept.scores, new.scores]),
         slots=np.concatenate([kept.slots, new.slots]),
         state=None if new.state is None else np.concatenate([kept.state, new.state]),
-        erased=erased[~np.isin(erased, keys)],
+        erased=erased[again],
+        erased_slots=None if erased_slots is None else erased_slots[again],
         evicted=evicted,
-        meta=dataclasses.replace(new.meta, evicted_rows=None if evicted is None else 0),
+        meta=dataclasses.replace(
+            new.meta,
+            evicted_rows=None if evicted is None else 0,
+            erased_slots=erased_slots is not None,
+        ),
     )
 
 
@@ -249,8 +273,10 @@ def apply_delta(
     chunk and the delta): per table, the erased keys removed, then the delta's rows upserted
     (timestamp ages turned back into scores: ``current_score - age``): a key the checkpoint
     holds keeps its place, a new one goes after the rank's rows, each on the rank the
-    checkpoint's ownership rule gives it. Evicted keys are never applied. Tables of the delta
-    that the checkpoint lacks are skipped with a warning.
+    checkpoint's ownership rule gives it. A checkpoint has no slots, so the key that took an
+    evicted key's slot cannot overwrite it here: retained evicted keys the delta does not write
+    again are removed like erased ones (evictions of tables that retain none are not known, and
+    their keys stay). Tables of the delta that the checkpoint lacks are skipped with a warning.
 
     Raises:
         LayoutError: a delta table whose dtype, dim, state or score columns differ from the
@@ -289,7 +315,11 @@ class _Upsert:
         self.delta = dataclasses.replace(delta, scores=scores)
         self.by_key = np.argsort(delta.keys, kind="stable")
         self.sorted_keys = delta.keys[self.by_key]
-        self.erased = np.unique(delta.erased)
+        # Retained evicted keys the delta does not write again left the source: they leave the
+        # checkpoint too, like the erased ones.
+        gone = [delta.erased] if delta.evicted is None else [delta.erased, delta.evicted]
+        removed = np.unique(np.concatenate(gone))
+        self.erased = removed[~np.isin(removed, delta.keys)]
         self.seen = np.zeros(delta.keys.size, dtype=bool)
 
     def update(self, rows: ShardData) -> ShardData:

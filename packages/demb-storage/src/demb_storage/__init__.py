@@ -6,6 +6,7 @@
 
 from demb_storage._errors import InsertFailedError, StorageError, TableConfigError
 from demb_storage._gated import find_or_insert_launched
+from demb_storage._retained import KeyBuffer
 from demb_storage.initializers import (
     InitializerArgs,
     InitializerMode,
@@ -22,6 +23,7 @@ from demb_storage.options import (
     resolve_score_strategy,
 )
 from demb_storage.scored_table import EvictedRows, InsertOutcome, ScoredHashTable, TableExport
+from demb_storage.slot_writes import SlotWrites, clear_slots
 
 __all__ = [
     "VALUE_DTYPES",
@@ -30,14 +32,17 @@ __all__ = [
     "InitializerMode",
     "InsertFailedError",
     "InsertOutcome",
+    "KeyBuffer",
     "SafeCheckMode",
     "ScoreLayout",
     "ScoreStrategy",
     "ScoredHashTable",
+    "SlotWrites",
     "StorageError",
     "TableConfig",
     "TableConfigError",
     "TableExport",
+    "clear_slots",
     "find_or_insert_launched",
     "initialize_rows",
     "new_rows_spec",

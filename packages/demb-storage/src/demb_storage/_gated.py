@@ -10,6 +10,7 @@ from demb_kernels.launched import LaunchedDedup, find_or_insert_gated, gate_word
 from demb_kernels.table import RowGather
 
 from demb_storage._errors import TableConfigError
+from demb_storage._no_eviction import retry_no_eviction
 from demb_storage._outcomes import InsertOutcome
 from demb_storage._scores import checked_scores
 
@@ -76,6 +77,7 @@ def find_or_insert_launched(
     if not missed:
         return InsertOutcome(slots, status, None, all_hit=True, rows=rows), words
     keys, tables = launched.keys[:unique], launched.tables[:unique]
+    table.record_evictions(tables, status, result.victim_keys[:unique])
     key_counts = launched.counts[:unique] if counts else None
-    slots, status = table._retry_no_eviction(keys, tables, key_counts, args, slots, status)
+    slots, status = retry_no_eviction(table, keys, tables, key_counts, args, slots, status)
     return InsertOutcome(slots, status, None), words

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 from demb_kernels.table import ScorePolicy
 
-__all__ = ["TIME_POLICIES", "batch_scores", "checked_scores"]
+__all__ = ["TIME_POLICIES", "batch_scores", "checked_scores", "settled_clock"]
 
 TIME_POLICIES = (ScorePolicy.TIMESTAMP, ScorePolicy.NO_EVICTION, ScorePolicy.TIMESTAMP_LFU)
 """The policies whose batch score is the clock's reading."""
@@ -45,3 +45,18 @@ def checked_scores(args: torch.Tensor, num_tables: int, device: torch.device) ->
     if args.device != device:
         raise ValueError(f"score_args is on {args.device}, the index on {device}")
     return args
+
+
+def settled_clock(now: Callable[[int], torch.Tensor], settle: bool) -> int:
+    """A reading ``r`` of the clock ``now`` that splits time exactly (one or more syncs): every
+    reading taken before is ``< r`` and every reading taken after is ``>= r``. The clock is read
+    (``g``) and, with ``settle``, read again until it has moved past ``g``; ``r = g + 1``. A clock
+    may repeat a reading (the GPU's global timer ticks coarser than its kernels run), so ``g``
+    itself could equal both the last batch's score and the next one's. Without ``settle`` (a
+    caller's own clock, which may never move) it is ``g``."""
+    first = int(now(1)[0])
+    if not settle:
+        return first
+    while int(now(1)[0]) <= first:
+        pass
+    return first + 1

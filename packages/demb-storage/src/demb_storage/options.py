@@ -128,6 +128,8 @@ class TableConfig:
     """How keys are scored (see :class:`ScoreStrategy`)."""
     safe_check_mode: SafeCheckMode = SafeCheckMode.IGNORE
     """What failed inserts do (see :class:`SafeCheckMode`)."""
+    retain_evicted: bool = False
+    """Record the keys this table's inserts evict (``ScoredHashTable.evicted_keys``)."""
 
     def __post_init__(self) -> None:
         for name in ("dim", "max_capacity", "bucket_capacity"):

@@ -24,8 +24,10 @@ from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 
 from demb_storage._errors import TableConfigError
 from demb_storage._failures import count_failed, raise_or_warn
+from demb_storage._no_eviction import retry_no_eviction
 from demb_storage._outcomes import EvictedRows, InsertOutcome, TableExport
-from demb_storage._scores import TIME_POLICIES, batch_scores, checked_scores
+from demb_storage._retained import KeyBuffer
+from demb_storage._scores import TIME_POLICIES, batch_scores, checked_scores, settled_clock
 from demb_storage.options import SafeCheckMode, TableConfig
 
 __all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
@@ -100,6 +102,14 @@ class ScoredHashTable:
         self._checks_failures = any(
             c.safe_check_mode is not SafeCheckMode.IGNORE for c in self.configs
         )
+        retains = [c.retain_evicted for c in self.configs]
+        self._retains = torch.tensor(retains, device=self.device) if any(retains) else None
+        """``(T,)`` bool tables that record their evictions, or None when none does (then
+        inserts record nothing: no work at all)."""
+        self.evicted_keys = KeyBuffer(self.num_tables)
+        """Keys evicted by the inserts of tables with ``retain_evicted``."""
+        self.erased_keys = KeyBuffer(self.num_tables)
+        """Keys removed by :meth:`erase` calls that asked to record them, with their slots."""
         self.counts_keys = any(
             layout.policy in (ScorePolicy.LFU, ScorePolicy.TIMESTAMP_LFU) for layout in layouts
         )
@@ -264,7 +274,8 @@ class ScoredHashTable:
         evicted = self._evicted(result, table_ids) if return_evicted else None
         if all_hit:  # no row is new, none failed: nothing below has work
             return InsertOutcome(slots, status, evicted, all_hit=True, rows=rows)
-        slots, status = self._retry_no_eviction(keys, table_ids, counts, args, slots, status)
+        self.record_evictions(table_ids, status, result.victim_keys)
+        slots, status = retry_no_eviction(self, keys, table_ids, counts, args, slots, status)
         if zero_new_rows:
             self._zero_new_rows(table_ids, slots, status)
         if count_failures:
@@ -297,6 +308,7 @@ class ScoredHashTable:
         keys, table_ids = ops.as_batch(self.index, keys, table_ids)
         self._grow_for(keys, table_ids)
         result = ops.insert_or_assign(self.index, keys, table_ids, scores)
+        self.record_evictions(table_ids, result.status, result.victim_keys)
         self._safe_check(table_ids, result.status)
         for t, rows in enumerate(values or []):
             if rows is None:
@@ -305,9 +317,47 @@ class ScoredHashTable:
             self.write(t, result.slots[mine], rows)
         return InsertOutcome(result.slots, result.status, None)
 
-    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> torch.Tensor:
-        """Remove keys; ``(N,)`` int64 the freed slot of each erased key, else -1."""
-        return ops.erase(self.index, keys, table_ids)
+    def erase(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, *, record: bool = False
+    ) -> torch.Tensor:
+        """Remove keys; ``(N,)`` int64 the freed slot of each erased key, else -1. With
+        ``record``, the keys removed are kept in :attr:`erased_keys`."""
+        freed = ops.erase(self.index, keys, table_ids)
+        if record:
+            keys, table_ids = ops.as_batch(self.index, keys, table_ids)
+            self.erased_keys.add(torch.where(freed >= 0, keys, -1), table_ids, freed)
+        return freed
+
+    def record_evictions(
+        self, table_ids: torch.Tensor, status: torch.Tensor, victims: torch.Tensor
+    ) -> None:
+        """Keep the keys an insert evicted (``victims[i]`` where ``status[i]`` is EVICTED) of
+        the tables that retain evictions; nothing when none does. No sync."""
+        if self._retains is None:
+            return
+        kept = (status == InsertStatus.EVICTED) & self._retains[table_ids]
+        self.evicted_keys.add(torch.where(kept, victims, -1), table_ids)
+
+    def current_scores(self) -> list[int]:
+        """Per table, the score the next batch gives its keys, for incremental dumps (STEP: the
+        next step; CUSTOMIZED: the set score; clock policies: a reading later than every key
+        scored so far and not later than the next batch's, the clock having moved past every
+        earlier reading first; LFU: 0, it has no batch score). One sync."""
+        policies = self.index.policy_list
+        clock = 0
+        if any(p in TIME_POLICIES for p in policies):
+            clock = settled_clock(self._now, self._clock is None)
+        out = []
+        for t, p in enumerate(policies):
+            if p in TIME_POLICIES:
+                out.append(clock)
+            elif p is ScorePolicy.STEP:
+                out.append(self.steps[t] + 1)
+            elif p is ScorePolicy.CUSTOMIZED:
+                out.append(self.custom_scores[t])
+            else:
+                out.append(0)
+        return out
 
     def read(self, table_id: int, slots: torch.Tensor) -> torch.Tensor:
         """``(n, width)`` rows of table ``table_id`` at ``slots``; rows of slot -1 are zeros."""
@@ -343,7 +393,7 @@ class ScoredHashTable:
         return TableExport(ex.keys, scores, ex.slots, self.read(table_id, ex.slots))
 
     def clear(self, table_id: int | None = None) -> None:
-        """Empty one table or all; rows are zeroed."""
+        """Empty one table or all; rows are zeroed (recorded evicted / erased keys stay)."""
         ops.clear(self.index, table_id)
         for t in range(self.num_tables) if table_id is None else [table_id]:
             self.values[t].zero_()
@@ -431,44 +481,6 @@ class ScoredHashTable:
                     target = min(target, self.configs[t].max_capacity)
                 if not self.expand(t, target):
                     break
-
-    def _retry_no_eviction(
-        self,
-        keys: torch.Tensor,
-        table_ids: torch.Tensor,
-        counts: torch.Tensor | None,
-        args: torch.Tensor,
-        slots: torch.Tensor,
-        status: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """NO_EVICTION tables never evict: keys that found their bucket full double the table
-        and are inserted again, until they fit or the table cannot grow."""
-        policies = self.index.policy_list
-        if ScorePolicy.NO_EVICTION not in policies:
-            return slots, status
-        no_evict = torch.tensor(
-            [p is ScorePolicy.NO_EVICTION for p in policies], device=self.device
-        )
-        while True:
-            failed = ((status == InsertStatus.FAILED) & no_evict[table_ids]).nonzero().squeeze(1)
-            if failed.numel() == 0:
-                return slots, status
-            tables = sorted(set(table_ids[failed].tolist()))
-            grown = [t for t in tables if self._growable(t) and self.expand(t)]
-            if not grown:
-                return slots, status
-            # The slots of this batch's other keys moved with the rehash: look them up again.
-            slots = ops.find(self.index, keys, table_ids)
-            retry = ops.find_or_insert(
-                self.index,
-                keys[failed],
-                table_ids[failed],
-                args,
-                None if counts is None else counts[failed],
-            )
-            slots[failed] = retry.slots
-            status = status.clone()
-            status[failed] = retry.status
 
     def _evicted(self, result: ops.InsertResult, table_ids: torch.Tensor) -> EvictedRows:
         pos = (result.status == InsertStatus.EVICTED).nonzero().squeeze(1)

@@ -38,6 +38,7 @@ from demb_torchrec.errors import (
     TableConfigError,
     TrainingStateError,
 )
+from demb_torchrec.incremental import DeltaDumpResult, incremental_dump
 from demb_torchrec.options import (
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,
@@ -49,6 +50,9 @@ from demb_torchrec.options import (
     DynamicEmbTableOptions,
     EvictedItemMode,
 )
+from demb_torchrec.replay import ReplayContent, ReplayStats, replay_increment
+from demb_torchrec.retained import erase_keys, pop_erased_keys, pop_evicted_keys
+from demb_torchrec.scores import get_score, set_score
 
 __all__ = [
     "BUCKET_ALIGNMENT",
@@ -57,6 +61,7 @@ __all__ = [
     "BatchedDynamicEmbeddingTablesV2",
     "CheckpointError",
     "ConfigError",
+    "DeltaDumpResult",
     "DembError",
     "DynamicEmbCheckMode",
     "DynamicEmbDump",
@@ -84,14 +89,23 @@ __all__ = [
     "NotSupportedError",
     "OptimizerConfigError",
     "PlannerConfigError",
+    "ReplayContent",
+    "ReplayStats",
     "StorageError",
     "TableConfigError",
     "TrainingStateError",
     "complete_initializer_args",
+    "erase_keys",
     "errors",
+    "get_score",
     "get_sharded_table_capacity",
     "get_table_value_bytes",
+    "incremental_dump",
     "optimizer_spec",
+    "pop_erased_keys",
+    "pop_evicted_keys",
+    "replay_increment",
+    "set_score",
 ]
 
 _ON_TORCHREC = {

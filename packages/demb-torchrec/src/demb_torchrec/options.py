@@ -141,10 +141,6 @@ _NOT_YET: dict[str, tuple[Callable[[Any], bool], str]] = {
     "external_storage": (lambda v: v is not None, "external storage is not built yet"),
     "admit_strategy": (lambda v: v is not None, "admission is not built yet"),
     "admission_counter": (lambda v: v is not None, "admission is not built yet"),
-    "evicted_item_mode": (
-        lambda v: v != EvictedItemMode.DISCARD,
-        "retaining evicted keys is not built yet",
-    ),
     "score_function": (lambda v: v is not None, "numba score functions are not built yet"),
 }
 
@@ -161,6 +157,10 @@ def check_supported(options: DynamicEmbTableOptions, table: str) -> None:
             )
     if options.index_type not in (None, torch.int64, torch.int32):
         raise TableConfigError("index_type", options.index_type, "must be torch.int64 or int32")
+    if options.evicted_item_mode not in list(EvictedItemMode):
+        raise TableConfigError(
+            "evicted_item_mode", options.evicted_item_mode, "must be an EvictedItemMode"
+        )
     dist_types = [d.value for d in DistType]
     if options.dist_type not in dist_types:
         raise TableConfigError("dist_type", options.dist_type, f"must be one of {dist_types}")
@@ -188,4 +188,5 @@ def table_config(options: DynamicEmbTableOptions, state_dim: int, table: str) ->
         max_load_factor=options.max_load_factor,
         score_strategy=options.score_strategy,
         safe_check_mode=options.safe_check_mode,
+        retain_evicted=EvictedItemMode(options.evicted_item_mode) is EvictedItemMode.RETAIN_KEY,
     )

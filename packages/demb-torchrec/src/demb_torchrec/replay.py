@@ -1,0 +1,286 @@
+"""Replaying incremental dumps into a model (spec: ``replay_increment``, ``ReplayContent``,
+``ReplayStats``): per table, the delta's erased keys are removed, then every key this rank owns
+is written at the slot it held in the source table, so a replica converges to its source
+layout-identically.
+
+Every table of the delta is checked (layout fields, column shapes, each slot in its key's home
+bucket) before any is written: a mismatch raises ``ValueError`` naming the field, the model
+untouched.
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from demb_kernels.table import ScorePolicy
+from demb_planner import owner_rank
+from demb_storage import SlotWrites, TableConfigError, clear_slots
+from torch import nn
+
+from demb_torchrec.dump import _Table, dynamic_tables
+from demb_torchrec.errors import ConfigError
+from demb_torchrec.incremental import DeltaDumpResult, _check_dist, age_columns
+from demb_torchrec.scores import current_scores
+
+__all__ = ["ReplayContent", "ReplayStats", "replay_increment"]
+
+
+class ReplayContent(enum.Flag):
+    """What travels with each replayed key besides its embedding (which always does)."""
+
+    EMBEDDING_ONLY = 0
+    """Neither: a key's row keeps its optimizer state only if the key already held that row
+    (else the optimizer's initial state), and it is scored as a key just inserted."""
+    OPTIMIZER_STATE = 1
+    """The key's optimizer state."""
+    SCORE = 2
+    """The key's score words (TIMESTAMP ages turned back into timestamps)."""
+    ALL = 3
+    """Both (the default)."""
+    BOTH = 3
+    """Same as :attr:`ALL`."""
+
+
+@dataclass(frozen=True)
+class ReplayStats:
+    """What a replay did to one table on this rank."""
+
+    upserted: int
+    """Keys written at their source slot."""
+    erased: int
+    """Keys removed (erased keys this replica held)."""
+    skipped: int
+    """Delta keys another rank owns."""
+
+
+@dataclass
+class _Plan:
+    """One table's checked replay: what to erase, what to write where."""
+
+    table: _Table
+    writes: SlotWrites
+    values: torch.Tensor
+    state: torch.Tensor | None
+    scores: torch.Tensor | None
+    erased: torch.Tensor
+    erased_slots: torch.Tensor | None
+    current_score: int
+    skipped: int
+
+
+def _fail(where: str, field: str, why: str) -> ConfigError:
+    return ConfigError(f"replay_increment: {where}: {field}: {why}")
+
+
+def _tensor(
+    value: object, where: str, field: str, shape: tuple[int, ...], dtype: torch.dtype | None
+) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise _fail(where, field, f"expected a tensor, got {type(value).__name__}")
+    if tuple(value.shape) != shape:
+        raise _fail(where, field, f"shape {tuple(value.shape)}, the replay needs {shape}")
+    if dtype is not None and value.dtype != dtype:
+        raise _fail(where, field, f"dtype {value.dtype}, the replay needs {dtype}")
+
+
+def _check_layout(t: _Table, meta: Mapping[str, Any], where: str) -> None:
+    """The delta's layout fields against table ``t`` (the first mismatch raises)."""
+    tables = t.module.tables
+    config = tables.configs[t.index]
+    capacity = tables.capacity(t.index)
+    columns = tuple(c.name for c in config.score_layout.columns)
+    options = meta.get("table_options")
+    expected: list[tuple[str, object, object]] = [
+        ("current_capacity", meta.get("current_capacity"), capacity),
+        ("row_capacity", tuple(meta.get("row_capacity") or ()), (capacity,)),
+        ("bucket_capacity", meta.get("bucket_capacity"), config.bucket_capacity),
+        ("num_scores", meta.get("num_scores"), len(columns)),
+        ("world_size", meta.get("world_size"), t.world_size),
+        ("score_strategy", tuple(meta.get("score_strategy") or ()), columns),
+        ("table_options.dim", getattr(options, "dim", None), config.dim),
+        ("table_options.dist_type", getattr(options, "dist_type", None), t.dist_type),
+    ]
+    for field, got, want in expected:
+        if got != want:
+            raise _fail(where, field, f"the delta has {got!r}, the table {want!r}")
+    score = meta.get("current_score")
+    if isinstance(score, bool) or not isinstance(score, int) or not 0 <= score < 2**63:
+        raise _fail(where, "current_score", f"{score!r} is not an int in [0, 2**63)")
+
+
+def _plan(t: _Table, delta: DeltaDumpResult, i: int, content: ReplayContent) -> _Plan:
+    where = f"{t.collection}/{t.name}"
+    meta = delta.meta[i]
+    _check_dist(t)
+    _check_layout(t, meta, where)
+    config = t.module.tables.configs[t.index]
+    keys = delta.keys[i]
+    if not isinstance(keys, torch.Tensor) or keys.dim() != 1:
+        raise _fail(where, "keys", "expected a 1-D int64 tensor")
+    n = int(keys.shape[0])
+    _tensor(keys, where, "keys", (n,), torch.int64)
+    _tensor(meta.get("slot_index"), where, "slot_index", (n,), torch.int64)
+    _tensor(delta.values[i], where, "values", (n, config.dim), None)
+    _tensor(delta.scores[i], where, "scores", (n, int(meta["num_scores"])), torch.int64)
+    state = delta.optimizer_states[i]
+    carry_state = ReplayContent.OPTIMIZER_STATE in content and config.state_dim > 0
+    if carry_state:
+        if state is None:
+            raise _fail(where, "optimizer_states", "None, but the replay carries optimizer state")
+        _tensor(state, where, "optimizer_states", (n, config.state_dim), None)
+    erased = delta.erased_keys[i]
+    if erased is None:
+        erased = torch.zeros(0, dtype=torch.int64)
+    _tensor(erased, where, "erased_keys", (int(erased.shape[0]),), torch.int64)
+    rank_of = owner_rank(keys.numpy(), t.world_size, t.dist_type)
+    mine = torch.from_numpy(rank_of == t.rank)
+    erased_mine = torch.from_numpy(owner_rank(erased.numpy(), t.world_size, t.dist_type) == t.rank)
+    freed = meta.get("erased_slot_index")
+    if freed is not None:
+        _tensor(freed, where, "erased_slot_index", tuple(erased.shape), torch.int64)
+        freed = freed[erased_mine]
+        freed = freed[freed >= 0]
+        capacity = t.module.tables.capacity(t.index)
+        if freed.numel() and (int(freed.min()) < 0 or int(freed.max()) >= capacity):
+            raise _fail(where, "erased_slot_index", f"a slot outside [0, {capacity})")
+        freed = torch.unique(freed)
+    try:
+        writes = SlotWrites.check(t.module.tables, t.index, keys[mine], meta["slot_index"][mine])
+    except TableConfigError as err:
+        raise _fail(where, err.option, str(err)) from None
+    return _Plan(
+        table=t,
+        writes=writes,
+        values=delta.values[i][mine],
+        state=state[mine] if carry_state and state is not None else None,
+        scores=delta.scores[i][mine] if ReplayContent.SCORE in content else None,
+        erased=erased[erased_mine],
+        erased_slots=freed,
+        current_score=int(meta["current_score"]),
+        skipped=n - int(mine.sum()),
+    )
+
+
+def _index_words(plan: _Plan, fresh: int) -> torch.Tensor:
+    """``(W, n)`` int64 index score words of the plan's keys: the delta's (ages turned back into
+    timestamps with the delta's current score), or those of a key just inserted (``fresh``: the
+    table's current batch score; LFU counts 1)."""
+    t = plan.table
+    tables = t.module.tables
+    layout = tables.configs[t.index].score_layout
+    n = int(plan.values.shape[0])
+    words = torch.zeros((tables.index.score_words, n), dtype=torch.int64)
+    if plan.scores is not None:
+        scores = plan.scores.clone()
+        for c in age_columns([c.name for c in layout.columns]):
+            scores[:, c] = plan.current_score - scores[:, c]
+        for c, word in enumerate(layout.index_words):
+            words[word] = scores[:, c]
+        return words
+    policy = layout.policy
+    if policy is ScorePolicy.LFU:
+        words[0] = 1
+    elif policy is ScorePolicy.TIMESTAMP_LFU:
+        words[0], words[1] = 1, fresh
+    else:
+        words[0] = fresh
+    return words
+
+
+def _apply(plan: _Plan, fresh: int) -> ReplayStats:
+    t = plan.table
+    tables = t.module.tables
+    config = tables.configs[t.index]
+    device = tables.device
+    erased = 0
+    if plan.erased.numel():
+        ids = torch.full_like(plan.erased, t.index)
+        erased = int((tables.erase(plan.erased.to(device), ids.to(device)) >= 0).sum())
+    if plan.erased_slots is not None:  # a key an erased one had evicted may still sit there
+        erased += clear_slots(tables, t.index, plan.erased_slots)
+    taken_over = plan.writes.apply(_index_words(plan, fresh))
+    slots = plan.writes.slots
+    rows = tables.read(t.index, slots).clone()
+    rows[:, : config.dim] = plan.values.to(rows.device, rows.dtype)
+    if config.state_dim:
+        if plan.state is not None:
+            rows[:, config.dim :] = plan.state.to(rows.device, rows.dtype)
+        else:  # a row another key held gets the initial state
+            initial = t.module.initial_states[t.index]
+            assert initial is not None
+            reset = taken_over.to(rows.device)
+            rows[reset, config.dim :] = initial.to(rows.device, rows.dtype)
+    tables.write(t.index, slots, rows)
+    return ReplayStats(upserted=int(slots.numel()), erased=erased, skipped=plan.skipped)
+
+
+def replay_increment(
+    model: nn.Module,
+    deltas: Mapping[str, DeltaDumpResult],
+    content: ReplayContent = ReplayContent.ALL,
+) -> dict[str, dict[str, ReplayStats]]:
+    """Write :func:`~demb_torchrec.incremental_dump` results into the model's dynamic tables.
+
+    Per table: the erased keys this rank owns are removed, then each key this rank owns (its
+    owner recomputed from the key with the model's world size) is written at its source slot
+    with its embedding and, per ``content``, its optimizer state and scores; the evicted keys
+    are never applied (the key that took an evicted key's slot is in the delta). Every table is
+    checked before any is written.
+
+    Args:
+        model: holds the dynamic tables (built like the source's: same capacities, bucket
+            capacities, score strategies, dims and world size).
+        deltas: ``{collection: DeltaDumpResult}``; collections or tables the model lacks are
+            skipped with a warning.
+        content: what travels besides the embeddings (default: optimizer state and scores).
+
+    Returns:
+        ``{collection: {table: ReplayStats}}``.
+
+    Raises:
+        ValueError: a table whose layout differs from the delta's, or a delta missing per-key
+            data the replay needs (the message names the first offending field); nothing is
+            written.
+        NotImplementedError: a table sharded with ``dist_type="continuous"``.
+    """
+    tables = {(t.collection, t.name): t for t in dynamic_tables(model)}
+    plans: list[_Plan] = []
+    for collection, delta in deltas.items():
+        lengths = {
+            len(getattr(delta, f))
+            for f in (
+                "keys",
+                "values",
+                "optimizer_states",
+                "scores",
+                "erased_keys",
+                "evicted_keys",
+                "meta",
+            )
+        }
+        if lengths != {len(delta.table_names)}:
+            raise _fail(collection, "table_names", "the per-table lists differ in length")
+        for i, name in enumerate(delta.table_names):
+            t = tables.get((collection, name))
+            if t is None:
+                warnings.warn(
+                    f"replay_increment: the model has no dynamic table {collection}/{name}; "
+                    "its delta is skipped",
+                    stacklevel=2,
+                )
+                continue
+            plans.append(_plan(t, delta, i, content))
+    fresh = [0] * len(plans)
+    if ReplayContent.SCORE not in content:  # keys are scored as just inserted
+        fresh = current_scores([p.table for p in plans])
+    stats: dict[str, dict[str, ReplayStats]] = {}
+    with torch.no_grad():
+        for plan, score in zip(plans, fresh, strict=True):
+            t = plan.table
+            stats.setdefault(t.collection, {})[t.name] = _apply(plan, score)
+    return stats
