@@ -10,6 +10,10 @@ from typing import Any
 
 import pytest
 
+# The tests' shared modules (``_online_common``, ...) import by name: pytest's importlib mode
+# puts no test directory on the path.
+sys.path.insert(0, str(Path(__file__).parent))
+
 
 @pytest.fixture
 def registry() -> Iterator[None]:

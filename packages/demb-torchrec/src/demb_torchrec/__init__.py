@@ -20,7 +20,7 @@ from demb_torchrec.capacity import (
     get_sharded_table_capacity,
     get_table_value_bytes,
 )
-from demb_torchrec.dump import DynamicEmbDump, DynamicEmbLoad
+from demb_torchrec.dump import DynamicEmbDump
 from demb_torchrec.errors import (
     CheckpointError,
     ConfigError,
@@ -39,6 +39,7 @@ from demb_torchrec.errors import (
     TrainingStateError,
 )
 from demb_torchrec.incremental import DeltaDumpResult, incremental_dump
+from demb_torchrec.load import DynamicEmbLoad
 from demb_torchrec.options import (
     DynamicEmbCheckMode,
     DynamicEmbEvictStrategy,

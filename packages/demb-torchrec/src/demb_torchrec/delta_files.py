@@ -18,9 +18,10 @@ import torch
 from demb_io import DeltaMeta, DeltaTable, iter_delta, write_delta
 from demb_storage import SafeCheckMode, ScoreStrategy
 
-from demb_torchrec.dump import _dtype_name, _numpy, _torch
+from demb_torchrec._background import DumpHandle
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.incremental import DeltaDumpResult
+from demb_torchrec.model_tables import dtype_name, from_numpy, to_numpy
 from demb_torchrec.options import DynamicEmbTableOptions, EvictedItemMode
 
 __all__ = ["OPTION_FIELDS", "delta_tables", "read_delta_dump", "write_delta_dump"]
@@ -83,7 +84,7 @@ def delta_tables(deltas: Mapping[str, DeltaDumpResult]) -> list[DeltaTable]:
                     meta=DeltaMeta(
                         collection=collection,
                         table=name,
-                        embedding_dtype=_dtype_name(values.dtype),
+                        embedding_dtype=dtype_name(values.dtype),
                         embedding_dim=int(values.shape[1]),
                         score_strategy=tuple(meta["score_strategy"]),
                         current_score=int(meta["current_score"]),
@@ -92,17 +93,17 @@ def delta_tables(deltas: Mapping[str, DeltaDumpResult]) -> list[DeltaTable]:
                         bucket_capacity=int(meta["bucket_capacity"]),
                         world_size=int(meta["world_size"]),
                         dist_type=str(options.dist_type),
-                        optim_state_dtype=None if state is None else _dtype_name(state.dtype),
+                        optim_state_dtype=None if state is None else dtype_name(state.dtype),
                         state_width=0 if state is None else int(state.shape[1]),
                         evicted_rows=None if evicted is None else int(evicted.numel()),
                         erased_slots=freed is not None,
                         table_options=_options_json(options),
                     ),
                     keys=_keys(d.keys[i]),
-                    values=_numpy(values),
-                    scores=_numpy(d.scores[i]).astype(np.int64, copy=False),
+                    values=to_numpy(values),
+                    scores=to_numpy(d.scores[i]).astype(np.int64, copy=False),
                     slots=_keys(meta["slot_index"]),
-                    state=None if state is None else _numpy(state),
+                    state=None if state is None else to_numpy(state),
                     erased=np.zeros(0, np.int64) if erased is None else _keys(erased),
                     evicted=None if evicted is None else _keys(evicted),
                     erased_slots=None if freed is None else _keys(freed),
@@ -111,21 +112,46 @@ def delta_tables(deltas: Mapping[str, DeltaDumpResult]) -> list[DeltaTable]:
     return out
 
 
-def write_delta_dump(path: str | Path, deltas: Mapping[str, DeltaDumpResult]) -> list[DeltaMeta]:
+def write_delta_dump(
+    path: str | Path, deltas: Mapping[str, DeltaDumpResult], *, blocking: bool = True
+) -> list[DeltaMeta] | DumpHandle:
     """Write ``deltas`` (an :func:`~demb_torchrec.incremental_dump` result) as the demb-io delta
     directory ``path``, committed atomically (the previous one at ``path`` stays whole until
     then).
 
+    Args:
+        path: the delta directory (created or replaced).
+        deltas: ``{collection: DeltaDumpResult}`` (host tensors: the dump's own copy, so
+            training may go on while they are written).
+        blocking: write before returning; False: write in a background thread and return its
+            :class:`~demb_torchrec.dump.DumpHandle` (``wait()`` raises what the write raised;
+            it is local to this process, not collective). ``deltas`` must not be changed until
+            the write is done.
+
     Returns:
-        The table metas as written.
+        The table metas as written (``blocking=False``: the handle).
 
     Raises:
-        ValueError: a table whose arrays disagree with its meta.
+        ValueError: a table whose arrays disagree with its meta, or a delta missing a field
+            (checked before anything is written, also with ``blocking=False``).
     """
     try:
-        return write_delta(path, delta_tables(deltas))
-    except (KeyError, AttributeError, IndexError) as err:
+        tables = delta_tables(deltas)
+    except (KeyError, AttributeError, IndexError, TypeError) as err:
         raise ConfigError(f"write_delta_dump: a delta misses a field ({err!r})") from err
+    for t in tables:
+        t.check()
+    if blocking:
+        return write_delta(path, tables)
+
+    def work() -> None:
+        write_delta(path, tables)
+
+    def finish(error: BaseException | None) -> None:
+        if error is not None:
+            raise error
+
+    return DumpHandle(work, finish, name="demb-delta")
 
 
 def read_delta_dump(path: str | Path, *, verify: bool = True) -> dict[str, DeltaDumpResult]:
@@ -144,10 +170,10 @@ def read_delta_dump(path: str | Path, *, verify: bool = True) -> dict[str, Delta
         dtype = _DTYPES[m.embedding_dtype]
         result.table_names.append(m.table)
         result.keys.append(torch.from_numpy(t.keys.copy()))
-        result.values.append(_torch(t.values, dtype))
+        result.values.append(from_numpy(t.values, dtype))
         state_dtype = None if m.optim_state_dtype is None else _DTYPES[m.optim_state_dtype]
         result.optimizer_states.append(
-            None if t.state is None or state_dtype is None else _torch(t.state, state_dtype)
+            None if t.state is None or state_dtype is None else from_numpy(t.state, state_dtype)
         )
         result.scores.append(torch.from_numpy(t.scores.copy()))
         result.erased_keys.append(torch.from_numpy(t.erased.copy()))

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from demb_torchrec.dump import _Table, dynamic_tables
 from demb_torchrec.errors import ConfigError, InputTypeError, NotSupportedError
+from demb_torchrec.model_tables import ModelTable, dynamic_tables
 from demb_torchrec.scores import current_scores
 
 __all__ = ["TIMESTAMP", "DeltaDumpResult", "age_columns", "incremental_dump"]
@@ -85,8 +85,8 @@ class _Rows:
 
 
 def _thresholds(
-    tables: list[_Table], score_threshold: int | Mapping[str, Mapping[str, int]]
-) -> list[tuple[_Table, int]]:
+    tables: list[ModelTable], score_threshold: int | Mapping[str, Mapping[str, int]]
+) -> list[tuple[ModelTable, int]]:
     def checked(value: object, where: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InputTypeError("score_threshold", f"must be an int, got {value!r}", where)
@@ -108,7 +108,7 @@ def _thresholds(
     return picked
 
 
-def _check_dist(t: _Table) -> None:
+def _check_dist(t: ModelTable) -> None:
     if t.dist_type == "continuous":
         raise NotSupportedError(
             "dist_type",
@@ -118,7 +118,7 @@ def _check_dist(t: _Table) -> None:
         )
 
 
-def _table_rows(t: _Table, threshold: int, current: int) -> _Rows:
+def _table_rows(t: ModelTable, threshold: int, current: int) -> _Rows:
     tables = t.module.tables
     config = tables.configs[t.index]
     ex = tables.export(t.index, min_score=threshold)
@@ -150,7 +150,7 @@ def _table_rows(t: _Table, threshold: int, current: int) -> _Rows:
     )
 
 
-def _gathered(group: dist.ProcessGroup, t: _Table, mine: _Rows) -> _Rows:
+def _gathered(group: dist.ProcessGroup, t: ModelTable, mine: _Rows) -> _Rows:
     """Every rank's rows of table ``t`` (this rank's meta and current score)."""
     everyone: list[_Rows | None] = [None] * group.size()
     dist.all_gather_object(everyone, mine, group=group)

@@ -22,9 +22,9 @@ from demb_planner import owner_rank
 from demb_storage import SlotWrites, TableConfigError, clear_slots
 from torch import nn
 
-from demb_torchrec.dump import _Table, dynamic_tables
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.incremental import DeltaDumpResult, _check_dist, age_columns
+from demb_torchrec.model_tables import ModelTable, dynamic_tables
 from demb_torchrec.scores import current_scores
 
 __all__ = ["ReplayContent", "ReplayStats", "replay_increment"]
@@ -62,7 +62,7 @@ class ReplayStats:
 class _Plan:
     """One table's checked replay: what to erase, what to write where."""
 
-    table: _Table
+    table: ModelTable
     writes: SlotWrites
     values: torch.Tensor
     state: torch.Tensor | None
@@ -88,7 +88,7 @@ def _tensor(
         raise _fail(where, field, f"dtype {value.dtype}, the replay needs {dtype}")
 
 
-def _check_layout(t: _Table, meta: Mapping[str, Any], where: str) -> None:
+def _check_layout(t: ModelTable, meta: Mapping[str, Any], where: str) -> None:
     """The delta's layout fields against table ``t`` (the first mismatch raises)."""
     tables = t.module.tables
     config = tables.configs[t.index]
@@ -113,7 +113,7 @@ def _check_layout(t: _Table, meta: Mapping[str, Any], where: str) -> None:
         raise _fail(where, "current_score", f"{score!r} is not an int in [0, 2**63)")
 
 
-def _plan(t: _Table, delta: DeltaDumpResult, i: int, content: ReplayContent) -> _Plan:
+def _plan(t: ModelTable, delta: DeltaDumpResult, i: int, content: ReplayContent) -> _Plan:
     where = f"{t.collection}/{t.name}"
     meta = delta.meta[i]
     _check_dist(t)

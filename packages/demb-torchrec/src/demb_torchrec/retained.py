@@ -15,8 +15,8 @@ import torch.distributed as dist
 from demb_storage import KeyBuffer, ScoredHashTable
 from torch import nn
 
-from demb_torchrec.dump import _select, _Table, dynamic_tables
 from demb_torchrec.errors import ConfigError, InputTypeError
+from demb_torchrec.model_tables import ModelTable, dynamic_tables, select_tables
 from demb_torchrec.options import EvictedItemMode
 
 __all__ = ["erase_keys", "pop_erased_keys", "pop_evicted_keys"]
@@ -28,12 +28,12 @@ def _pop(
     model: nn.Module,
     table_names: Mapping[str, Sequence[str]] | None,
     pg: dist.ProcessGroup | None,
-    wanted: Callable[[_Table], bool],
+    wanted: Callable[[ModelTable], bool],
     buffer: Callable[[ScoredHashTable], KeyBuffer],
 ) -> KeysByTable:
     if pg is not None and not (dist.is_available() and dist.is_initialized()):
         raise ConfigError("pg: given, but torch.distributed is not initialized")
-    tables = [t for t in _select(dynamic_tables(model), table_names) if wanted(t)]
+    tables = [t for t in select_tables(dynamic_tables(model), table_names) if wanted(t)]
     out: KeysByTable = {}
     for t in tables:
         keys = buffer(t.module.tables).pop(t.index)
@@ -64,7 +64,7 @@ def pop_evicted_keys(
         ascending; ``{}`` when no table retains evictions.
     """
 
-    def retains(t: _Table) -> bool:
+    def retains(t: ModelTable) -> bool:
         return t.module.tables.configs[t.index].retain_evicted
 
     return _pop(model, table_names, pg, retains, lambda s: s.evicted_keys)
@@ -103,7 +103,7 @@ def erase_keys(
     """
     record = EvictedItemMode(mode) is EvictedItemMode.RETAIN_KEY
     names = {c: list(per_table) for c, per_table in keys.items()}
-    tables = {(t.collection, t.name): t for t in _select(dynamic_tables(model), names)}
+    tables = {(t.collection, t.name): t for t in select_tables(dynamic_tables(model), names)}
     for collection, per_table in keys.items():
         for name, k in per_table.items():
             if not isinstance(k, torch.Tensor) or k.dtype != torch.int64 or k.dim() != 1:

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from demb_kernels.table import ScorePolicy
 from torch import nn
 
-from demb_torchrec.dump import _Table, dynamic_tables
 from demb_torchrec.errors import ConfigError, InputTypeError
+from demb_torchrec.model_tables import ModelTable, dynamic_tables
 
 __all__ = ["current_scores", "get_score", "set_score"]
 
@@ -19,7 +19,7 @@ _MAX_SCORE = 2**63 - 1
 ScoreMap = dict[str, dict[str, int]]
 
 
-def current_scores(tables: list[_Table]) -> list[int]:
+def current_scores(tables: list[ModelTable]) -> list[int]:
     """The current score of each table (one reading per fused module: its tables share it)."""
     read: dict[int, list[int]] = {}
     out = []

@@ -1,0 +1,166 @@
+"""A point-in-time copy of some tables of a :class:`~demb_storage.ScoredHashTable`, exported
+later while the live table goes on changing: what a non-blocking dump writes from.
+
+The copy is a clone of the index tensors (keys, digests, score words, sizes) and of the value
+rows of the chosen tables, made on the tensors' own devices: on CUDA the clones are queued on
+the current stream (device-to-device, no host transfer, no sync), so they hold the state as of
+every kernel queued before them. A reader on another stream must wait on that stream first
+(:meth:`torch.cuda.Stream.wait_stream`) and keep the snapshot alive until its reads are done
+(:meth:`TableSnapshot.record_stream`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+from demb_kernels import table as ops
+from demb_kernels.rows import gather_rows
+from demb_kernels.table import ScorePolicy, TableIndex
+from demb_storage import ScoredHashTable, TableExport
+from demb_storage.options import TableConfig
+
+__all__ = ["TableSnapshot", "background_reads", "snapshots"]
+
+
+class TableSnapshot:
+    """The index of ``tables`` and the value rows of its tables ``table_ids``, copied now.
+
+    Args:
+        tables: the live table (left unchanged).
+        table_ids: the tables whose rows are copied (the index is copied whole: it is shared).
+        state: also copy each row's optimizer state (else only its ``dim`` embedding columns).
+
+    Host value rows of a CUDA index are copied on the host, after the current stream has
+    finished (their writes may still be queued on it): the one case with a host sync.
+    """
+
+    def __init__(
+        self, tables: ScoredHashTable, table_ids: Iterable[int], *, state: bool = True
+    ) -> None:
+        index = tables.index
+        self.configs: tuple[TableConfig, ...] = tables.configs
+        """The live table's configs (immutable)."""
+        self.device = index.keys.device
+        """Where the index lives (with its index on CUDA)."""
+        with torch.no_grad():
+            self.index: TableIndex = dataclasses.replace(
+                index,
+                keys=index.keys.clone(),
+                digests=index.digests.clone(),
+                scores=index.scores.clone(),
+                sizes=index.sizes.clone(),
+            )
+            """The index as it was (a copy; its other tensors are never written)."""
+            self.values: dict[int, torch.Tensor] = {}
+            """Per copied table, its ``(capacity, width)`` rows as they were (``width``: the
+            embedding dim, plus the optimizer state with ``state``)."""
+            synced = False
+            for t in sorted(set(table_ids)):
+                buf = tables.values[t]
+                if buf.device.type == "cpu" and self.device.type == "cuda" and not synced:
+                    torch.cuda.current_stream(self.device).synchronize()
+                    synced = True
+                width = buf.shape[1] if state else self.configs[t].dim
+                self.values[t] = buf[:, :width].clone(memory_format=torch.contiguous_format)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the snapshot owns (what a reader on another stream must keep alive)."""
+        i = self.index
+        return [i.keys, i.digests, i.scores, i.sizes, *self.values.values()]
+
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        """Mark every CUDA tensor of the snapshot as used on ``stream``: the caching allocator
+        reuses none of their memory before the work queued on ``stream`` so far is done."""
+        for t in self.tensors():
+            if t.is_cuda:
+                t.record_stream(stream)
+
+    def capacity(self, table_id: int) -> int:
+        """Slots (= value rows) of table ``table_id`` at the snapshot."""
+        return self.index.capacities[table_id]
+
+    def export(
+        self,
+        table_id: int,
+        begin: int = 0,
+        end: int | None = None,
+        min_score: int | None = None,
+    ) -> TableExport:
+        """What :meth:`ScoredHashTable.export` returned at the snapshot: keys, scores (the
+        table's ``score_strategy`` column order), slots and rows (``(n, width)``, see
+        :attr:`values`) of table ``table_id`` in the slot range ``[begin, end)``; ``min_score``
+        filters on the first score column (a compound strategy's timestamp).
+
+        Raises:
+            KeyError: ``table_id``'s rows were not copied.
+        """
+        values = self.values[table_id]
+        layout = self.configs[table_id].score_layout
+        filter_word = layout.index_words[0]
+        if layout.policy is ScorePolicy.TIMESTAMP_LFU:
+            filter_word = 1
+        ex = ops.export(self.index, table_id, begin, end, min_score, filter_word)
+        scores = ex.scores[list(layout.index_words)].t().contiguous()
+        # the slots come from the copied index, whose capacity is the copied rows': in range
+        rows = gather_rows(values, ex.slots.to(values.device), check=False)
+        return TableExport(ex.keys, scores, ex.slots, rows)
+
+
+def snapshots(
+    tables: Sequence[tuple[ScoredHashTable, int]], *, state: bool
+) -> dict[int, TableSnapshot]:
+    """One :class:`TableSnapshot` per distinct live table of ``tables`` (``(table,
+    table_id)`` pairs; several may share one table), by the live table's ``id``."""
+    wanted: dict[int, tuple[ScoredHashTable, set[int]]] = {}
+    for live, table_id in tables:
+        wanted.setdefault(id(live), (live, set()))[1].add(table_id)
+    return {key: TableSnapshot(live, ids, state=state) for key, (live, ids) in wanted.items()}
+
+
+def background_reads(
+    snaps: Mapping[int, TableSnapshot],
+    jobs: Sequence[tuple[int, Callable[[TableSnapshot], None]]],
+) -> Callable[[], None]:
+    """The work of a thread that runs each job of ``jobs`` (``(key of snaps, job)``) on its
+    snapshot, in order.
+
+    Called right after the snapshots were taken, in the thread that took them: on CUDA it
+    makes a side stream per device that waits (from now) on the device's current stream,
+    where the copies were queued, and marks the snapshots' tensors as used on it. The work
+    sets the CUDA device in its thread, runs each job on its snapshot's side stream, then
+    synchronizes the side streams and lets the snapshots go (even when a job raised).
+    """
+    devices = sorted(
+        {s.device for s in snaps.values() if s.device.type == "cuda"}, key=lambda d: d.index or 0
+    )
+    sides: dict[torch.device, torch.cuda.Stream] = {}
+    for device in devices:  # behind the copies queued so far, and nothing later
+        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream(device))
+        for s in snaps.values():
+            if s.device == device:
+                s.record_stream(side)
+        sides[device] = side
+    held = dict(snaps)
+
+    def work() -> None:
+        if devices:
+            torch.cuda.set_device(devices[0])
+        try:
+            for key, job in jobs:
+                snap = held[key]
+                side = sides.get(snap.device)
+                on: AbstractContextManager[object] = nullcontext()
+                if side is not None:
+                    on = torch.cuda.stream(side)
+                with on:
+                    job(snap)
+        finally:
+            for side in sides.values():  # every read done before the copies are freed
+                side.synchronize()
+            held.clear()
+
+    return work
