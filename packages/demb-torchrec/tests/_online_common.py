@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 import torch
 from demb_torchrec import (
     DynamicEmbeddingTables,
@@ -31,6 +32,7 @@ class Model(nn.Module):
         dims: tuple[int, int] = (8, 4),
         optimizer: str = "adam",
         retain: bool = False,
+        device: str = "cpu",
         **options: object,
     ) -> None:
         super().__init__()
@@ -52,15 +54,17 @@ class Model(nn.Module):
             pooling_mode=DynamicEmbPoolingMode.SUM,
             optimizer=optimizer,
             learning_rate=0.05,
+            device=device,
         )
 
 
 def step(model: Model, user: torch.Tensor, item: torch.Tensor) -> None:
     """One training step looking up ``user`` keys (feature 0, one bag) and ``item`` keys
     (feature 1, one bag)."""
-    keys = torch.cat([user, item]).to(torch.int64)
+    device = model.sparse.device
+    keys = torch.cat([user.cpu(), item.cpu()]).to(torch.int64)
     offsets = torch.tensor([0, user.numel(), keys.numel()], dtype=torch.int64)
-    model.sparse(keys, offsets).square().sum().backward()
+    model.sparse(keys.to(device), offsets.to(device)).square().sum().backward()
 
 
 def random_step(model: Model, gen: torch.Generator, key_range: int = 3000, n: int = 12) -> None:
@@ -84,7 +88,7 @@ def table_state(model: Model) -> dict[str, tuple]:
             s.index.digests[lo:hi].clone(),
             s.index.scores[:, lo:hi].clone(),
             int(s.index.sizes[t]),
-            s.values[t][occupied].clone(),
+            s.values[t][occupied.to(s.values[t].device)].clone(),
         )
     return out
 
@@ -105,7 +109,7 @@ def checksum(model: Model) -> str:
     s = model.sparse.tables
     h = hashlib.sha256()
     for tensor in (s.index.keys, s.index.digests, s.index.scores, s.index.sizes, *s.values):
-        h.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(tensor.cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -120,3 +124,7 @@ def next_threshold(deltas: dict) -> dict[str, dict[str, int]]:
 def present(model: Model, t: int) -> set[int]:
     """The keys table ``t`` holds."""
     return set(model.sparse.tables.export(t).keys.tolist())
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+"""Parametrize a test over the CPU and (marker ``cuda``) the GPU."""

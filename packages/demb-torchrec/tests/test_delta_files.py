@@ -50,17 +50,18 @@ def _content(path: Path) -> dict[str, dict[int, tuple]]:
 
 
 @pytest.mark.parametrize(
-    ("strategy", "retain", "capacity"),
+    ("strategy", "retain", "capacity", "device"),
     [
-        (S.TIMESTAMP, True, 128),  # evicting, evictions retained
-        ((S.TIMESTAMP, S.LFU), False, 4096),  # no eviction: nothing to retain
-        pytest.param(S.STEP, True, 128, marks=pytest.mark.slow),
+        (S.TIMESTAMP, True, 128, "cpu"),  # evicting, evictions retained
+        ((S.TIMESTAMP, S.LFU), False, 4096, "cpu"),  # no eviction: nothing to retain
+        pytest.param(S.STEP, True, 128, "cpu", marks=pytest.mark.slow),
+        pytest.param(S.TIMESTAMP, True, 128, "cuda", marks=pytest.mark.cuda),
     ],
 )
 def test_merged_deltas_applied_to_the_checkpoint_equal_a_full_dump(
-    tmp_path, strategy, retain, capacity
+    tmp_path, strategy, retain, capacity, device
 ):
-    a = Model(score=strategy, retain=retain, capacity=capacity)
+    a = Model(score=strategy, retain=retain, capacity=capacity, device=device)
     gen = torch.Generator().manual_seed(11)
     for _ in range(3):
         random_step(a, gen, key_range=400)
@@ -90,7 +91,7 @@ def test_merged_deltas_applied_to_the_checkpoint_equal_a_full_dump(
     want = _content(tmp_path / "full1")
     assert all(len(want[n]) > 20 for n in NAMES)
     assert _content(applied) == want
-    loaded = Model(score=strategy, retain=retain, capacity=capacity)
+    loaded = Model(score=strategy, retain=retain, capacity=capacity, device=device)
     DynamicEmbLoad(applied, loaded, optim=True)
     DynamicEmbDump(tmp_path / "reloaded", loaded, optim=True)
     assert _content(tmp_path / "reloaded") == want

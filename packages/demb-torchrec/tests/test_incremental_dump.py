@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from _online_common import NAMES, Model, S, next_threshold, present, step
+from _online_common import DEVICES, NAMES, Model, S, next_threshold, present, step
 from demb_torchrec import (
     NotSupportedError,
     get_score,
@@ -26,7 +26,8 @@ STRATEGIES = {
 }
 
 
-@settings(max_examples=12, deadline=None)
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=10, deadline=None)
 @given(
     strategy=st.sampled_from(sorted(STRATEGIES)),
     windows=st.lists(
@@ -37,8 +38,10 @@ STRATEGIES = {
     key_range=st.sampled_from([40, 400, 4000]),
     seed=st.integers(0, 2**16),
 )
-def test_the_dumped_keys_are_the_keys_touched_in_the_window(strategy, windows, key_range, seed):
-    model = Model(score=STRATEGIES[strategy])
+def test_the_dumped_keys_are_the_keys_touched_in_the_window(
+    device, strategy, windows, key_range, seed
+):
+    model = Model(score=STRATEGIES[strategy], device=device)
     gen = torch.Generator().manual_seed(seed)
     threshold = get_score(model)
     for sizes in windows:

@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 import torch
 from _online_common import (
+    DEVICES,
     NAMES,
     Model,
     S,
@@ -50,14 +51,16 @@ def _windows(a: Model, b: Model, windows: int, seed: int, erase_at: int = -1) ->
         threshold = next_threshold(deltas)
 
 
-@settings(max_examples=6, deadline=None)
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=5, deadline=None)
 @given(
     strategy=st.sampled_from([S.TIMESTAMP, S.STEP, (S.TIMESTAMP, S.LFU)]),
     retain=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_a_replica_equals_its_source_after_every_window(strategy, retain, seed):
-    a, b = Model(score=strategy, retain=retain), Model(score=strategy, retain=retain)
+def test_a_replica_equals_its_source_after_every_window(device, strategy, retain, seed):
+    a = Model(score=strategy, retain=retain, device=device)
+    b = Model(score=strategy, retain=retain, device=device)
     _windows(a, b, windows=5, seed=seed, erase_at=2)
 
 

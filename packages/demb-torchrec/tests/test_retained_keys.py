@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _online_common import NAMES, Model, present, random_step
+from _online_common import DEVICES, NAMES, Model, present, random_step
 from demb_torchrec import (
     DynamicEmbeddingTables,
     DynamicEmbTableOptions,
@@ -31,10 +31,11 @@ def _evicting_step(model: Model, gen: torch.Generator, evicted: list[set[int]]) 
         evicted[t] |= before[t] - present(model, t)
 
 
-@settings(max_examples=8, deadline=None)
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=5, deadline=None)
 @given(windows=st.lists(st.integers(1, 5), min_size=1, max_size=4), seed=st.integers(0, 2**16))
-def test_every_evicted_key_is_popped_exactly_once(windows, seed):
-    model = Model(retain=True, capacity=64)
+def test_every_evicted_key_is_popped_exactly_once(device, windows, seed):
+    model = Model(retain=True, capacity=64, device=device)
     gen = torch.Generator().manual_seed(seed)
     for steps in windows:
         evicted: list[set[int]] = [set(), set()]

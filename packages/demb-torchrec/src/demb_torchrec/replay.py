@@ -53,7 +53,8 @@ class ReplayStats:
     upserted: int
     """Keys written at their source slot."""
     erased: int
-    """Keys removed (erased keys this replica held)."""
+    """Keys removed: the erased keys this replica held, and the keys it held in the slots
+    those erases freed in the source (keys the erased ones had evicted)."""
     skipped: int
     """Delta keys another rank owns."""
 
