@@ -19,6 +19,7 @@ from demb_storage import (
     clear_slots,
 )
 from demb_storage._scores import settled_clock
+from demb_storage.slot_writes import home_buckets
 
 
 def test_the_settled_clock_waits_for_the_clock_to_move():
@@ -116,3 +117,19 @@ def test_bad_slot_writes_raise_and_write_nothing(keys, slots, match):
         SlotWrites.check(table, 0, torch.tensor(keys), torch.tensor(slots))
     assert table.size(0) == 0
     assert (table.index.keys == -1).all()
+
+
+@pytest.mark.parametrize("capacity", [16, 64 * 3, 1 << 20, 3 * (1 << 30), (1 << 40) + 128])
+def test_home_buckets_are_the_planners_home_slots(capacity):
+    gen = torch.Generator().manual_seed(capacity % 1000)
+    keys = torch.cat(
+        [
+            torch.randint(-(2**63), 2**63 - 1, (4000,), generator=gen, dtype=torch.int64),
+            torch.tensor([0, 1, -2, 2**63 - 1, -(2**63)]),
+        ]
+    )
+    width = 16 if capacity % 128 else 128
+    bucket, digest = home_buckets(keys, capacity, width)
+    want = home_slots(keys.numpy(), capacity, width)
+    assert bucket.tolist() == want.bucket.tolist()
+    assert digest.tolist() == want.digest.tolist()

@@ -1,4 +1,4 @@
-"""Online training's replica pattern on 1, 2 and (``slow``) 4 CPU ranks (gloo): each window's
+"""Online training's replica pattern on 2 and (``slow``) 1 and 4 CPU ranks (gloo): each window's
 ``incremental_dump`` of a trained model A, gathered over the ranks, replayed with
 ``replay_increment`` into an untrained model B built alike, leaves B's dynamic tables equal to
 A's bit for bit on every rank (index slices, and embeddings with Adam state at occupied slots),

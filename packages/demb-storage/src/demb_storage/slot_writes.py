@@ -2,8 +2,9 @@
 every key lands in the slot it held in its source table, so the target's layout becomes the
 source's).
 
-A key can live only in its home bucket (:func:`demb_planner.home_slots`), so each slot is
-checked against its key's home bucket before anything is written: :meth:`SlotWrites.check`
+A key can live only in its home bucket (:func:`demb_planner.home_slots`; computed here on the
+index's device by :func:`home_buckets`), so each slot is checked against its key's home bucket
+before anything is written: :meth:`SlotWrites.check`
 validates a whole batch, :meth:`SlotWrites.apply` then writes it. A key that sits elsewhere in
 the target (it moved in the source) is removed from its old slot; whatever key occupied a
 written slot is replaced (the source replaced it too).
@@ -13,18 +14,69 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from demb_kernels import table as ops
+from demb_kernels.ops import hash64
 from demb_kernels.table import EMPTY_KEY
-from demb_planner import home_slots
+from demb_planner import DIGEST_MODULUS, TABLE_HASH_SEED
 
 from demb_storage._errors import TableConfigError
 
 if TYPE_CHECKING:
     from demb_storage.scored_table import ScoredHashTable
 
-__all__ = ["SlotWrites", "clear_slots"]
+__all__ = ["SlotWrites", "clear_slots", "home_buckets"]
+
+_LOW63 = (1 << 63) - 1
+
+
+def home_buckets(
+    keys: torch.Tensor, capacity: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Home bucket (``(n,)`` int64) and digest (``(n,)`` uint8) of ``(n,)`` int64 ``keys`` in a
+    table of ``capacity`` slots and ``width``-slot buckets, on the keys' device: the rule of
+    :func:`demb_planner.home_slots` (``h = fmix64(u ^ TABLE_HASH_SEED)``, bucket ``(h %
+    capacity) // width``, digest ``1 + (h >> 56) % 127``) in int64 torch ops, the unsigned
+    ``h`` held in its int64 bits."""
+    seed = TABLE_HASH_SEED - (1 << 64) if TABLE_HASH_SEED >= 1 << 63 else TABLE_HASH_SEED
+    h = hash64(keys ^ seed)
+    half = (h >> 1) & _LOW63  # h // 2, unsigned
+    position = ((half % capacity) * 2 + (h & 1)) % capacity
+    digest = 1 + ((h >> 56) & 0xFF) % DIGEST_MODULUS
+    return torch.div(position, width, rounding_mode="floor"), digest.to(torch.uint8)
+
+
+def _repeats(values: torch.Tensor) -> torch.Tensor:
+    """Whether ``values`` holds a value twice (a ``()`` bool tensor, no sync)."""
+    ordered = torch.sort(values).values
+    return (ordered[1:] == ordered[:-1]).any()
+
+
+def _raise(
+    bad: list[bool],
+    keys: torch.Tensor,
+    slots: torch.Tensor,
+    bucket: torch.Tensor,
+    capacity: int,
+    width: int,
+) -> None:
+    """The error of the first failed check (``bad``: the flags of :meth:`SlotWrites.check`)."""
+    if bad[0]:
+        raise TableConfigError("keys", EMPTY_KEY, "the empty key cannot be written")
+    if bad[1]:
+        raise TableConfigError("keys", "repeated keys", "each key is written once")
+    if bad[2]:
+        out = slots[(slots < 0) | (slots >= capacity)]
+        raise TableConfigError("slot_index", int(out[0]), f"outside the table's {capacity} slots")
+    if bad[3]:
+        raise TableConfigError("slot_index", "repeated slots", "each slot is written once")
+    i = int(torch.nonzero(bucket != torch.div(slots, width, rounding_mode="floor"))[0, 0])
+    raise TableConfigError(
+        "slot_index",
+        int(slots[i]),
+        f"key {int(keys[i])} lives in bucket {int(bucket[i])} of a {capacity}-slot table with "
+        f"{width}-slot buckets, not in bucket {int(slots[i]) // width}",
+    )
 
 
 class SlotWrites:
@@ -56,7 +108,7 @@ class SlotWrites:
         cls, table: ScoredHashTable, table_id: int, keys: torch.Tensor, slots: torch.Tensor
     ) -> SlotWrites:
         """Validate writing ``(n,)`` int64 ``keys`` at ``(n,)`` int64 table-local ``slots``;
-        nothing is written.
+        nothing is written. The checks run on the index's device (one sync).
 
         Raises:
             TableConfigError: shapes or dtypes are wrong; a key is the empty key or repeated; a
@@ -70,35 +122,21 @@ class SlotWrites:
             raise TableConfigError(
                 "slots", tuple(slots.shape), f"must be 1-D like keys {tuple(keys.shape)}"
             )
-        k = keys.cpu().numpy()
-        s = slots.cpu().numpy()
-        if (k == EMPTY_KEY).any():
-            raise TableConfigError("keys", EMPTY_KEY, "the empty key cannot be written")
-        if np.unique(k).size != k.size:
-            raise TableConfigError("keys", "repeated keys", "each key is written once")
-        if s.size and (s.min() < 0 or s.max() >= capacity):
-            bad = int(s[(s < 0) | (s >= capacity)][0])
-            raise TableConfigError("slot_index", bad, f"outside the table's {capacity} slots")
-        if np.unique(s).size != s.size:
-            raise TableConfigError("slot_index", "repeated slots", "each slot is written once")
-        home = home_slots(k, capacity, width)
-        wrong = home.bucket != s // width
-        if wrong.any():
-            i = int(np.flatnonzero(wrong)[0])
-            raise TableConfigError(
-                "slot_index",
-                int(s[i]),
-                f"key {int(k[i])} lives in bucket {int(home.bucket[i])} of a {capacity}-slot "
-                f"table with {width}-slot buckets, not in bucket {int(s[i]) // width}",
-            )
         device = table.device
-        return cls(
-            table,
-            table_id,
-            torch.from_numpy(k).to(device),
-            torch.from_numpy(s).to(device),
-            torch.from_numpy(home.digest).to(device),
-        )
+        k = keys.to(device, non_blocking=True)
+        s = slots.to(device, non_blocking=True)
+        bucket, digest = home_buckets(k, capacity, width)
+        flags = torch.zeros(5, dtype=torch.bool, device=device)
+        if k.numel():
+            flags[0] = (k == EMPTY_KEY).any()
+            flags[1] = _repeats(k)
+            flags[2] = ((s < 0) | (s >= capacity)).any()
+            flags[3] = _repeats(s)
+            flags[4] = (bucket != torch.div(s, width, rounding_mode="floor")).any()
+        bad = flags.tolist()
+        if any(bad):
+            _raise(bad, k, s, bucket, capacity, width)
+        return cls(table, table_id, k, s, digest)
 
     def apply(self, words: torch.Tensor) -> torch.Tensor:
         """Write the keys at their slots with index score ``words`` (``(W, n)`` int64, the

@@ -6,7 +6,9 @@ balance`` the keys per rank of the two modulo routings; ``demb bench table``, ``
 ``io`` the hash table ops, the fused optimizer update and checkpoint I/O, each figure beside a
 baseline measured in the same run; ``demb bench fuzz`` reads back mutated checkpoints and
 deltas; ``demb bench soak`` memory over a long evicting training run beside eval forwards;
-``demb bench readspeed`` checkpoint reads of the current demb-io beside an older one."""
+``demb bench readspeed`` checkpoint reads of the current demb-io beside an older one; ``demb
+bench delta`` incremental dumps, their replay and the non-blocking dump beside copies of the
+same bytes."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from demb_torchrec.bench._parsers import (
+    add_delta_parser,
     add_fuzz_parser,
     add_io_parser,
     add_readspeed_parser,
@@ -254,6 +257,23 @@ def _bench_readspeed(args: argparse.Namespace) -> int:
     return _write_report(run(w), args)
 
 
+def _bench_delta(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.delta_bench import DeltaWorkload, run
+
+    device = _device(args)
+    cuda = device.type == "cuda"
+    w = DeltaWorkload(
+        scale=args.scale if args.scale is not None else (1.0 if cuda else 0.01),
+        touched=args.touched,
+        repeats=args.repeats if args.repeats is not None else (5 if cuda else 3),
+        load_factor=args.load_factor,
+        min_steps=args.min_steps,
+        directory=args.dir,
+        seed=args.seed,
+    )
+    return _write_report(run(w, device), args)
+
+
 def _bench_balance(args: argparse.Namespace) -> int:
     from demb_torchrec.bench.balance_bench import BalanceWorkload, run
 
@@ -330,6 +350,7 @@ def _parser() -> argparse.ArgumentParser:
     add_fuzz_parser(bench)
     add_soak_parser(bench)
     add_readspeed_parser(bench)
+    add_delta_parser(bench)
     return parser
 
 
@@ -409,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fuzz": _bench_fuzz,
             "soak": _bench_soak,
             "readspeed": _bench_readspeed,
+            "delta": _bench_delta,
         }
         return runs[args.bench](args)
     for name, value in environment_report():

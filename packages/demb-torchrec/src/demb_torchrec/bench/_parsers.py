@@ -1,5 +1,6 @@
-"""The argument parsers of ``demb bench io``, ``fuzz``, ``soak`` and ``readspeed`` (and the
-parser every ``demb bench`` subcommand starts from); imported by :mod:`demb_torchrec.cli`.
+"""The argument parsers of ``demb bench io``, ``fuzz``, ``soak``, ``readspeed`` and ``delta``
+(and the parser every ``demb bench`` subcommand starts from); imported by
+:mod:`demb_torchrec.cli`.
 No torch import: ``demb --help`` stays fast."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ if TYPE_CHECKING:
     _Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 __all__ = [
+    "add_delta_parser",
     "add_fuzz_parser",
     "add_io_parser",
     "add_readspeed_parser",
@@ -176,3 +178,45 @@ def add_readspeed_parser(bench: _Subparsers) -> None:
         default=5,
         help="timed verify calls per process, their median its time (5; warm cache)",
     )
+
+
+def add_delta_parser(bench: _Subparsers) -> None:
+    """``demb bench delta``."""
+    delta = bench_parser(
+        bench,
+        "delta",
+        "incremental_dump and replay_increment of a window of the reference workload's tables "
+        "beside D2H / H2D copies of the same bytes, and a non-blocking DynamicEmbDump (the "
+        "call beside a D2D copy of the tables; train steps during its write beside steps "
+        "before it); fails if a delta or a replay is not exact",
+        device=True,
+        scale="rows and samples times this (default 1 on a GPU: about 70 GB of GPU memory and "
+        "26 GB of disk; 0.01 on the CPU)",
+    )
+    delta.add_argument(
+        "--touched",
+        type=float,
+        default=0.10,
+        help="the share of each table's rows a window trains, then dumps (0.10)",
+    )
+    delta.add_argument(
+        "--repeats", type=int, help="timings of each figure (default 5 on a GPU, 3 on the CPU)"
+    )
+    delta.add_argument(
+        "--dir",
+        help="where the dumps' temporary folder goes (default: the system's temporary "
+        "folder); removed after",
+    )
+    delta.add_argument(
+        "--load-factor",
+        type=float,
+        default=0.8,
+        help="rows over slots of each filled table (0.8: 2,097,152 slots a table at scale 1)",
+    )
+    delta.add_argument(
+        "--min-steps",
+        type=int,
+        default=3,
+        help="train steps during each background write, at least (3)",
+    )
+    delta.add_argument("--seed", type=int, default=0, help="windows' and batches' seed (0)")

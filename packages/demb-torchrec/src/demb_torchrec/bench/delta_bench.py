@@ -1,0 +1,689 @@
+"""``demb bench delta``: incremental dumps, their replay, and the non-blocking full dump of the
+reference workload's tables, each beside the copy of the same bytes measured in the same run.
+
+The model is one :class:`~demb_torchrec.DynamicEmbeddingTables` of the reference workload's
+tables (:class:`~demb_torchrec.bench.workload.Workload` at ``scale``: 10 tables of
+``round(1,677,721 * scale)`` rows, D=128, float32, Adam, TIMESTAMP scores, NONE pooling), each
+of ``capacity`` slots (the rows at load factor ``load_factor``, rounded up to whole buckets of
+128), ``init_capacity = max_capacity``: no table grows during the run. Every row key is
+inserted first (the module bench's prefill); a replica of the same layout is built and filled
+the same way (once: replays are idempotent, each repeat replays into it again). Phases 1-2 run
+one untimed window first (warm-up: first calls, buffers touched), checked like the others.
+
+Figures (each one timed ``repeats`` times; median, min and max, beside its baseline timed as
+often in the same run, with ``median / baseline median`` and the issue's target):
+
+1. ``incremental_dump``: :func:`~demb_torchrec.get_score` is read, then training steps
+   (forward + backward, Adam) run over a window of ``touched`` of the rows of every table
+   (a random subset of the keys present, once each), then
+   :func:`~demb_torchrec.incremental_dump` with that threshold is timed. The dump must hold
+   exactly the window's keys (else :class:`DeltaCheckError`). Baseline: one copy of the same
+   bytes (keys, embeddings, optimizer state, scores and slots of the dumped rows) from a device
+   tensor into pinned host memory (CUDA; also into pageable memory, reported beside it: the
+   dump's own host tensors are pageable), or a host ``Tensor.copy_`` (CPU). Target <= 2x.
+2. ``replay_increment`` of that delta into the replica. Baseline: a copy of the same bytes from
+   pinned host memory to the device (CUDA), or a host ``Tensor.copy_`` (CPU). Target <= 2x.
+   After each replay the replica's rows above the threshold (keys, slots, scores, embeddings
+   and optimizer state) must equal the source's bit for bit, else :class:`DeltaCheckError`.
+3. ``DynamicEmbDump(dir, model, optim=True, blocking=False)`` into a folder under ``directory``
+   (the replica is freed first): (a) the seconds the call blocks its caller (until it
+   returns; also until the snapshot's copies are done, on CUDA), beside a device-to-device copy
+   of the bytes the snapshot copies (the index's keys, digests, score words and sizes and every
+   table's value rows, in chunks of 256 MiB; CPU: host copies). Target <= 2x. (b) the mean
+   training step (the reference workload's power-law batches; each step timed between
+   synchronizations of the current stream, which the write's side stream is not) of the steps
+   run until ``handle.done()`` (at least ``min_steps``), beside the mean of as many steps run
+   just before the call. Target <= 1.15x. Then ``handle.wait()`` and the checkpoint is
+   removed. One untimed dump runs first (warm-up; it sets how many steps precede the next).
+
+Memory (at ``scale`` 1.0 on CUDA, ``load_factor`` 0.8: 2,097,152 slots a table): each model
+holds 10 x 2,097,152 x (128 + 256) x 4 B = 32.2 GB of value rows plus 0.36 GB of index.
+Phases 1-2 hold both models (65.2 GB) plus the baselines' device buffer (the delta's bytes,
+2.6 GB; the dump and the replay take one table's rows at a time, 0.26 GB) and a training
+step's output and gradient (about 1 GB; the fill's forwards, 5.4 GB); phase 3 holds the
+model, the dump's snapshot (32.6 GB) and the training batches (about 2 GB): about 70 GB of GPU
+memory at the peak, one 80 GB H100.
+Host memory: the delta (2.6 GB) and the baselines' pinned and pageable buffers (2.6 GB each)
+and the background write's chunks. Disk: one checkpoint at a time under ``directory``, about
+10 x 1,677,721 x (8 + 1,536 + 8) B = 26 GB. On the CPU (default scale 0.01) all of it is
+about 1 GB of memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from demb_torchrec.batched_tables import DynamicEmbeddingTables
+from demb_torchrec.bench.compare import machine_info
+from demb_torchrec.bench.module_bench import prefill
+from demb_torchrec.bench.workload import Workload, make_batches, timed
+from demb_torchrec.dump import DynamicEmbDump
+from demb_torchrec.incremental import DeltaDumpResult, incremental_dump
+from demb_torchrec.options import (
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+from demb_torchrec.replay import replay_increment
+from demb_torchrec.scores import get_score
+
+__all__ = ["DeltaCheckError", "DeltaWorkload", "run"]
+
+_T = TypeVar("_T")
+_BUCKET = 128
+_COPY_CHUNK = 1 << 28  # bytes per copy of the snapshot baseline (256 MiB)
+_BATCHES = 4
+_GRAD = 1e-3
+_TARGET_COPY = 2.0
+_TARGET_STEP = 1.15
+_PRE_STEPS_MARGIN = 1.25  # steps before a dump: this times the previous dump's steps
+
+
+class DeltaCheckError(RuntimeError):
+    """An incremental dump that does not hold exactly the window's keys, or a replay whose rows
+    differ from the source's."""
+
+
+@dataclass(frozen=True)
+class DeltaWorkload:
+    """The reference workload's tables at ``scale``; a window of ``touched`` of each table's
+    rows per repeat; ``repeats`` timings of each figure."""
+
+    scale: float = 1.0
+    touched: float = 0.10
+    repeats: int = 5
+    load_factor: float = 0.8
+    """Rows over slots of each table when filled (its capacity: the rows over this, in whole
+    buckets of 128)."""
+    min_steps: int = 3
+    """Training steps run during a background write, at least."""
+    directory: str | None = None
+    """Where the dumps' temporary folder is made (default: the system's temporary folder)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("repeats", "min_steps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be a positive integer")
+        if not (isinstance(self.scale, float | int) and math.isfinite(self.scale)):
+            raise ValueError(f"scale={self.scale!r}: must be a finite number > 0")
+        if not self.scale > 0:
+            raise ValueError(f"scale={self.scale!r}: must be > 0")
+        if not 0 < self.touched <= 1:
+            raise ValueError(f"touched={self.touched!r}: must be in (0, 1]")
+        if not 0 < self.load_factor <= 1:
+            raise ValueError(f"load_factor={self.load_factor!r}: must be in (0, 1]")
+
+    @property
+    def reference(self) -> Workload:
+        """The reference workload at ``scale`` (NONE pooling, Adam)."""
+        return Workload(pooling="none", optimizer="adam").scaled(self.scale)
+
+    @property
+    def capacity(self) -> int:
+        """Slots of each table: its rows over ``load_factor``, in whole buckets."""
+        buckets = math.ceil(self.reference.rows / self.load_factor / _BUCKET)
+        return max(1, buckets) * _BUCKET
+
+    @property
+    def touched_rows(self) -> int:
+        """Keys of each table a window trains."""
+        return max(1, round(self.touched * self.reference.rows))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The workload as JSON fields."""
+        ref = self.reference
+        return {
+            **asdict(self),
+            "tables": ref.tables,
+            "dim": ref.dim,
+            "rows": ref.rows,
+            "samples": ref.samples,
+            "optimizer": ref.optimizer,
+            "score_strategy": "TIMESTAMP",
+            "capacity": self.capacity,
+            "touched_rows": self.touched_rows,
+        }
+
+
+# ------------------------------------------------------------------------------------ model
+def build(w: DeltaWorkload, device: torch.device) -> DynamicEmbeddingTables:
+    """The workload's tables, empty: ``capacity`` slots each from the start."""
+    ref = w.reference
+    options = [
+        DynamicEmbTableOptions(
+            dim=ref.dim,
+            max_capacity=w.capacity,
+            init_capacity=w.capacity,
+            bucket_capacity=_BUCKET,
+            score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,
+        )
+        for _ in range(ref.tables)
+    ]
+    return DynamicEmbeddingTables(
+        options,
+        pooling_mode=DynamicEmbPoolingMode.NONE,
+        device=device,
+        optimizer=ref.optimizer,
+        seed=w.seed,
+        learning_rate=0.01,
+    )
+
+
+def _present_keys(model: DynamicEmbeddingTables, rows: int) -> list[torch.Tensor]:
+    """Per table, the row keys ``[0, rows)`` it holds (a fill may have evicted a few)."""
+    keys = torch.arange(rows, device=model.device)
+    out = []
+    for t in range(model.num_tables):
+        ids = torch.full_like(keys, t)
+        out.append(keys[model.tables.find(keys, ids) >= 0])
+    return out
+
+
+def _train_on(model: DynamicEmbeddingTables, keys: list[torch.Tensor], samples: int) -> None:
+    """Training steps over ``keys`` (per table, as many each), ``samples`` keys of each table
+    a step, one id a bag: every key is trained once."""
+    model.train()
+    count = int(keys[0].numel())
+    for start in range(0, count, samples):
+        indices = torch.cat([k[start : start + samples] for k in keys])
+        offsets = torch.arange(indices.numel() + 1, device=model.device)
+        out = model(indices, offsets)
+        torch.autograd.backward([out], [torch.full_like(out, _GRAD)])
+
+
+def _delta_bytes(deltas: dict[str, DeltaDumpResult]) -> int:
+    """Bytes of the dumped rows: keys, embeddings, optimizer state, scores and slots."""
+    total = 0
+    for d in deltas.values():
+        for i in range(len(d.table_names)):
+            state = d.optimizer_states[i]
+            parts = [d.keys[i], d.values[i], d.scores[i], d.meta[i]["slot_index"]]
+            total += sum(p.numel() * p.element_size() for p in parts)
+            total += 0 if state is None else state.numel() * state.element_size()
+    return total
+
+
+def _check_delta(
+    deltas: dict[str, DeltaDumpResult], model: DynamicEmbeddingTables, window: list[torch.Tensor]
+) -> None:
+    """The delta holds exactly the window's keys of every table."""
+    d = deltas.get("model")
+    if d is None or d.table_names != model.table_names:
+        got = {c: r.table_names for c, r in deltas.items()}
+        raise DeltaCheckError(f"incremental_dump: tables {got}, expected {model.table_names}")
+    for i, name in enumerate(d.table_names):
+        got_keys = d.keys[i].sort().values
+        want = window[i].cpu().sort().values
+        if not torch.equal(got_keys, want):
+            raise DeltaCheckError(
+                f"incremental_dump: table {name}: {got_keys.numel()} keys dumped, not the "
+                f"{want.numel()} keys the window trained"
+            )
+
+
+def _check_replay(
+    source: DynamicEmbeddingTables,
+    replica: DynamicEmbeddingTables,
+    threshold: dict[str, dict[str, int]],
+) -> None:
+    """The replica's rows scored at or above the threshold equal the source's bit for bit:
+    keys, slots, score columns, embeddings and optimizer state."""
+    for t, name in enumerate(source.table_names):
+        score = threshold["model"][name]
+        a = source.tables.export(t, min_score=score)
+        b = replica.tables.export(t, min_score=score)
+        for field in ("keys", "slots", "scores", "values"):
+            x, y = getattr(a, field), getattr(b, field)
+            if x.shape != y.shape or not torch.equal(x, y):
+                raise DeltaCheckError(
+                    f"replay_increment: table {name}: the replica's {field} of the rows "
+                    f"replayed differ from the source's ({a.keys.numel()} source rows, "
+                    f"{b.keys.numel()} replica rows at or above the threshold)"
+                )
+
+
+def _timed_result(call: Callable[[], _T], device: torch.device) -> tuple[_T, float]:
+    """What ``call`` returns and the seconds it took (the device synchronized before and
+    after)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    out = call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return out, time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------------- baselines
+class _Copies:
+    """The copy baselines of the delta's bytes: device to host (pinned and pageable) and host
+    to device on CUDA, host to host on the CPU; buffers made once, touched before timing."""
+
+    def __init__(self, device: torch.device, nbytes: int) -> None:
+        self.device = device
+        self.nbytes = nbytes
+        cuda = device.type == "cuda"
+        self.dev = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        self.pinned = torch.ones(nbytes, dtype=torch.uint8, pin_memory=cuda)
+        self.pageable = torch.ones(nbytes, dtype=torch.uint8) if cuda else None
+
+    def d2h_pinned(self) -> float:
+        return timed(lambda: self.pinned.copy_(self.dev), self.device)
+
+    def d2h_pageable(self) -> float:
+        assert self.pageable is not None
+        pageable = self.pageable
+        return timed(lambda: pageable.copy_(self.dev), self.device)
+
+    def h2d_pinned(self) -> float:
+        return timed(lambda: self.dev.copy_(self.pinned), self.device)
+
+
+def _snapshot_tensors(model: DynamicEmbeddingTables) -> list[torch.Tensor]:
+    """What a dump's snapshot copies: the index's keys, digests, score words and sizes, and
+    every table's value rows (with optimizer state)."""
+    index = model.tables.index
+    return [index.keys, index.digests, index.scores, index.sizes, *model.tables.values]
+
+
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _copier(tensors: list[torch.Tensor], device: torch.device) -> Callable[[], None]:
+    """A copy of every byte of ``tensors`` on their device into one scratch buffer, 256 MiB
+    at a time."""
+    flat = [t.reshape(-1).view(torch.uint8) for t in tensors]
+    largest = max(f.numel() for f in flat)
+    scratch = torch.empty(min(largest, _COPY_CHUNK), dtype=torch.uint8, device=device)
+
+    def copy() -> None:
+        for f in flat:
+            for start in range(0, f.numel(), _COPY_CHUNK):
+                part = f[start : start + _COPY_CHUNK]
+                scratch[: part.numel()].copy_(part)
+
+    return copy
+
+
+# ----------------------------------------------------------------------------- the report
+def _stats(seconds: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(seconds),
+        "min": min(seconds),
+        "max": max(seconds),
+        "seconds": seconds,
+    }
+
+
+def _figure(
+    name: str,
+    seconds: list[float],
+    baseline_name: str,
+    baseline: list[float],
+    target: float | None,
+    nbytes: int | None,
+    unit: str = "s",
+) -> dict[str, Any]:
+    """One figure beside its baseline: each's median, min, max and samples; the ratio of the
+    medians; the target (None: reported for information)."""
+    figure = _stats(seconds)
+    base = _stats(baseline)
+    ratio = figure["median"] / base["median"] if base["median"] > 0 else math.inf
+    return {
+        "figure": name,
+        "unit": unit,
+        **figure,
+        "baseline_name": baseline_name,
+        "baseline": base,
+        "ratio": ratio,
+        "target": target,
+        "meets_target": None if target is None else ratio <= target,
+        "bytes": nbytes,
+    }
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g}"
+
+
+def _spread(stats: dict[str, Any]) -> str:
+    """``median (min-max) ms``."""
+    return f"{_ms(stats['median'])} ({_ms(stats['min'])}-{_ms(stats['max'])}) ms"
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.3g} GB"
+
+
+def _print(report: dict[str, Any]) -> None:
+    w = report["workload"]
+    print(
+        f"delta bench on {report['device']} ({report['machine'].get('gpu', 'host')}): "
+        f"{w['tables']} tables x {w['rows']:,} rows ({w['capacity']:,} slots), D={w['dim']}, "
+        f"{w['optimizer']}, {w['score_strategy']} scores; window {w['touched_rows']:,} rows "
+        f"a table; {w['repeats']} repeats (median, min-max)"
+    )
+    head = ("figure", "median (min-max)", "baseline", "ratio", "target", "meets")
+    rows = []
+    for f in report["figures"]:
+        met = f["meets_target"]
+        rows.append(
+            (
+                f["figure"],
+                _spread(f),
+                _spread(f["baseline"]),
+                f"{f['ratio']:.3g}x",
+                "-" if f["target"] is None else f"<= {f['target']:g}x",
+                "-" if met is None else ("yes" if met else "no"),
+            )
+        )
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, *rows]:
+        print(
+            f"  {r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  "
+            f"{r[3]:>{widths[3]}}  {r[4]:<{widths[4]}}  {r[5]}"
+        )
+    print("  baselines:")
+    for f in report["figures"]:
+        size = "" if f["bytes"] is None else f" ({_gb(f['bytes'])})"
+        print(f"    {f['figure']}: {f['baseline_name']}{size}")
+    write = report["background_write"]
+    print(
+        f"  background write: {_ms(statistics.median(write['seconds']))} ms median for "
+        f"{_gb(write['checkpoint_bytes'])} on disk; steps during it "
+        f"{write['steps_during']}, before it {write['steps_before']}"
+    )
+    c = report["checks"]
+    print(
+        f"  checks: {c['deltas']} deltas held exactly their window's keys; "
+        f"{c['replays']} replays equal to the source bit for bit"
+    )
+
+
+# -------------------------------------------------------------------------------- phases
+def _deltas_and_replays(
+    w: DeltaWorkload,
+    device: torch.device,
+    model: DynamicEmbeddingTables,
+    replica: DynamicEmbeddingTables,
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Phases 1 and 2: ``repeats`` windows, each dumped and replayed, beside the copies."""
+    ref = w.reference
+    present = _present_keys(model, ref.rows)
+    fewest = min(int(p.numel()) for p in present)
+    if fewest < w.touched_rows:
+        raise DeltaCheckError(
+            f"a table holds {fewest} of its {ref.rows} row keys after the fill, fewer than the "
+            f"window's {w.touched_rows}: lower --load-factor"
+        )
+    gen = torch.Generator().manual_seed(w.seed)
+    times: dict[str, list[float]] = {
+        k: [] for k in ("dump", "d2h_pinned", "d2h_pageable", "replay", "h2d_pinned")
+    }
+    copies: _Copies | None = None
+    nbytes = 0
+    for r in range(w.repeats + 1):  # the first: warm-up (checked, not timed)
+        timing = r > 0
+        picks = [torch.randperm(int(p.numel()), generator=gen)[: w.touched_rows] for p in present]
+        window = [p[i.to(p.device)] for p, i in zip(present, picks, strict=True)]
+        threshold = get_score(model)
+        assert threshold is not None
+        _train_on(model, window, ref.samples)
+        deltas, dump_s = _timed_result(partial(incremental_dump, model, threshold), device)
+        _check_delta(deltas, model, window)
+        nbytes = _delta_bytes(deltas)
+        if copies is None or copies.nbytes != nbytes:
+            copies = None  # the old buffers go before the new ones are made
+            copies = _Copies(device, nbytes)
+        _, replay_s = _timed_result(partial(replay_increment, replica, deltas), device)
+        _check_replay(model, replica, threshold)
+        del deltas
+        # on the CPU both copies are host to host (the "pinned" buffer is an ordinary one)
+        seconds = {"dump": dump_s, "replay": replay_s, "d2h_pinned": copies.d2h_pinned()}
+        if device.type == "cuda":
+            seconds["d2h_pageable"] = copies.d2h_pageable()
+        seconds["h2d_pinned"] = copies.h2d_pinned()
+        if timing:
+            for name, value in seconds.items():
+                times[name].append(value)
+    cuda = device.type == "cuda"
+    to_host = "D2H copy into pinned host memory" if cuda else "host memcpy (Tensor.copy_)"
+    to_dev = "H2D copy from pinned host memory" if cuda else "host memcpy (Tensor.copy_)"
+    what = "of the same bytes (keys, embeddings, optimizer state, scores, slots)"
+    figures = [
+        _figure(
+            "incremental_dump",
+            times["dump"],
+            f"{to_host} {what}",
+            times["d2h_pinned"],
+            _TARGET_COPY,
+            nbytes,
+        )
+    ]
+    if cuda:
+        figures.append(
+            _figure(
+                "incremental_dump (vs pageable)",
+                times["dump"],
+                f"D2H copy into pageable host memory {what}",
+                times["d2h_pageable"],
+                None,
+                nbytes,
+            )
+        )
+    figures.append(
+        _figure(
+            "replay_increment",
+            times["replay"],
+            f"{to_dev} {what}",
+            times["h2d_pinned"],
+            _TARGET_COPY,
+            nbytes,
+        )
+    )
+    return figures, {"deltas": w.repeats + 1, "replays": w.repeats + 1}
+
+
+def _stepper(
+    w: DeltaWorkload, device: torch.device, model: DynamicEmbeddingTables
+) -> Callable[[], float]:
+    """A timed training step (:func:`_stream_timed`) of the reference workload's next batch."""
+    ref = w.reference
+    batches = make_batches(ref, _BATCHES, device, w.seed + 1)
+    model.train()
+    with torch.no_grad():
+        grad = torch.full_like(model(*batches[0]), _GRAD)
+    turn = [0]
+
+    def step() -> None:
+        batch = batches[turn[0] % len(batches)]
+        turn[0] += 1
+        torch.autograd.backward([model(*batch)], [grad])
+
+    return lambda: _stream_timed(step, device)
+
+
+def _stream_timed(call: Callable[[], object], device: torch.device) -> float:
+    """Seconds ``call`` takes, the current stream synchronized before and after (not the
+    device: the background write's side stream is not waited for, as a training loop's
+    ``loss.item()`` does not wait for it)."""
+    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    if stream is not None:
+        stream.synchronize()
+    start = time.perf_counter()
+    call()
+    if stream is not None:
+        stream.synchronize()
+    return time.perf_counter() - start
+
+
+def _checkpoint_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _background_dumps(
+    w: DeltaWorkload, device: torch.device, model: DynamicEmbeddingTables, folder: Path
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Phase 3: a warm-up dump, then ``repeats`` non-blocking dumps, each with training steps
+    before it and during its background write."""
+    step = _stepper(w, device, model)
+    tensors = _snapshot_tensors(model)
+    table_bytes = _nbytes(tensors)
+    copy = _copier(tensors, device)
+    cuda = device.type == "cuda"
+    calls: list[float] = []
+    ready: list[float] = []
+    copies: list[float] = []
+    during: list[float] = []
+    before: list[float] = []
+    writes: list[float] = []
+    steps_during: list[int] = []
+    steps_before: list[int] = []
+    on_disk = 0
+    pre = 0
+    for r in range(w.repeats + 1):  # the first: warm-up
+        timed_run = r > 0
+        pre_times = [step() for _ in range(pre)]
+        copy_s = timed(copy, device)
+        path = folder / f"ckpt{r}"
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        handle = DynamicEmbDump(path, model, optim=True, blocking=False)
+        call_s = time.perf_counter() - t0
+        if cuda:  # the snapshot's copies are queued on the current stream
+            torch.cuda.current_stream(device).synchronize()
+        ready_s = time.perf_counter() - t0
+        step_times: list[float] = []
+        written: float | None = None  # when done() was first seen, between steps
+        while True:
+            if written is None and handle.done():
+                written = time.perf_counter() - t0
+            if written is not None and len(step_times) >= w.min_steps:
+                break
+            step_times.append(step())
+        handle.wait()
+        on_disk = _checkpoint_bytes(path)
+        shutil.rmtree(path)
+        m = len(step_times)
+        pre = max(w.min_steps, math.ceil(_PRE_STEPS_MARGIN * m))
+        if not timed_run:
+            continue
+        compared = pre_times[-m:]
+        calls.append(call_s)
+        ready.append(ready_s)
+        copies.append(copy_s)
+        during.append(statistics.fmean(step_times))
+        before.append(statistics.fmean(compared))
+        writes.append(written)
+        steps_during.append(m)
+        steps_before.append(len(compared))
+    memory = "D2D copy" if cuda else "host memcpy (Tensor.copy_)"
+    baseline = (
+        f"{memory} of the tables' bytes (index keys, digests, score words, sizes; value rows "
+        "with optimizer state), 256 MiB at a time"
+    )
+    figures = [
+        _figure(
+            "dump call (blocking=False) returns", calls, baseline, copies, _TARGET_COPY, table_bytes
+        ),
+    ]
+    if cuda:
+        figures.append(
+            _figure("dump call + snapshot copies done", ready, baseline, copies, None, table_bytes)
+        )
+    figures.append(
+        _figure(
+            "train step during the background write",
+            during,
+            "mean train step of as many steps just before the dump call (each timed between "
+            "synchronizations of the current stream)",
+            before,
+            _TARGET_STEP,
+            None,
+            unit="s/step",
+        )
+    )
+    info = {
+        "seconds": writes,
+        "checkpoint_bytes": on_disk,
+        "table_bytes": table_bytes,
+        "steps_during": steps_during,
+        "steps_before": steps_before,
+        "what": "seconds from the call until handle.done() was first seen (between steps)",
+    }
+    return figures, info
+
+
+def _quiet_torchrec_import() -> None:
+    """Import TorchRec (the dumps' table discovery does) with fbgemm_gpu's per-op notices
+    silenced, before anything is timed."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    try:
+        import demb_torchrec.lookup  # noqa: F401
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run(w: DeltaWorkload, device: torch.device) -> dict[str, Any]:
+    """Fill the model and its replica, time the three phases on ``device``, print the table
+    and return the report.
+
+    Raises:
+        DeltaCheckError: a delta that does not hold exactly its window's keys, or a replay
+            whose rows differ from the source's.
+    """
+    _quiet_torchrec_import()
+    torch.manual_seed(w.seed)
+    ref = w.reference
+    model = build(w, device)
+    prefill(model, ref)
+    replica = build(w, device)
+    prefill(replica, ref)
+    sizes = [model.tables.size(t) for t in range(model.num_tables)]
+    figures, checks = _deltas_and_replays(w, device, model, replica)
+    del replica
+    _release(device)
+    if w.directory is not None:
+        Path(w.directory).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="demb_delta_", dir=w.directory))
+    try:
+        dump_figures, write = _background_dumps(w, device, model, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    report: dict[str, Any] = {
+        "benchmark": "delta",
+        "device": str(device),
+        "machine": machine_info(device),
+        "workload": w.as_dict(),
+        "keys_after_fill": sizes,
+        "figures": figures + dump_figures,
+        "background_write": write,
+        "checks": checks,
+        "ratio": "figure median / baseline median (seconds); target: the issue's bound",
+    }
+    _print(report)
+    return report
