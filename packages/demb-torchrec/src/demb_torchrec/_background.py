@@ -1,7 +1,8 @@
 """A write that runs in a background thread and is finished by the caller: the handle of a
 non-blocking :func:`~demb_torchrec.DynamicEmbDump` (and of other writers that work the same way).
 
-The work is split in two: ``work`` runs in a thread of its own (writing files from a snapshot,
+The thread runs at a lower CPU priority than the threads that start it (Linux). The work is
+split in two: ``work`` runs in a thread of its own (writing files from a snapshot,
 say) and must not take part in collectives; ``finish`` runs in the caller's thread when it calls
 :meth:`DumpHandle.wait`, with the exception ``work`` raised (or None), and does what must happen
 in every rank's main thread (gathering errors, committing, barriers). A handle that is never
@@ -10,12 +11,17 @@ waited on never runs ``finish``: nothing is committed.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import traceback
 import warnings
 from collections.abc import Callable
 
 __all__ = ["DumpHandle"]
+
+_NICE = 10
+"""The background thread's nice value (Linux; 0 is the default, 19 the lowest priority)."""
 
 
 class DumpHandle:
@@ -51,6 +57,7 @@ class DumpHandle:
         self._thread.start()
 
     def _run(self) -> None:
+        _lower_priority()
         try:
             self._work()
         except BaseException as err:  # handed to finish, in the caller's thread
@@ -91,6 +98,13 @@ class DumpHandle:
                 ResourceWarning,
                 stacklevel=2,
             )
+
+
+def _lower_priority() -> None:
+    """Give the calling thread a lower CPU priority than the training thread (Linux: a
+    thread's own nice value; elsewhere nothing): the write yields the CPU to training steps."""
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _NICE)
 
 
 def _nothing() -> None:

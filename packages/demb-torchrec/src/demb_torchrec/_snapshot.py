@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from demb_kernels import table as ops
+from demb_kernels.memory import advise_huge_pages
 from demb_kernels.rows import gather_rows
 from demb_kernels.table import ScorePolicy, TableIndex
 from demb_storage import ScoredHashTable, TableExport
@@ -48,9 +49,9 @@ class TableSnapshot:
         with torch.no_grad():
             self.index: TableIndex = dataclasses.replace(
                 index,
-                keys=index.keys.clone(),
-                digests=index.digests.clone(),
-                scores=index.scores.clone(),
+                keys=_copy(index.keys),
+                digests=_copy(index.digests),
+                scores=_copy(index.scores),
                 sizes=index.sizes.clone(),
             )
             """The index as it was (a copy; its other tensors are never written)."""
@@ -64,7 +65,7 @@ class TableSnapshot:
                     torch.cuda.current_stream(self.device).synchronize()
                     synced = True
                 width = buf.shape[1] if state else self.configs[t].dim
-                self.values[t] = buf[:, :width].clone(memory_format=torch.contiguous_format)
+                self.values[t] = _copy(buf[:, :width])
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the snapshot owns (what a reader on another stream must keep alive)."""
@@ -107,6 +108,16 @@ class TableSnapshot:
         # the slots come from the copied index, whose capacity is the copied rows': in range
         rows = gather_rows(values, ex.slots.to(values.device), check=False)
         return TableExport(ex.keys, scores, ex.slots, rows)
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t``; on the CPU into memory asked to be backed by huge pages
+    before its first write (:func:`demb_kernels.memory.advise_huge_pages`): a fresh copy of
+    a big table otherwise spends more time faulting in 4 KiB pages than copying."""
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    if t.device.type == "cpu" and not t.is_pinned():
+        advise_huge_pages(out)
+    return out.copy_(t)
 
 
 def snapshots(

@@ -26,6 +26,7 @@ from demb_torchrec.bench._parsers import (
     add_fuzz_parser,
     add_io_parser,
     add_readspeed_parser,
+    add_retain_parser,
     add_soak_parser,
 )
 from demb_torchrec.bench._parsers import bench_parser as _bench_parser
@@ -257,6 +258,20 @@ def _bench_readspeed(args: argparse.Namespace) -> int:
     return _write_report(run(w), args)
 
 
+def _bench_retain(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.retain_bench import RetainWorkload, run
+
+    device = _device(args)
+    default = 1.0 if device.type == "cuda" else 0.01
+    w = RetainWorkload(
+        scale=args.scale if args.scale is not None else default,
+        steps=args.steps,
+        rounds=args.rounds,
+        warmup=args.warmup,
+    )
+    return _write_report(run(w, device), args)
+
+
 def _bench_delta(args: argparse.Namespace) -> int:
     from demb_torchrec.bench.delta_bench import DeltaWorkload, run
 
@@ -351,6 +366,7 @@ def _parser() -> argparse.ArgumentParser:
     add_soak_parser(bench)
     add_readspeed_parser(bench)
     add_delta_parser(bench)
+    add_retain_parser(bench)
     return parser
 
 
@@ -431,6 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "soak": _bench_soak,
             "readspeed": _bench_readspeed,
             "delta": _bench_delta,
+            "retain": _bench_retain,
         }
         return runs[args.bench](args)
     for name, value in environment_report():

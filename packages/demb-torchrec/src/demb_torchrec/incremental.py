@@ -118,12 +118,29 @@ def _check_dist(t: ModelTable) -> None:
         )
 
 
-def _table_rows(t: ModelTable, threshold: int, current: int) -> _Rows:
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the host: itself on the CPU; on CUDA a pinned copy, queued on the current
+    stream without waiting (the caller synchronizes before reading it)."""
+    if t.device.type == "cpu":
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return out.copy_(t, non_blocking=True)
+
+
+def _table_rows(t: ModelTable, threshold: int, current: int, ages: bool) -> _Rows:
+    """Table ``t``'s rows scored at least ``threshold`` on the host (queued: see
+    :func:`_host`), score columns as ages from ``current`` when ``ages`` (else raw). The
+    embeddings and the optimizer state are column views of one host copy of the rows."""
     tables = t.module.tables
     config = tables.configs[t.index]
     ex = tables.export(t.index, min_score=threshold)
-    values = ex.values.cpu()
     columns = tuple(c.name for c in config.score_layout.columns)
+    scores = ex.scores
+    if ages:
+        scores = scores.clone()
+        for c in age_columns(columns):
+            scores[:, c] = (current - scores[:, c]).clamp(0, current)
+    rows = _host(ex.values)
     evicted = tables.evicted_keys.pop(t.index) if config.retain_evicted else None
     erased, erased_slots = tables.erased_keys.pop_with_slots(t.index)
     capacity = tables.capacity(t.index)
@@ -138,11 +155,11 @@ def _table_rows(t: ModelTable, threshold: int, current: int) -> _Rows:
         "score_strategy": columns,
     }
     return _Rows(
-        keys=ex.keys.cpu(),
-        values=values[:, : config.dim].contiguous(),
-        state=values[:, config.dim :].contiguous() if config.state_dim else None,
-        raw_scores=ex.scores.cpu(),
-        slots=ex.slots.cpu(),
+        keys=_host(ex.keys),
+        values=rows[:, : config.dim] if config.state_dim else rows,
+        state=rows[:, config.dim :] if config.state_dim else None,
+        raw_scores=_host(scores),
+        slots=_host(ex.slots),
         erased=erased,
         erased_slots=erased_slots,
         evicted=evicted,
@@ -225,21 +242,30 @@ def incremental_dump(
     if pg is not None:  # every rank's last forward is done before any rank reads its clock
         dist.barrier(group=pg)
     currents = current_scores([t for t, _ in picked])
+    devices = {t.module.tables.device for t, _ in picked if t.module.tables.device.type == "cuda"}
     results: dict[str, DeltaDumpResult] = {}
     with torch.no_grad():
         for (t, threshold), current in zip(picked, currents, strict=True):
-            rows = _table_rows(t, threshold, current)
-            if pg is not None:
+            rows = _table_rows(t, threshold, current, ages=pg is None)
+            if pg is not None:  # the copies are read (pickled) now; ages from the raw scores
+                _synchronize(devices)
                 rows = _gathered(pg, t, rows)
+                rows.raw_scores = _with_ages(rows)
             result = results.setdefault(t.collection, DeltaDumpResult())
             result.table_names.append(t.name)
             result.keys.append(rows.keys)
             result.values.append(rows.values)
             result.optimizer_states.append(rows.state)
-            result.scores.append(_with_ages(rows))
+            result.scores.append(rows.raw_scores)
             result.erased_keys.append(rows.erased)
             result.evicted_keys.append(rows.evicted)
             result.meta.append(
                 {**rows.meta, "slot_index": rows.slots, "erased_slot_index": rows.erased_slots}
             )
+    _synchronize(devices)  # every queued host copy done
     return results
+
+
+def _synchronize(devices: set[torch.device]) -> None:
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()

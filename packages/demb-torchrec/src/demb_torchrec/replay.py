@@ -72,6 +72,8 @@ class _Plan:
     erased_slots: torch.Tensor | None
     current_score: int
     skipped: int
+    full_rows: bool = False
+    """Whether :attr:`values` holds whole rows (embedding and optimizer state)."""
 
 
 def _fail(where: str, field: str, why: str) -> ConfigError:
@@ -138,33 +140,66 @@ def _plan(t: ModelTable, delta: DeltaDumpResult, i: int, content: ReplayContent)
     if erased is None:
         erased = torch.zeros(0, dtype=torch.int64)
     _tensor(erased, where, "erased_keys", (int(erased.shape[0]),), torch.int64)
-    rank_of = owner_rank(keys.numpy(), t.world_size, t.dist_type)
-    mine = torch.from_numpy(rank_of == t.rank)
-    erased_mine = torch.from_numpy(owner_rank(erased.numpy(), t.world_size, t.dist_type) == t.rank)
+    mine = _owned(t, keys)
+    erased_mine = _owned(t, erased)
     freed = meta.get("erased_slot_index")
     if freed is not None:
         _tensor(freed, where, "erased_slot_index", tuple(erased.shape), torch.int64)
-        freed = freed[erased_mine]
+        freed = _take(freed, erased_mine)
         freed = freed[freed >= 0]
         capacity = t.module.tables.capacity(t.index)
         if freed.numel() and (int(freed.min()) < 0 or int(freed.max()) >= capacity):
             raise _fail(where, "erased_slot_index", f"a slot outside [0, {capacity})")
         freed = torch.unique(freed)
     try:
-        writes = SlotWrites.check(t.module.tables, t.index, keys[mine], meta["slot_index"][mine])
+        slots = _take(meta["slot_index"], mine)
+        writes = SlotWrites.check(t.module.tables, t.index, _take(keys, mine), slots)
     except TableConfigError as err:
         raise _fail(where, err.option, str(err)) from None
+    values = delta.values[i]
+    rows = _joined(values, state) if carry_state and state is not None else None
     return _Plan(
         table=t,
         writes=writes,
-        values=delta.values[i][mine],
-        state=state[mine] if carry_state and state is not None else None,
-        scores=delta.scores[i][mine] if ReplayContent.SCORE in content else None,
-        erased=erased[erased_mine],
+        values=_take(values, mine) if rows is None else _take(rows, mine),
+        state=None if rows is not None or not carry_state or state is None else _take(state, mine),
+        scores=_take(delta.scores[i], mine) if ReplayContent.SCORE in content else None,
+        erased=_take(erased, erased_mine),
         erased_slots=freed,
         current_score=int(meta["current_score"]),
-        skipped=n - int(mine.sum()),
+        skipped=0 if mine is None else n - int(mine.sum()),
+        full_rows=rows is not None,
     )
+
+
+def _owned(t: ModelTable, keys: torch.Tensor) -> torch.Tensor | None:
+    """``(n,)`` bool: the keys this rank owns; None when it owns them all."""
+    if t.world_size == 1:
+        return None
+    mine = torch.from_numpy(owner_rank(keys.cpu().numpy(), t.world_size, t.dist_type) == t.rank)
+    return None if bool(mine.all()) else mine
+
+
+def _take(x: torch.Tensor, mine: torch.Tensor | None) -> torch.Tensor:
+    return x if mine is None else x[mine.to(x.device)]
+
+
+def _joined(values: torch.Tensor, state: torch.Tensor) -> torch.Tensor | None:
+    """The ``(n, dim + state_dim)`` rows whose column views ``values`` and ``state`` are (as
+    :func:`~demb_torchrec.incremental_dump` returns them: no copy), else None."""
+    n, dim = values.shape
+    width = dim + state.shape[1]
+    adjacent = (
+        values.dtype == state.dtype
+        and values.device == state.device
+        and values.untyped_storage().data_ptr() == state.untyped_storage().data_ptr()
+        and values.stride() == (width, 1)
+        and state.stride() == (width, 1)
+        and state.storage_offset() == values.storage_offset() + dim
+    )
+    if not adjacent or n == 0:
+        return None
+    return values.as_strided((n, width), (width, 1))
 
 
 def _index_words(plan: _Plan, fresh: int) -> torch.Tensor:
@@ -174,7 +209,7 @@ def _index_words(plan: _Plan, fresh: int) -> torch.Tensor:
     t = plan.table
     tables = t.module.tables
     layout = tables.configs[t.index].score_layout
-    n = int(plan.values.shape[0])
+    n = int(plan.writes.keys.shape[0])
     words = torch.zeros((tables.index.score_words, n), dtype=torch.int64)
     if plan.scores is not None:
         scores = plan.scores.clone()
@@ -206,16 +241,18 @@ def _apply(plan: _Plan, fresh: int) -> ReplayStats:
         erased += clear_slots(tables, t.index, plan.erased_slots)
     taken_over = plan.writes.apply(_index_words(plan, fresh))
     slots = plan.writes.slots
-    rows = tables.read(t.index, slots).clone()
-    rows[:, : config.dim] = plan.values.to(rows.device, rows.dtype)
-    if config.state_dim:
-        if plan.state is not None:
-            rows[:, config.dim :] = plan.state.to(rows.device, rows.dtype)
-        else:  # a row another key held gets the initial state
-            initial = t.module.initial_states[t.index]
-            assert initial is not None
-            reset = taken_over.to(rows.device)
-            rows[reset, config.dim :] = initial.to(rows.device, rows.dtype)
+    buf = tables.values[t.index]
+    values = plan.values.to(buf.device, buf.dtype, non_blocking=True)
+    if plan.full_rows or not config.state_dim:
+        rows = values
+    elif plan.state is not None:
+        rows = torch.cat([values, plan.state.to(buf.device, buf.dtype, non_blocking=True)], 1)
+    else:  # the rows' own state; a row another key held gets the initial state
+        rows = tables.read(t.index, slots)
+        rows[:, : config.dim] = values
+        initial = t.module.initial_states[t.index]
+        assert initial is not None
+        rows[taken_over.to(rows.device), config.dim :] = initial.to(rows.device, rows.dtype)
     tables.write(t.index, slots, rows)
     return ReplayStats(upserted=int(slots.numel()), erased=erased, skipped=plan.skipped)
 

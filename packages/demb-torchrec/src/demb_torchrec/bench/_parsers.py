@@ -16,6 +16,7 @@ __all__ = [
     "add_fuzz_parser",
     "add_io_parser",
     "add_readspeed_parser",
+    "add_retain_parser",
     "add_soak_parser",
     "bench_parser",
 ]
@@ -220,3 +221,18 @@ def add_delta_parser(bench: _Subparsers) -> None:
         help="train steps during each background write, at least (3)",
     )
     delta.add_argument("--seed", type=int, default=0, help="windows' and batches' seed (0)")
+
+
+def add_retain_parser(bench: _Subparsers) -> None:
+    """``demb bench retain``."""
+    retain = bench_parser(
+        bench,
+        "retain",
+        "the train step of tables that evict every step: DISCARD beside the same step without "
+        "the retention hook, and RETAIN_KEY beside DISCARD",
+        device=True,
+        scale="rows and samples times this (default 1 on a GPU, 0.01 on the CPU)",
+    )
+    retain.add_argument("--steps", type=int, default=10, help="timed steps a round (10)")
+    retain.add_argument("--rounds", type=int, default=5, help="alternating rounds (5)")
+    retain.add_argument("--warmup", type=int, default=5, help="untimed steps first (5)")
