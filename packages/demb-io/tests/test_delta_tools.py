@@ -107,7 +107,7 @@ def make_delta(keys, erased, current, seed, table="t"):
         scores=np.stack([rng.integers(0, current + 1, n), rng.integers(0, 50, n)], 1).astype(
             np.int64
         ),
-        slots=rng.integers(0, 1024, n).astype(np.int64),
+        slots=keys % 1024,  # a key keeps its slot: no delta evicts another's key
         state=rng.standard_normal((n, STATE)).astype(np.float32),
         erased=np.asarray(erased, dtype=np.int64),
         evicted=rng.integers(0, 1000, 2).astype(np.int64),
@@ -541,3 +541,20 @@ def test_a_failed_delta_write_leaves_no_open_file_and_no_staging(tmp_path, monke
         gc.collect()
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_newer_row_at_an_older_rows_slot_supersedes_it_in_a_merge():
+    old = make_delta([1, 2], [], 100, 0)
+    new = make_delta([3], [], 200, 1)
+    new.slots[:] = old.slots[0]  # key 3 took key 1's slot: key 1 was evicted (unrecorded)
+    merged = merge_deltas([[old], [new]])[0]
+    assert sorted(merged.keys.tolist()) == [2, 3]
+    assert len(set(merged.slots.tolist())) == merged.keys.size
+
+
+def test_apply_removes_retained_evicted_keys_the_delta_does_not_write(tmp_path):
+    make_checkpoint(tmp_path / "c", [2, 4, 6], world=1)
+    delta = make_delta([6, 8], [], 9000, 0)
+    delta.evicted = np.array([2, 6], dtype=np.int64)  # 6 was evicted, then written again
+    apply_delta(tmp_path / "c", [delta], tmp_path / "out")
+    assert sorted(k for _, _, k in content(tmp_path / "out")) == [4, 6, 8]
