@@ -257,6 +257,7 @@ def _check_ranks(run_ranks: Callable[..., list[dict]], tmp_path: Path, device: s
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow
 def test_two_gloo_ranks_dump_in_the_background_while_training(run_ranks, tmp_path) -> None:
     _check_ranks(run_ranks, tmp_path, "cpu")
 
