@@ -66,6 +66,8 @@ from typing import Any, TypeVar
 import torch
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
+from demb_torchrec.bench._delta_baselines import Copies, copier, nbytes, snapshot_tensors
+from demb_torchrec.bench._delta_report import figure, print_report
 from demb_torchrec.bench.compare import machine_info
 from demb_torchrec.bench.module_bench import prefill
 from demb_torchrec.bench.workload import Workload, make_batches, timed
@@ -83,7 +85,6 @@ __all__ = ["DeltaCheckError", "DeltaWorkload", "run"]
 
 _T = TypeVar("_T")
 _BUCKET = 128
-_COPY_CHUNK = 1 << 28  # bytes per copy of the snapshot baseline (256 MiB)
 _BATCHES = 4
 _GRAD = 1e-3
 _TARGET_COPY = 2.0
@@ -268,153 +269,6 @@ def _timed_result(call: Callable[[], _T], device: torch.device) -> tuple[_T, flo
     return out, time.perf_counter() - start
 
 
-# ---------------------------------------------------------------------------- baselines
-class _Copies:
-    """The copy baselines of the delta's bytes: device to host (pinned and pageable) and host
-    to device on CUDA, host to host on the CPU; buffers made once, touched before timing."""
-
-    def __init__(self, device: torch.device, nbytes: int) -> None:
-        self.device = device
-        self.nbytes = nbytes
-        cuda = device.type == "cuda"
-        self.dev = torch.ones(nbytes, dtype=torch.uint8, device=device)
-        self.pinned = torch.ones(nbytes, dtype=torch.uint8, pin_memory=cuda)
-        self.pageable = torch.ones(nbytes, dtype=torch.uint8) if cuda else None
-
-    def d2h_pinned(self) -> float:
-        return timed(lambda: self.pinned.copy_(self.dev), self.device)
-
-    def d2h_pageable(self) -> float:
-        assert self.pageable is not None
-        pageable = self.pageable
-        return timed(lambda: pageable.copy_(self.dev), self.device)
-
-    def h2d_pinned(self) -> float:
-        return timed(lambda: self.dev.copy_(self.pinned), self.device)
-
-
-def _snapshot_tensors(model: DynamicEmbeddingTables) -> list[torch.Tensor]:
-    """What a dump's snapshot copies: the index's keys, digests, score words and sizes, and
-    every table's value rows (with optimizer state)."""
-    index = model.tables.index
-    return [index.keys, index.digests, index.scores, index.sizes, *model.tables.values]
-
-
-def _nbytes(tensors: list[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _copier(tensors: list[torch.Tensor], device: torch.device) -> Callable[[], None]:
-    """A copy of every byte of ``tensors`` on their device into one scratch buffer, 256 MiB
-    at a time."""
-    flat = [t.reshape(-1).view(torch.uint8) for t in tensors]
-    largest = max(f.numel() for f in flat)
-    scratch = torch.empty(min(largest, _COPY_CHUNK), dtype=torch.uint8, device=device)
-
-    def copy() -> None:
-        for f in flat:
-            for start in range(0, f.numel(), _COPY_CHUNK):
-                part = f[start : start + _COPY_CHUNK]
-                scratch[: part.numel()].copy_(part)
-
-    return copy
-
-
-# ----------------------------------------------------------------------------- the report
-def _stats(seconds: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(seconds),
-        "min": min(seconds),
-        "max": max(seconds),
-        "seconds": seconds,
-    }
-
-
-def _figure(
-    name: str,
-    seconds: list[float],
-    baseline_name: str,
-    baseline: list[float],
-    target: float | None,
-    nbytes: int | None,
-    unit: str = "s",
-) -> dict[str, Any]:
-    """One figure beside its baseline: each's median, min, max and samples; the ratio of the
-    medians; the target (None: reported for information)."""
-    figure = _stats(seconds)
-    base = _stats(baseline)
-    ratio = figure["median"] / base["median"] if base["median"] > 0 else math.inf
-    return {
-        "figure": name,
-        "unit": unit,
-        **figure,
-        "baseline_name": baseline_name,
-        "baseline": base,
-        "ratio": ratio,
-        "target": target,
-        "meets_target": None if target is None else ratio <= target,
-        "bytes": nbytes,
-    }
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.3g}"
-
-
-def _spread(stats: dict[str, Any]) -> str:
-    """``median (min-max) ms``."""
-    return f"{_ms(stats['median'])} ({_ms(stats['min'])}-{_ms(stats['max'])}) ms"
-
-
-def _gb(nbytes: int) -> str:
-    return f"{nbytes / 1e9:.3g} GB"
-
-
-def _print(report: dict[str, Any]) -> None:
-    w = report["workload"]
-    print(
-        f"delta bench on {report['device']} ({report['machine'].get('gpu', 'host')}): "
-        f"{w['tables']} tables x {w['rows']:,} rows ({w['capacity']:,} slots), D={w['dim']}, "
-        f"{w['optimizer']}, {w['score_strategy']} scores; window {w['touched_rows']:,} rows "
-        f"a table; {w['repeats']} repeats (median, min-max)"
-    )
-    head = ("figure", "median (min-max)", "baseline", "ratio", "target", "meets")
-    rows = []
-    for f in report["figures"]:
-        met = f["meets_target"]
-        rows.append(
-            (
-                f["figure"],
-                _spread(f),
-                _spread(f["baseline"]),
-                f"{f['ratio']:.3g}x",
-                "-" if f["target"] is None else f"<= {f['target']:g}x",
-                "-" if met is None else ("yes" if met else "no"),
-            )
-        )
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    for r in [head, *rows]:
-        print(
-            f"  {r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}  "
-            f"{r[3]:>{widths[3]}}  {r[4]:<{widths[4]}}  {r[5]}"
-        )
-    print("  baselines:")
-    for f in report["figures"]:
-        size = "" if f["bytes"] is None else f" ({_gb(f['bytes'])})"
-        print(f"    {f['figure']}: {f['baseline_name']}{size}")
-    write = report["background_write"]
-    print(
-        f"  background write: {_ms(statistics.median(write['seconds']))} ms median for "
-        f"{_gb(write['checkpoint_bytes'])} on disk; steps during it "
-        f"{write['steps_during']}, before it {write['steps_before']}"
-    )
-    c = report["checks"]
-    print(
-        f"  checks: {c['deltas']} deltas held exactly their window's keys; "
-        f"{c['replays']} replays equal to the source bit for bit"
-    )
-
-
 # -------------------------------------------------------------------------------- phases
 def _deltas_and_replays(
     w: DeltaWorkload,
@@ -435,7 +289,7 @@ def _deltas_and_replays(
     times: dict[str, list[float]] = {
         k: [] for k in ("dump", "d2h_pinned", "d2h_pageable", "replay", "h2d_pinned")
     }
-    copies: _Copies | None = None
+    copies: Copies | None = None
     nbytes = 0
     for r in range(w.repeats + 1):  # the first: warm-up (checked, not timed)
         timing = r > 0
@@ -449,7 +303,7 @@ def _deltas_and_replays(
         nbytes = _delta_bytes(deltas)
         if copies is None or copies.nbytes != nbytes:
             copies = None  # the old buffers go before the new ones are made
-            copies = _Copies(device, nbytes)
+            copies = Copies(device, nbytes)
         _, replay_s = _timed_result(partial(replay_increment, replica, deltas), device)
         _check_replay(model, replica, threshold)
         del deltas
@@ -466,7 +320,7 @@ def _deltas_and_replays(
     to_dev = "H2D copy from pinned host memory" if cuda else "host memcpy (Tensor.copy_)"
     what = "of the same bytes (keys, embeddings, optimizer state, scores, slots)"
     figures = [
-        _figure(
+        figure(
             "incremental_dump",
             times["dump"],
             f"{to_host} {what}",
@@ -477,7 +331,7 @@ def _deltas_and_replays(
     ]
     if cuda:
         figures.append(
-            _figure(
+            figure(
                 "incremental_dump (vs pageable)",
                 times["dump"],
                 f"D2H copy into pageable host memory {what}",
@@ -487,7 +341,7 @@ def _deltas_and_replays(
             )
         )
     figures.append(
-        _figure(
+        figure(
             "replay_increment",
             times["replay"],
             f"{to_dev} {what}",
@@ -542,9 +396,9 @@ def _background_dumps(
     """Phase 3: a warm-up dump, then ``repeats`` non-blocking dumps, each with training steps
     before it and during its background write."""
     step = _stepper(w, device, model)
-    tensors = _snapshot_tensors(model)
-    table_bytes = _nbytes(tensors)
-    copy = _copier(tensors, device)
+    tensors = snapshot_tensors(model)
+    table_bytes = nbytes(tensors)
+    copy = copier(tensors, device)
     cuda = device.type == "cuda"
     calls: list[float] = []
     ready: list[float] = []
@@ -599,16 +453,16 @@ def _background_dumps(
         "with optimizer state), 256 MiB at a time"
     )
     figures = [
-        _figure(
+        figure(
             "dump call (blocking=False) returns", calls, baseline, copies, _TARGET_COPY, table_bytes
         ),
     ]
     if cuda:
         figures.append(
-            _figure("dump call + snapshot copies done", ready, baseline, copies, None, table_bytes)
+            figure("dump call + snapshot copies done", ready, baseline, copies, None, table_bytes)
         )
     figures.append(
-        _figure(
+        figure(
             "train step during the background write",
             during,
             "mean train step of as many steps just before the dump call (each timed between "
@@ -685,5 +539,5 @@ def run(w: DeltaWorkload, device: torch.device) -> dict[str, Any]:
         "checks": checks,
         "ratio": "figure median / baseline median (seconds); target: the issue's bound",
     }
-    _print(report)
+    print_report(report)
     return report
