@@ -52,7 +52,7 @@ def _windows(a: Model, b: Model, windows: int, seed: int, erase_at: int = -1) ->
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@settings(max_examples=5, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(
     strategy=st.sampled_from([S.TIMESTAMP, S.STEP, (S.TIMESTAMP, S.LFU)]),
     retain=st.booleans(),
