@@ -237,7 +237,8 @@ def _apply(plan: _Plan, fresh: int) -> ReplayStats:
     if plan.erased.numel():
         ids = torch.full_like(plan.erased, t.index)
         erased = int((tables.erase(plan.erased.to(device), ids.to(device)) >= 0).sum())
-    if plan.erased_slots is not None:  # a key an erased one had evicted may still sit there
+    if plan.erased_slots is not None and plan.erased_slots.numel():
+        # a key an erased one had evicted may still sit there
         erased += clear_slots(tables, t.index, plan.erased_slots)
     taken_over = plan.writes.apply(_index_words(plan, fresh))
     slots = plan.writes.slots
