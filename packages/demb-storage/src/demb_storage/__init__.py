@@ -5,6 +5,7 @@
 """
 
 from demb_storage._errors import InsertFailedError, StorageError, TableConfigError
+from demb_storage._export import export_table
 from demb_storage._gated import find_or_insert_launched
 from demb_storage._retained import KeyBuffer
 from demb_storage.initializers import (
@@ -43,6 +44,7 @@ __all__ = [
     "TableConfigError",
     "TableExport",
     "clear_slots",
+    "export_table",
     "find_or_insert_launched",
     "initialize_rows",
     "new_rows_spec",

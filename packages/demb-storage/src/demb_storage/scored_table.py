@@ -23,6 +23,7 @@ from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 
 from demb_storage._errors import TableConfigError
+from demb_storage._export import export_table
 from demb_storage._failures import count_failed, raise_or_warn
 from demb_storage._no_eviction import retry_no_eviction
 from demb_storage._outcomes import EvictedRows, InsertOutcome, TableExport
@@ -385,12 +386,8 @@ class ScoredHashTable:
         range ``[begin, end)``; ``min_score`` filters on the first score column (for a compound
         strategy, its timestamp: what was touched since)."""
         layout = self.configs[self._table(table_id)].score_layout
-        filter_word = layout.index_words[0]
-        if layout.policy is ScorePolicy.TIMESTAMP_LFU:
-            filter_word = 1
-        ex = ops.export(self.index, table_id, begin, end, min_score, filter_word)
-        scores = ex.scores[list(layout.index_words)].t().contiguous()
-        return TableExport(ex.keys, scores, ex.slots, self.read(table_id, ex.slots))
+        values = self.values[table_id]
+        return export_table(self.index, layout, values, table_id, begin, end, min_score)
 
     def clear(self, table_id: int | None = None) -> None:
         """Empty one table or all; rows are zeroed (recorded evicted / erased keys stay)."""

@@ -16,11 +16,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
-from demb_kernels import table as ops
 from demb_kernels.memory import advise_huge_pages
-from demb_kernels.rows import gather_rows
-from demb_kernels.table import ScorePolicy, TableIndex
-from demb_storage import ScoredHashTable, TableExport
+from demb_kernels.table import TableIndex
+from demb_storage import ScoredHashTable, TableExport, export_table
 from demb_storage.options import TableConfig
 
 __all__ = ["TableSnapshot", "background_reads", "snapshots"]
@@ -100,14 +98,10 @@ class TableSnapshot:
         """
         values = self.values[table_id]
         layout = self.configs[table_id].score_layout
-        filter_word = layout.index_words[0]
-        if layout.policy is ScorePolicy.TIMESTAMP_LFU:
-            filter_word = 1
-        ex = ops.export(self.index, table_id, begin, end, min_score, filter_word)
-        scores = ex.scores[list(layout.index_words)].t().contiguous()
         # the slots come from the copied index, whose capacity is the copied rows': in range
-        rows = gather_rows(values, ex.slots.to(values.device), check=False)
-        return TableExport(ex.keys, scores, ex.slots, rows)
+        return export_table(
+            self.index, layout, values, table_id, begin, end, min_score, check=False
+        )
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:

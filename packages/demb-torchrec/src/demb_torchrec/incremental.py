@@ -135,11 +135,7 @@ def _table_rows(t: ModelTable, threshold: int, current: int, ages: bool) -> _Row
     config = tables.configs[t.index]
     ex = tables.export(t.index, min_score=threshold)
     columns = tuple(c.name for c in config.score_layout.columns)
-    scores = ex.scores
-    if ages:
-        scores = scores.clone()
-        for c in age_columns(columns):
-            scores[:, c] = (current - scores[:, c]).clamp(0, current)
+    scores = _aged(ex.scores, current, columns) if ages else ex.scores
     rows = _host(ex.values)
     evicted = tables.evicted_keys.pop(t.index) if config.retain_evicted else None
     erased, erased_slots = tables.erased_keys.pop_with_slots(t.index)
@@ -202,9 +198,14 @@ def _with_ages(rows: _Rows) -> torch.Tensor:
     """The score columns with TIMESTAMP columns as ages from this rank's current score. Rows of
     another rank whose clock runs ahead of this one's get age 0 (ranks of one host share the
     clock: a gathered dump reads the clocks after every rank's last forward)."""
-    scores = rows.raw_scores.clone()
-    current = int(rows.meta["current_score"])
-    for c in age_columns(rows.meta["score_strategy"]):
+    return _aged(rows.raw_scores, int(rows.meta["current_score"]), rows.meta["score_strategy"])
+
+
+def _aged(scores: torch.Tensor, current: int, columns: tuple[str, ...]) -> torch.Tensor:
+    """``(n, C)`` ``scores`` with the TIMESTAMP columns as ages ``current - score``, within
+    ``[0, current]`` (a copy; the other columns as they are)."""
+    scores = scores.clone()
+    for c in age_columns(columns):
         scores[:, c] = (current - scores[:, c]).clamp(0, current)
     return scores
 
