@@ -80,4 +80,5 @@ def find_or_insert_launched(
     table.record_evictions(tables, status, result.victim_keys[:unique])
     key_counts = launched.counts[:unique] if counts else None
     slots, status = retry_no_eviction(table, keys, tables, key_counts, args, slots, status)
+    table.outcomes.add(tables, status)
     return InsertOutcome(slots, status, None), words

@@ -26,6 +26,7 @@ from demb_storage._errors import TableConfigError
 from demb_storage._export import export_table
 from demb_storage._failures import count_failed, raise_or_warn
 from demb_storage._no_eviction import retry_no_eviction
+from demb_storage._outcome_counts import OutcomeCounts
 from demb_storage._outcomes import EvictedRows, InsertOutcome, TableExport
 from demb_storage._retained import KeyBuffer
 from demb_storage._scores import TIME_POLICIES, batch_scores, checked_scores, settled_clock
@@ -111,6 +112,8 @@ class ScoredHashTable:
         """Keys evicted by the inserts of tables with ``retain_evicted``."""
         self.erased_keys = KeyBuffer(self.num_tables)
         """Keys removed by :meth:`erase` calls that asked to record them, with their slots."""
+        self.outcomes = OutcomeCounts(self.num_tables, self.device)
+        """What inserts did per table (counted once enabled)."""
         self.counts_keys = any(
             layout.policy in (ScorePolicy.LFU, ScorePolicy.TIMESTAMP_LFU) for layout in layouts
         )
@@ -277,6 +280,7 @@ class ScoredHashTable:
             return InsertOutcome(slots, status, evicted, all_hit=True, rows=rows)
         self.record_evictions(table_ids, status, result.victim_keys)
         slots, status = retry_no_eviction(self, keys, table_ids, counts, args, slots, status)
+        self.outcomes.add(table_ids, status)
         if zero_new_rows:
             self._zero_new_rows(table_ids, slots, status)
         if count_failures:
@@ -310,6 +314,7 @@ class ScoredHashTable:
         self._grow_for(keys, table_ids)
         result = ops.insert_or_assign(self.index, keys, table_ids, scores)
         self.record_evictions(table_ids, result.status, result.victim_keys)
+        self.outcomes.add(table_ids, result.status)
         self._safe_check(table_ids, result.status)
         for t, rows in enumerate(values or []):
             if rows is None:

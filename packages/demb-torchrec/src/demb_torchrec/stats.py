@@ -1,0 +1,80 @@
+"""Per-table statistics of a model's dynamic tables on this rank: size, capacity, load factor,
+and what the inserts since the last read did (keys inserted, keys evicted, keys that found no
+slot). Insert outcomes are counted only once :func:`count_insert_outcomes` switched them on
+(a few small device ops per insert batch; nothing when off)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from torch import nn
+
+from demb_torchrec.model_tables import dynamic_tables
+
+__all__ = ["TableStats", "count_insert_outcomes", "table_stats"]
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """One dynamic table on this rank.
+
+    Attributes:
+        size: keys held.
+        capacity: slots (value rows) now.
+        load_factor: ``size / capacity``.
+        inserted: keys inserted into a free slot since the last read (0 unless counting).
+        evicted: keys inserted into an evicted key's slot since the last read (each evicted
+            one key).
+        failed: keys that found no slot since the last read.
+    """
+
+    size: int
+    capacity: int
+    load_factor: float
+    inserted: int
+    evicted: int
+    failed: int
+
+    def as_dict(self) -> dict[str, int | float]:
+        return asdict(self)
+
+
+def count_insert_outcomes(model: nn.Module, enabled: bool = True) -> None:
+    """Start (from zero) or stop counting the insert outcomes of every dynamic table of
+    ``model`` on this rank."""
+    seen: set[int] = set()
+    for t in dynamic_tables(model):
+        tables = t.module.tables
+        if id(tables) not in seen:
+            seen.add(id(tables))
+            tables.outcomes.enable(enabled)
+
+
+def table_stats(model: nn.Module, reset: bool = True) -> dict[str, dict[str, TableStats]]:
+    """``{collection: {table: TableStats}}`` of this rank's dynamic tables (a host sync per
+    fused group of tables).
+
+    Args:
+        reset: start the insert counts again from zero.
+    """
+    out: dict[str, dict[str, TableStats]] = {}
+    outcomes: dict[int, list[dict[str, int]]] = {}
+    sizes: dict[int, list[int]] = {}
+    for t in dynamic_tables(model):
+        tables = t.module.tables
+        key = id(tables)
+        if key not in outcomes:
+            outcomes[key] = tables.outcomes.read(reset=reset)
+            sizes[key] = tables.index.sizes.tolist()
+        size = sizes[key][t.index]
+        capacity = tables.capacity(t.index)
+        counts = outcomes[key][t.index]
+        out.setdefault(t.collection, {})[t.name] = TableStats(
+            size=size,
+            capacity=capacity,
+            load_factor=size / capacity if capacity else 0.0,
+            inserted=counts["inserted"],
+            evicted=counts["evicted"],
+            failed=counts["failed"],
+        )
+    return out
