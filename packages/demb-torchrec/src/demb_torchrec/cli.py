@@ -304,6 +304,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="demb", description="demb: dynamic embedding tables.")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("env", help="print the environment (also what a bare `demb` does)")
+    sub.add_parser("train", help="the main job: train a DLRM on dynamic tables (--help)")
+    sub.add_parser("serve", help="a replica following a training run's deltas (--help)")
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     module = _bench_parser(
         bench,
@@ -433,6 +435,10 @@ def _add_update_parser(bench: _Subparsers) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``demb``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("train", "serve"):  # their own parsers (their --help)
+        from demb_torchrec.train.cli import main_serve, main_train
+
+        return (main_train if argv[0] == "train" else main_serve)(argv[1:])
     args = _parser().parse_args(argv)
     args.argv = argv
     if args.command == "bench":
