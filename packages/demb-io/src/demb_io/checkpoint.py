@@ -81,7 +81,8 @@ class CheckpointWriter:
         return shard
 
     def write_shard(self, meta: ShardMeta, chunks: Iterable[ShardData]) -> ShardMeta:
-        """Write one table's shard from ``chunks`` (see :meth:`open_shard`).
+        """Write one table's shard from ``chunks`` (see :meth:`open_shard`; with
+        ``meta.slot_layout``, every chunk carries ``slots``).
 
         Raises:
             IoError: outside a ``with`` block, or the shard was written already.
@@ -173,13 +174,19 @@ class Checkpoint:
         expect_dim: int | None = None,
     ) -> ShardData:
         """All of a table's rows, every rank's shard concatenated in rank order
-        (``expect_dtype`` / ``expect_dim``: see :func:`demb_io.iter_shard`)."""
+        (``expect_dtype`` / ``expect_dim``: see :func:`demb_io.iter_shard`).
+
+        ``slots`` are returned only for a table of one shard that has them: a slot is local to
+        its rank's table, so the slots of several ranks, concatenated, would not say which
+        table each one is of (None then: read them per rank, with :meth:`iter_table` or
+        :func:`demb_io.read_shard`, beside each shard's ``slot_layout``).
+        """
         folder = self.path / collection
         parts = [
             read_shard(folder, m, verify=verify, expect_dtype=expect_dtype, expect_dim=expect_dim)
             for m in self.shards(collection, table)
         ]
-        return _concat(parts)
+        return _concat(parts, slots=len(parts) == 1)
 
     def iter_table(
         self,
@@ -231,7 +238,10 @@ def _check_ranks(folder: Path, metas: list[ShardMeta]) -> None:
         )
 
 
-def _concat(parts: list[ShardData]) -> ShardData:
+def _concat(parts: list[ShardData], *, slots: bool) -> ShardData:
+    """``parts``' rows (and admission counters) concatenated in order; an optional array only
+    when every part has it (``slots``: only if asked for, i.e. all parts are of one table)."""
+
     def cat(name: str) -> npt.NDArray[np.generic] | None:
         arrays = [getattr(p, name) for p in parts]
         if any(a is None for a in arrays):
@@ -245,4 +255,5 @@ def _concat(parts: list[ShardData]) -> ShardData:
         cat("state"),
         cat("admit_keys"),  # type: ignore[arg-type]
         cat("admit_counts"),  # type: ignore[arg-type]
+        cat("slots") if slots else None,  # type: ignore[arg-type]
     )

@@ -26,14 +26,16 @@ __all__ = [
     "ShardMeta",
     "read_meta",
     "shard_stem",
+    "slot_layout_problem",
 ]
 
 CHECKPOINT_FORMAT = "demb-checkpoint"
 FORMAT_VERSION = 1
 """The version this code writes; it reads this one and the legacy (unversioned) meta."""
 
-PARTS = ("keys", "values", "state", "scores", "admit_keys", "admit_counts")
-"""The files of a shard, by part name (``state`` and the admission parts are optional)."""
+PARTS = ("keys", "values", "state", "scores", "admit_keys", "admit_counts", "slots")
+"""The files of a shard, by part name (``state``, ``slots`` and the admission parts are
+optional)."""
 
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 SCORE_NAMES = ("TIMESTAMP", "STEP", "CUSTOMIZED", "LFU", "NO_EVICTION")
@@ -68,7 +70,7 @@ class ShardMeta:
     ``embedding_dtype``; ``state`` ``(rows, state_width)`` in ``optim_state_dtype`` (absent when
     ``state_width`` is 0); ``scores`` ``(rows, num_scores)`` int64 in ``score_strategy`` order;
     ``admit_keys`` / ``admit_counts`` ``(admission_rows,)`` int64 when ``admission_rows`` is not
-    None.
+    None; ``slots`` ``(rows,)`` int64 when ``slot_layout`` is not None.
     """
 
     collection: str
@@ -92,6 +94,12 @@ class ShardMeta:
     format_version: int = FORMAT_VERSION
     legacy: bool = False
     """Read from a meta without the dtype keys (values read as float32, width from the size)."""
+    slot_layout: tuple[int, int] | None = None
+    """``(capacity, bucket_capacity)`` of the table the shard was written from, exactly when the
+    shard has a ``slots`` part: row ``i``'s slot in that table, in ``[0, capacity)`` (buckets of
+    ``bucket_capacity`` slots; ``capacity`` a multiple of it). None: no slots (a meta written
+    without the key reads as None). A slot means something only to a table of this layout, and
+    only within this shard."""
 
     @property
     def num_scores(self) -> int:
@@ -109,6 +117,10 @@ class ShardMeta:
         d["format"] = CHECKPOINT_FORMAT
         d["score_strategy"] = list(self.score_strategy)
         d["num_scores"] = self.num_scores
+        if self.slot_layout is None:  # absent: a shard without slots stays readable by older
+            d.pop("slot_layout")  # readers, which refuse a key they do not know
+        else:
+            d["slot_layout"] = list(self.slot_layout)
         return json.dumps(d, indent=1, sort_keys=True)
 
 
@@ -200,6 +212,34 @@ def settings(d: dict[str, Any], path: Path, name: str, *, numbers_only: bool) ->
     return values
 
 
+def slot_layout_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as a :attr:`ShardMeta.slot_layout` (a pair of ints
+    ``(capacity, bucket_capacity)``, both >= 1, ``capacity`` a multiple of ``bucket_capacity``
+    and at most 2**62; a list counts as a pair, bools are not ints), or None when it is one."""
+    wanted = f"expected [capacity, bucket_capacity] (two ints), got {value!r}"
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        return wanted
+    capacity, bucket = value
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (capacity, bucket)):
+        return wanted
+    if not 1 <= capacity <= _MAX_COUNT or not 1 <= bucket <= _MAX_COUNT:
+        return f"capacity and bucket_capacity must be in [1, {_MAX_COUNT}], got {value!r}"
+    if capacity % bucket:
+        return f"capacity {capacity} is not a multiple of bucket_capacity {bucket}"
+    return None
+
+
+def _slot_layout(d: dict[str, Any], path: Path) -> tuple[int, int] | None:
+    """The meta's ``slot_layout`` (absent or null: None)."""
+    value = d.get("slot_layout")
+    if value is None:
+        return None
+    problem = slot_layout_problem(value)
+    if problem is not None:
+        raise FormatError(path, "slot_layout", problem)
+    return int(value[0]), int(value[1])
+
+
 def check_parts(
     path: Path, files: dict[str, FileEntry], optional: dict[str, tuple[str, bool]]
 ) -> None:
@@ -235,6 +275,8 @@ def _legacy_files(path: Path, stem: str) -> dict[str, FileEntry]:
     """A legacy meta's files: the standard names that exist beside it, sizes and CRCs unknown."""
     files = {}
     for part in PARTS:
+        if part == "slots":  # legacy metas predate slots: such a file is not theirs
+            continue
         name = f"{stem}.{part}"
         if (path.parent / name).exists():
             files[part] = FileEntry(name, None, None)
@@ -317,6 +359,7 @@ def read_meta(path: str | Path, data: bytes | None = None) -> ShardMeta:
     table = _field(d, path, "table", str)
     rows = _count(d, path, "rows") if "rows" in d or not legacy else -1
     files = _files(d, path, shard_stem(table, rank, world_size) if legacy else None)
+    slot_layout = None if legacy else _slot_layout(d, path)
     check_parts(  # a legacy meta's files are what lies beside it
         path,
         {} if legacy else files,
@@ -324,8 +367,11 @@ def read_meta(path: str | Path, data: bytes | None = None) -> ShardMeta:
             "state": ("state_width", bool(state_width)),
             "admit_keys": ("admission_rows", admission is not None),
             "admit_counts": ("admission_rows", admission is not None),
+            "slots": ("slot_layout", slot_layout is not None),
         },
     )
+    if slot_layout is not None and "slots" not in files:
+        raise FormatError(path, "files.slots", "missing, but slot_layout says the shard has slots")
     return ShardMeta(
         collection=_field(d, path, "collection", str),
         table=table,
@@ -345,4 +391,5 @@ def read_meta(path: str | Path, data: bytes | None = None) -> ShardMeta:
         files=files,
         format_version=version,
         legacy=legacy,
+        slot_layout=slot_layout,
     )

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +30,7 @@ from demb_io._files import (
 from demb_io._small import regular_size
 from demb_io._staging import write_synced
 from demb_io.dtypes import from_float32, storage_dtype, to_float32
-from demb_io.meta import FileEntry, ShardMeta, read_meta
+from demb_io.meta import FileEntry, ShardMeta, read_meta, slot_layout_problem
 
 __all__ = [
     "ShardData",
@@ -52,6 +54,9 @@ class ShardData:
         state: ``(n, state_width)`` optimizer state in ``optim_state_dtype``'s storage, or None.
         admit_keys / admit_counts: ``(m,)`` int64 admission counters, or None (a chunk may
             carry some of them; they are not aligned with the rows).
+        slots: ``(n,)`` int64, row ``i``'s slot in its source table, in ``[0, capacity)`` of
+            the meta's ``slot_layout``; None when the shard has no slots (given exactly when
+            the meta has a ``slot_layout``). A slot is local to its shard's table.
     """
 
     keys: npt.NDArray[np.int64]
@@ -60,16 +65,68 @@ class ShardData:
     state: npt.NDArray[np.generic] | None = None
     admit_keys: npt.NDArray[np.int64] | None = None
     admit_counts: npt.NDArray[np.int64] | None = None
+    slots: npt.NDArray[np.int64] | None = None
 
     @property
     def rows(self) -> int:
         return int(self.keys.shape[0])
 
 
+def _layout(meta: ShardMeta) -> dict[str, tuple[int, np.dtype[np.generic]]]:
+    """Per row-aligned part of the shard (:func:`~demb_io._files.row_layout`'s, and ``slots``
+    when the meta has a ``slot_layout``): values per row and storage dtype."""
+    layout = row_layout(meta)
+    if meta.slot_layout is not None:
+        layout["slots"] = (1, KEY)
+    return layout
+
+
+def _slots_outside(slots: npt.NDArray[np.generic], capacity: int, first_row: int = 0) -> str | None:
+    """The first slot of ``slots`` (int64, any shape; row ``first_row`` first) outside
+    ``[0, capacity)``, described, or None."""
+    flat = slots.reshape(-1).astype(np.int64, copy=False)
+    bad = np.flatnonzero((flat < 0) | (flat >= capacity))
+    if not bad.size:
+        return None
+    return f"row {first_row + int(bad[0])}'s slot {int(flat[bad[0]])} is outside [0, {capacity})"
+
+
+def _writer_meta(meta: ShardMeta) -> ShardMeta:
+    """``meta`` with its ``slot_layout`` as two Python ints (numpy or torch ints accepted).
+
+    Raises:
+        ValueError: a ``slot_layout`` that is not ``(capacity, bucket_capacity)``, both >= 1,
+            ``capacity`` a multiple of ``bucket_capacity``.
+    """
+    layout: object = meta.slot_layout
+    if layout is None:
+        return meta
+    if isinstance(layout, tuple | list) and len(layout) == 2:
+        with contextlib.suppress(TypeError):
+            if not any(isinstance(v, bool | np.bool_) for v in layout):
+                layout = (operator.index(layout[0]), operator.index(layout[1]))
+    problem = slot_layout_problem(layout)
+    if problem is not None:
+        raise ValueError(f"{meta.stem}: slot_layout: {problem}")
+    return dataclasses.replace(meta, slot_layout=cast("tuple[int, int]", layout))
+
+
 def _check_chunk(meta: ShardMeta, chunk: ShardData) -> None:
     if not meta.state_width and chunk.state is not None:
         raise ValueError(f"{meta.stem}: state given, but the meta's state_width is 0")
-    check_arrays(meta.stem, chunk, row_shapes(meta, chunk.rows))
+    if (chunk.slots is None) != (meta.slot_layout is None):
+        given = "given" if chunk.slots is not None else "missing"
+        raise ValueError(
+            f"{meta.stem}: slots {given}, but the meta's slot_layout is {meta.slot_layout}"
+        )
+    shapes = row_shapes(meta, chunk.rows)
+    if meta.slot_layout is not None:
+        shapes["slots"] = ((chunk.rows,), KEY)
+    check_arrays(meta.stem, chunk, shapes)
+    if meta.slot_layout is not None and chunk.slots is not None:
+        outside = _slots_outside(chunk.slots, meta.slot_layout[0])
+        if outside is not None:
+            raise ValueError(f"{meta.stem}: slots: {outside} (slot_layout {meta.slot_layout})")
     admission = (chunk.admit_keys, chunk.admit_counts)
     if (admission[0] is None) != (admission[1] is None) or (
         admission[0] is not None and meta.admission_rows is None
@@ -90,15 +147,22 @@ class ShardWriter:
     Args:
         directory: the collection's folder (exists).
         meta: the shard's description; ``rows``, ``admission_rows`` (if not None) and ``files``
-            are filled in from what was written.
+            are filled in from what was written. With a ``slot_layout``, every chunk carries
+            ``slots`` (written as the ``slots`` part); without, none does.
+
+    Raises:
+        ValueError: a ``slot_layout`` that is not ``(capacity, bucket_capacity)`` (both >= 1,
+            ``capacity`` a multiple of ``bucket_capacity``).
     """
 
     def __init__(self, directory: str | Path, meta: ShardMeta) -> None:
         self.directory = Path(directory)
-        self.meta = meta
+        self.meta = meta = _writer_meta(meta)
         parts = ["keys", "values", "scores"] + (["state"] if meta.state_width else [])
         if meta.admission_rows is not None:
             parts += ["admit_keys", "admit_counts"]
+        if meta.slot_layout is not None:
+            parts.append("slots")
         self._writers = {p: PartWriter(self.directory / f"{meta.stem}.{p}") for p in parts}
         self.rows = self.admitted = 0
         self.closed = False
@@ -109,7 +173,8 @@ class ShardWriter:
 
         Raises:
             ValueError: arrays that do not match the meta (the shard stays unfinished: no
-                meta is written for it).
+                meta is written for it): a wrong shape or dtype, ``slots`` given without the
+                meta's ``slot_layout`` or missing with it, a slot outside ``[0, capacity)``.
         """
         _check_chunk(self.meta, chunk)
         for p, w in self._writers.items():
@@ -158,11 +223,12 @@ class ShardWriter:
 
 
 def write_shard(directory: str | Path, meta: ShardMeta, chunks: Iterable[ShardData]) -> ShardMeta:
-    """Write a shard from ``chunks`` (see :class:`ShardWriter`); returns the meta as written.
+    """Write a shard from ``chunks`` (see :class:`ShardWriter`: ``slots`` in every chunk
+    exactly when ``meta.slot_layout`` is set); returns the meta as written.
 
     Raises:
         ValueError: a chunk whose arrays do not match ``meta`` (no meta is written then; the
-            caller's temporary directory drops the files).
+            caller's temporary directory drops the files), or a bad ``slot_layout``.
     """
     return ShardWriter(directory, meta).write_all(chunks)
 
@@ -192,7 +258,7 @@ def _resolve(directory: Path, meta: ShardMeta) -> ShardMeta:
 
 def _expected_sizes(meta: ShardMeta) -> dict[str, int]:
     """Each part's bytes, as the meta's rows and widths imply."""
-    expected = {p: meta.rows * w * int(dt.itemsize) for p, (w, dt) in row_layout(meta).items()}
+    expected = {p: meta.rows * w * int(dt.itemsize) for p, (w, dt) in _layout(meta).items()}
     if meta.admission_rows is not None:
         expected["admit_keys"] = expected["admit_counts"] = meta.admission_rows * 8
     return expected
@@ -248,7 +314,8 @@ def iter_shard(
     """The shard's rows in chunks of at most ``chunk_rows`` (memory: one chunk). Sizes are
     checked against the meta before the first chunk; with ``verify``, the CRC-32 of every
     block a chunk covers is checked before the chunk is yielded (the checks run on worker
-    threads beside the reads), so no unchecked byte is ever handed out.
+    threads beside the reads), so no unchecked byte is ever handed out. A shard with a
+    ``slots`` part gives each chunk's ``slots`` (each checked in ``[0, capacity)``), else None.
 
     Args:
         directory: the collection's folder.
@@ -265,7 +332,7 @@ def iter_shard(
 
     Raises:
         FormatError: a missing, truncated or corrupted file, naming it and the part; a stored
-            ``embedding_dim`` other than ``expect_dim``.
+            ``embedding_dim`` other than ``expect_dim``; a slot outside ``[0, capacity)``.
     """
     directory = Path(directory)
     if not isinstance(meta, ShardMeta):
@@ -289,7 +356,7 @@ def _chunks(
 ) -> Iterator[ShardData]:
     """iter_shard's chunks: each read, then held until the CRC-32 checks of the blocks it
     covers (running beside the reads) pass."""
-    widths = row_layout(meta)
+    widths = _layout(meta)
     admit_keys: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=KEY)
     admit_counts: npt.NDArray[np.generic] = np.zeros((0, 1), dtype=KEY)
     if meta.admission_rows is not None:
@@ -318,6 +385,12 @@ def _chunks(
             }
             for part, (w, dt) in widths.items():
                 checks.wait(part, (begin + count) * w * dt.itemsize)
+            slots = arrays.get("slots")
+            if slots is not None and meta.slot_layout is not None:
+                outside = _slots_outside(slots, meta.slot_layout[0], begin)
+                if outside is not None:
+                    path = _part_path(directory, meta, "slots")
+                    raise FormatError(path, "slots", f"{outside} (slot_layout {meta.slot_layout})")
             admission = first and meta.admission_rows is not None
             if convert is not None:
                 arrays["values"] = _convert(arrays["values"], meta.embedding_dtype, convert)
@@ -335,6 +408,7 @@ def _chunks(
                 admit_counts=admit_counts.reshape(-1).astype(np.int64, copy=False)
                 if admission
                 else None,
+                slots=None if slots is None else slots.reshape(count).astype(np.int64, copy=False),
             )
             first = False
 

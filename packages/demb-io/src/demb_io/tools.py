@@ -171,10 +171,12 @@ def _block(
 
 class _RoutedTable:
     """One table's new shards, open together: chunks are split by the ownership rule and
-    appended to their ranks' shards (memory: one chunk)."""
+    appended to their ranks' shards (memory: one chunk). The new shards have no slots
+    (``slot_layout`` None, no ``slots`` part, whatever the template's): a row routed to
+    another rank, or upserted, has no slot in the table it will be loaded into."""
 
     def __init__(self, writer: CheckpointWriter, template: ShardMeta, block: int | None) -> None:
-        self.template = template
+        self.template = template = dataclasses.replace(template, slot_layout=None)
         self.block = block
         self.shards = [
             writer.open_shard(dataclasses.replace(template, rank=rank))
@@ -220,7 +222,8 @@ def reshard(
 ) -> None:
     """Write ``source`` re-sharded over ``world_size`` ranks by ``dist_type`` (demb-planner's
     ownership rule) into ``target``, chunk by chunk (memory: one chunk); rows keep their source
-    order within each new rank.
+    order within each new rank. The output has no slots (``slot_layout`` None): a row's slot
+    belongs to the table of its source rank.
 
     Args:
         num_embeddings: for ``continuous``, the table size its block size comes from (default:
@@ -273,10 +276,13 @@ def apply_delta(
     chunk and the delta): per table, the erased keys removed, then the delta's rows upserted
     (timestamp ages turned back into scores: ``current_score - age``): a key the checkpoint
     holds keeps its place, a new one goes after the rank's rows, each on the rank the
-    checkpoint's ownership rule gives it. A checkpoint has no slots, so the key that took an
+    checkpoint's ownership rule gives it. Apply does not go by slots, so the key that took an
     evicted key's slot cannot overwrite it here: retained evicted keys the delta does not write
     again are removed like erased ones (evictions of tables that retain none are not known, and
     their keys stay). Tables of the delta that the checkpoint lacks are skipped with a warning.
+    The output has no slots (``slot_layout`` None; a checkpoint's slots are dropped), even for
+    tables the delta leaves alone (simplest and safe: a row the delta adds has no slot in the
+    checkpoint's table).
 
     Raises:
         LayoutError: a delta table whose dtype, dim, state or score columns differ from the

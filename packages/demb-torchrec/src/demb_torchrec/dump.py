@@ -45,7 +45,8 @@ __all__ = ["DumpHandle", "DynamicEmbDump", "DynamicEmbLoad", "dynamic_tables"]
 _CHUNK_SLOTS = 1 << 20
 
 
-def _meta(t: ModelTable, optim: bool) -> ShardMeta:
+def _meta(t: ModelTable, optim: bool, capacity: int) -> ShardMeta:
+    """The shard meta of table ``t`` with ``capacity`` slots (its rows carry their slots)."""
     config = t.module.tables.configs[t.index]
     layout = config.score_layout
     spec = t.module.optimizer
@@ -64,6 +65,7 @@ def _meta(t: ModelTable, optim: bool) -> ShardMeta:
         state_width=config.state_dim if optim else 0,
         hyper_parameters=spec.hyper_parameters(),
         num_embeddings=t.num_embeddings,
+        slot_layout=(capacity, t.module.tables.index.bucket_width_list[t.index]),
     )
 
 
@@ -96,6 +98,7 @@ def _shard_data(ex: TableExport, dim: int, optim: bool) -> ShardData:
         values=to_numpy(ex.values[:, :dim]),
         scores=to_numpy(ex.scores).astype(np.int64, copy=False),
         state=to_numpy(ex.values[:, dim:]) if optim and ex.values.shape[1] > dim else None,
+        slots=to_numpy(ex.slots).astype(np.int64, copy=False),
     )
 
 
@@ -260,7 +263,11 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
     if error is None:
         try:
             for t in tables:
-                _write_shard(staged / t.collection, _meta(t, optim), _chunks(t, optim))
+                _write_shard(
+                    staged / t.collection,
+                    _meta(t, optim, t.module.tables.capacity(t.index)),
+                    _chunks(t, optim),
+                )
         except Exception as err:  # every rank must reach the gather below
             error = err
     _finish(group, rank, staged, target, error)
@@ -292,7 +299,7 @@ def _dump_in_background(
 
     if error is None:
         try:
-            metas = [_meta(t, optim) for t in tables]
+            metas = [_meta(t, optim, t.module.tables.capacity(t.index)) for t in tables]
             snaps = snapshots([(t.module.tables, t.index) for t in tables], state=optim)
             jobs = [(id(t.module.tables), job(t, m)) for t, m in zip(tables, metas, strict=True)]
             return DumpHandle(background_reads(snaps, jobs), finish, name="demb-dump")

@@ -1,6 +1,9 @@
 """Model-level checkpoint loads (spec: ``DynamicEmbLoad``): a load reads every shard of a
 table, keeps the keys this rank owns under the model's own world size and ``dist_type``, and
-inserts them, so a checkpoint loads into any world size; it is all or nothing."""
+inserts them, so a checkpoint loads into any world size; it is all or nothing. Into an empty
+table of the checkpoint's own layout (capacity, bucket width, world size, ``dist_type``) each
+key goes back to the slot it was dumped from, so the table equals the dumped one slot for slot
+(and deltas taken after the dump replay onto it exactly)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from demb_io import Checkpoint, ShardData, ShardMeta, iter_shard
+from demb_io import Checkpoint, FormatError, ShardData, ShardMeta, iter_shard
 from demb_planner import owner_rank
+from demb_storage import SlotWrites, TableConfigError
 from torch import nn
 
 from demb_torchrec.errors import ConfigError
@@ -51,16 +55,36 @@ def _check_layout(t: ModelTable, meta: ShardMeta, optim: bool) -> None:
         )
 
 
+def _same_slots(t: ModelTable, metas: list[ShardMeta]) -> ShardMeta | None:
+    """This rank's shard when the checkpoint's slots apply to table ``t`` as it is now: it is
+    empty, and its capacity, bucket width, world size and ``dist_type`` are the checkpoint's
+    (so this rank's keys are exactly its shard's, each in its home bucket here too)."""
+    tables = t.module.tables
+    if tables.size(t.index) != 0:
+        return None
+    layout = (tables.capacity(t.index), tables.index.bucket_width_list[t.index])
+    mine = [m for m in metas if m.rank == t.rank]
+    if len(mine) != 1 or any(
+        m.slot_layout is None or tuple(m.slot_layout) != layout
+        or m.world_size != t.world_size or m.dist_type != t.dist_type
+        for m in metas
+    ):  # fmt: skip
+        return None
+    return mine[0]
+
+
 def _load_table(
     ckpt: Checkpoint, t: ModelTable, metas: list[ShardMeta], optim: bool, chunk_rows: int
 ) -> None:
-    """Insert the keys this rank owns from the table's shards ``metas`` (layout checked)."""
+    """Insert the keys this rank owns from the table's shards ``metas`` (layout checked); into
+    an empty table of the checkpoint's layout, at the slots they were dumped from."""
     tables = t.module.tables
     config = tables.configs[t.index]
     folder = ckpt.path / t.collection
     block = t.block_size()
     initial = t.module.initial_states[t.index]
-    for meta in metas:
+    own = _same_slots(t, metas)
+    for meta in [own] if own is not None else metas:
         for chunk in _iter(folder, meta, chunk_rows, dtype_name(config.dtype), config.dim):
             mine = owner_rank(chunk.keys, t.world_size, t.dist_type, block) == t.rank
             if not mine.any():
@@ -75,7 +99,43 @@ def _load_table(
                     assert initial is not None
                     state = initial.to(config.dtype).cpu().expand(rows.shape[0], -1)
                 rows = torch.cat([rows, state], dim=1)
-            assign_rows(t, keys, scores, rows)
+            if own is not None and chunk.slots is not None:
+                slots = torch.from_numpy(chunk.slots[mine]).to(tables.device)
+                _assign_at(t, keys, slots, scores, rows, folder)
+            else:
+                assign_rows(t, keys, scores, rows)
+
+
+def _index_words(t: ModelTable, keys: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``(W, n)`` index score words of ``(n, C)`` score columns (``score_strategy`` order)."""
+    tables = t.module.tables
+    layout = tables.configs[t.index].score_layout
+    width = tables.index.scores.shape[0]  # the index's words: its widest table's
+    words = torch.zeros((width, keys.numel()), dtype=torch.int64, device=keys.device)
+    for c, word in enumerate(layout.index_words):
+        words[word] = scores[:, c]
+    return words
+
+
+def _assign_at(
+    t: ModelTable,
+    keys: torch.Tensor,
+    slots: torch.Tensor,
+    scores: torch.Tensor,
+    rows: torch.Tensor,
+    folder: Path,
+) -> None:
+    """Write ``keys`` of table ``t`` at their ``slots`` (each checked against its key's home
+    bucket first) with their score columns and full rows."""
+    tables = t.module.tables
+    try:
+        writes = SlotWrites.check(tables, t.index, keys, slots)
+    except TableConfigError as err:
+        raise FormatError(
+            folder, "slots", f"table {t.name}: not slots of its keys in this layout ({err})"
+        ) from None
+    writes.apply(_index_words(t, keys, scores))
+    tables.write(t.index, writes.slots, rows)
 
 
 def assign_rows(
@@ -84,11 +144,7 @@ def assign_rows(
     """Insert or overwrite ``keys`` of table ``t`` with their ``(n, C)`` score columns (the
     table's ``score_strategy`` order) and full rows (embedding and optimizer state)."""
     tables = t.module.tables
-    layout = tables.configs[t.index].score_layout
-    width = tables.index.scores.shape[0]  # the index's words: its widest table's
-    words = torch.zeros((width, keys.numel()), dtype=torch.int64, device=keys.device)
-    for c, word in enumerate(layout.index_words):
-        words[word] = scores[:, c]
+    words = _index_words(t, keys, scores)
     values: list[torch.Tensor | None] = [None] * tables.num_tables
     values[t.index] = rows.to(tables.values[t.index].device)
     tables.insert_or_assign(keys, torch.full_like(keys, t.index), words, values)
