@@ -138,13 +138,7 @@ def train(
     for key, value in every.items():
         if value and value % int(t["log_every"]):
             raise ConfigError(f"online.{key}={value}: must be a multiple of train.log_every")
-    if every["ckpt_every"] and every["delta_every"] and every["ckpt_every"] % every["delta_every"]:
-        raise ConfigError(
-            f"online.ckpt_every={every['ckpt_every']}: must be a multiple of online.delta_every "
-            "(a checkpoint step also writes a full delta, where a resumed run starts)"
-        )
-    if resume and not every["delta_every"]:
-        raise ConfigError("--resume: the run must write deltas (online.delta_every > 0)")
+
     _slice(source.batch_size, rank)
     tm = build_model(settings, rank)
     count_insert_outcomes(tm.dmp)
@@ -206,8 +200,7 @@ def train(
                 sps=f"{rate:,.0f}",
             )
         if every["delta_every"] and done % every["delta_every"] == 0:
-            full = bool(every["ckpt_every"]) and done % every["ckpt_every"] == 0
-            threshold = _write_delta(tm, paths, done, threshold, full=full)
+            threshold = _write_delta(tm, paths, done, threshold)
         if (every["ckpt_every"] and done % every["ckpt_every"] == 0) or done == steps:
             _finish_ckpt(pending)
             pending = _checkpoint(tm, paths, done, threshold, settings, final=done == steps)
@@ -248,20 +241,20 @@ def _with_replica(records: list[dict[str, Any]], root: Path) -> list[dict[str, A
 
 
 def _write_delta(
-    tm: TrainModel, paths: OnlinePaths, step: int, threshold: Thresholds, *, full: bool
+    tm: TrainModel, paths: OnlinePaths, step: int, threshold: Thresholds
 ) -> Thresholds:
-    """Dump what changed since ``threshold`` (``full``: every key; gathered from every rank),
-    rank 0 writes it and the dense state; returns the next delta's threshold."""
+    """Dump what changed since ``threshold`` (gathered from every rank), rank 0 writes it and
+    the dense state; returns the next delta's threshold."""
     from demb_torchrec.delta_files import write_delta_dump
 
     rank = tm.rank
     pg = rank.group if rank.world_size > 1 else None
-    deltas = incremental_dump(tm.dmp, 0 if full else threshold, pg=pg)
+    deltas = incremental_dump(tm.dmp, threshold, pg=pg)
     nxt = table_threshold(tm.dmp)
     saved = paths.delta(step)
     if rank.first:
         write_delta_dump(saved.tables, deltas)
-        save_dense(saved.dense, dense_state(tm, step, nxt, full=full))
+        save_dense(saved.dense, dense_state(tm, step, nxt))
     return nxt
 
 
@@ -276,7 +269,7 @@ def _checkpoint(
     """A full dump at ``step``: blocking, or non-blocking (finished before the next one)."""
     rank = tm.rank
     saved = paths.ckpt(step)
-    state = dense_state(tm, step, threshold, full=False)
+    state = dense_state(tm, step, threshold)
     blocking = bool(settings["online"]["blocking_ckpt"]) or final
     if blocking:
         DynamicEmbDump(saved.tables, tm.dmp, optim=True, pg=rank.group)

@@ -1,15 +1,12 @@
-"""The online state of a ``demb train`` run: what a delta's dense file holds, the thresholds of
-incremental dumps, and putting a model back at the step of the last delta (a resumed run, a
-replica catching up).
+"""The online state of a ``demb train`` run: what the dense file beside a delta or a checkpoint
+holds, the thresholds of incremental dumps, and putting a model back at the step of the last
+delta (a resumed run, a replica catching up).
 
-A model is rebuilt from the delta chain: the last *full* delta (the one written at a
-checkpoint step, holding every key with its slot) or, without one, the first delta (which holds
-every key touched since the start), then every delta after it, each replayed with
-:func:`~demb_torchrec.replay_increment`. A replay writes each key at the slot it held in the
-source, so the rebuilt tables equal the source's slot for slot, and training goes on exactly
-as it did. (:func:`~demb_torchrec.DynamicEmbLoad` of a full checkpoint restores the same keys,
-rows and scores but not their slots, so evictions among equal scores could then pick other
-victims: a resumed run would not be bit for bit the same.)
+A model is rebuilt from the last complete checkpoint (:func:`~demb_torchrec.DynamicEmbLoad`
+puts every key back at the slot it was dumped from) and the deltas after it
+(:func:`~demb_torchrec.replay_increment` writes each key at its source slot), so its tables
+equal the source's slot for slot: evictions then pick the same victims, and a resumed run goes
+on exactly as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ import torch.distributed as dist
 
 from demb_torchrec.delta_files import read_delta_dump
 from demb_torchrec.errors import CheckpointError
+from demb_torchrec.load import DynamicEmbLoad
 from demb_torchrec.model_tables import dynamic_tables
 from demb_torchrec.replay import replay_increment
 from demb_torchrec.scores import get_score
@@ -55,14 +53,12 @@ def _modules(model: torch.nn.Module) -> list[Any]:
     return list(seen.values())
 
 
-def dense_state(tm: TrainModel, step: int, threshold: Thresholds, *, full: bool) -> dict[str, Any]:
+def dense_state(tm: TrainModel, step: int, threshold: Thresholds) -> dict[str, Any]:
     """Everything besides the tables' rows a run needs to go on from ``step``: the dense
     parameters and their optimizer's state, the tables' step counters (their STEP scores) and
-    update counts (Adam's bias correction), the next delta's threshold, and whether the delta
-    beside it is full."""
+    update counts (Adam's bias correction), and the next delta's threshold."""
     return {
         "step": step,
-        "full": full,
         "dense": {n: p.detach().cpu().clone() for n, p in _dense_named(tm)},
         "dense_opt": tm.dense_opt.state_dict(),
         "table_steps": [list(m.tables.steps) for m in _modules(tm.dmp)],
@@ -96,31 +92,29 @@ def apply_dense(tm: TrainModel, state: dict[str, Any], optimizer: bool) -> None:
         m.step_counts.copy_(updates)
 
 
-def _chain(paths: OnlinePaths) -> list[tuple[Saved, dict[str, Any]]]:
-    """The deltas to replay: from the last full one (else the first) to the last."""
-    found = [(d, load_dense(d.dense)) for d in paths.complete_deltas()]
-    start = 0
-    for i, (_, state) in enumerate(found):
-        if state.get("full"):
-            start = i
-    return found[start:]
-
-
 def rebuild(
     tm: TrainModel, paths: OnlinePaths, *, optimizer: bool = True
 ) -> tuple[int, dict[str, Any] | None]:
-    """Replay the delta chain into a freshly built model and load the last delta's dense state
-    (with its optimizer's state when ``optimizer``).
+    """Load the last complete checkpoint into a freshly built model (every key at its slot),
+    replay the deltas after it (without a checkpoint: every delta, the first holding every key
+    touched since the start), and load the last dense state read (with its optimizer's state
+    when ``optimizer``).
 
     Returns:
-        The step the model is at now (-1 when there was no delta) and the last dense state
-        read (None when there was no delta).
+        The step the model is at now (-1 when there was nothing) and the last dense state read
+        (None when there was nothing).
     """
     last: dict[str, Any] | None = None
     step = -1
-    for saved, state in _chain(paths):
+    ckpt = paths.last_ckpt()
+    if ckpt is not None:
+        last = load_dense(ckpt.dense)
+        DynamicEmbLoad(ckpt.tables, tm.dmp, optim=True, pg=tm.rank.group)
+        step = ckpt.step
+    for saved in paths.complete_deltas(after=step):
+        last = load_dense(saved.dense)
         replay_increment(tm.dmp, read_delta_dump(saved.tables))
-        last, step = state, saved.step
+        step = saved.step
     if last is not None:
         apply_dense(tm, last, optimizer)
     return step, last

@@ -5,13 +5,15 @@ Under the output directory::
     deltas/00000200.delta/   an incremental dump of the tables (demb-io delta format)
     deltas/00000200.pt       the dense part at that step (written after the delta: its presence
                              marks the delta complete)
-    ckpt/00000600.tables/    a full DynamicEmbDump (optim=True)
+    ckpt/00000600.tables/    a full DynamicEmbDump (optim=True; every key with its slot)
     ckpt/00000600.pt         the dense part at that step (written once the dump committed)
 
 A *dense state* (``.pt``) holds the step, the dense parameters and their optimizer's state, the
-tables' step counters, the next delta's threshold and the running metric sums: with the tables
-of the same step it is everything a resumed run needs to go on exactly as the uninterrupted run
-did. Every file is written to a temporary name and renamed: a killed run leaves whole files.
+tables' step counters and update counts, and the next delta's threshold: with the tables of
+the same step it is everything a resumed run needs to go on exactly as the uninterrupted run
+did (the metric windows are empty at those steps: deltas and checkpoints fall on report
+steps). Every file is written to a temporary name and renamed: a killed run leaves whole
+files.
 """
 
 from __future__ import annotations
