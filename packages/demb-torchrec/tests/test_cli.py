@@ -18,6 +18,7 @@ def test_cli_reports_the_environment(capsys):
     assert "device" in out
 
 
+@pytest.mark.slow  # the DLRM path runs by default in tests/train/test_train_job.py
 @pytest.mark.multiproc
 def test_bench_dlrm_writes_its_report(tmp_path):
     """``demb bench dlrm`` runs a rank process and writes the report (tiny sizes; no timing is
@@ -99,6 +100,7 @@ def test_dlrm_workload_names_a_bad_field(field, value):
         DlrmWorkload(**{field: value})
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_bench_balance_counts_the_keys_each_rank_holds(tmp_path):
     """``demb bench balance`` on 2 CPU ranks: keys that are all multiples of the world size go

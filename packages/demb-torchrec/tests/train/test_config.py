@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _job import run
 from demb_torchrec import ConfigError, DynamicEmbScoreStrategy, EvictedItemMode
+from demb_torchrec.train.cli import main_train
 from demb_torchrec.train.config import DEFAULTS, NOT_BUILT, load_settings, parse_override
 from demb_torchrec.train.model import table_options
 
@@ -73,13 +73,18 @@ def test_a_bad_file_and_a_bad_override_are_named(tmp_path: Path) -> None:
         parse_override("steps=3")
 
 
-def test_the_command_line_fails_before_training(tmp_path: Path) -> None:
-    done = run("--out", str(tmp_path), "--set", "tables.admit_strategy=1", timeout=120)
-    assert done.returncode == 2
-    assert "tables.admit_strategy" in done.stderr
-    assert "not built yet" in done.stderr
+def test_the_command_line_fails_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main_train(["--out", str(tmp_path), "--set", "tables.admit_strategy=1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "tables.admit_strategy" in err
+    assert "not built yet" in err
     assert not (tmp_path / "train.jsonl").exists()
-    helped = run("--help", timeout=120)
-    assert helped.returncode == 0
+    with pytest.raises(SystemExit) as exited:
+        main_train(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
     for text in ("--config", "--delta-every", "--resume", "[tables]", "score_strategy"):
-        assert text in helped.stdout
+        assert text in out
