@@ -170,7 +170,8 @@ def main_serve(argv: Sequence[str]) -> int:
         return 2
     last = result.evals[-1] if result.evals else None
     shown = f", AUC {last[1]:.4f} at step {last[0]}" if last else ""
-    print(f"demb serve: replica at step {result.step}, {len(result.evals)} evaluations{shown}")
+    if _first_rank():
+        print(f"demb serve: replica at step {result.step}, {len(result.evals)} evaluations{shown}")
     return 0
 
 
@@ -211,7 +212,8 @@ def _torchrun(world_size: int, argv: list[str]) -> int:
 
 
 def _start_replica(argv: Sequence[str]) -> subprocess.Popen[bytes]:
-    """``demb serve`` with the trainer's settings, in a process of its own (a group of one)."""
+    """``demb serve`` with the trainer's settings, in processes of its own: one, or as many as
+    the trainer's ranks through torchrun."""
     keep = []
     skip = False
     for a in argv:  # the trainer's own flags are not the replica's
@@ -227,5 +229,8 @@ def _start_replica(argv: Sequence[str]) -> subprocess.Popen[bytes]:
             continue
         keep.append(a)
     env = {k: v for k, v in os.environ.items() if k not in _RANK_ENV}
-    cmd = [sys.executable, "-m", "demb_torchrec.train", "serve", *keep]
-    return subprocess.Popen(cmd, env=env)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    launch = [sys.executable, "-m"]
+    if world > 1:  # as many ranks as the trainer: a delta's layout includes the world size
+        launch += ["torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m"]
+    return subprocess.Popen([*launch, "demb_torchrec.train", "serve", *keep], env=env)

@@ -1,14 +1,16 @@
 """``demb serve``: a replica that follows a training run's delta directory.
 
-It builds the run's model for evaluation, rebuilds its tables from the delta chain (the last
-full delta, then the deltas after it), then replays each new delta as it appears (with the
-dense part written beside it), evaluates at every step the trainer evaluated, and logs its AUC
-and its lag behind the trainer to ``replica.jsonl``. With ``follow`` it waits for new deltas
-until the trainer's ``DONE`` file says the run is over and every delta is replayed.
+It builds the run's model for evaluation, loads the last checkpoint and the deltas after it,
+then replays each new delta as it appears (with the dense part written beside it), evaluates
+at every step the trainer evaluated, and logs its AUC and its lag behind the trainer to
+``replica.jsonl`` (rank 0). With ``follow`` it waits for new deltas until the trainer's
+``DONE`` file says the run is over and every delta is replayed. It runs on as many ranks as
+the trainer (a delta's layout includes the world size): one process, or torchrun's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -49,14 +51,16 @@ def serve(
     tm = build_model(settings, rank)
     tm.dmp.eval()
     evals: list[tuple[int, float, float]] = []
-    with MetricsLog(paths.root / "replica.jsonl") as log:
+    log = MetricsLog(paths.root / "replica.jsonl") if rank.first else None
+    with log if log is not None else contextlib.nullcontext():
 
-        def report(step: int) -> None:
+        def report(step: int) -> None:  # collective: every rank evaluates its slice
             record = _record(tm, source, paths, step, int(settings["train"]["eval_every"]))
             if "auc" in record["replica"]:
                 r = record["replica"]
                 evals.append((step, r["auc"], r["logloss"]))
-            log.write(record)
+            if log is not None:
+                log.write(record)
 
         step, state = rebuild(tm, paths, optimizer=False)
         if state is not None:
