@@ -130,9 +130,12 @@ def test_two_ranks_through_torchrun_follow_the_one_rank_run(
     small_run: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "two"
-    done = run("--out", str(out), *SMALL, "--world-size", "2", timeout=400)
+    done = run("--out", str(out), *SMALL, "--world-size", "2", "--replica", timeout=400)
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = records(small_run), records(out)
+    replica = records(out, "replica.jsonl")[-1]  # two replica ranks, through torchrun too
+    assert replica["step"] == 120
+    assert replica["replica"]["auc"] == pytest.approx(two[-1]["eval"]["auc"], abs=1e-6)
     assert [r["step"] for r in two] == [r["step"] for r in one]
     for r1, r2 in zip(one, two, strict=True):
         assert r2["train"]["loss"] == pytest.approx(r1["train"]["loss"], rel=1e-5)
