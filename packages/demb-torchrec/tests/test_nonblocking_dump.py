@@ -26,7 +26,8 @@ from demb_torchrec import (
     DynamicEmbTableOptions,
 )
 from demb_torchrec import dump as dump_module
-from demb_torchrec.dump import DumpHandle
+from demb_torchrec._snapshot import _POOL
+from demb_torchrec.dump import DumpHandle, release_snapshot_memory
 from demb_torchrec.errors import CheckpointError
 from torch import nn
 
@@ -269,3 +270,26 @@ def test_two_gpus_dump_in_the_background_while_training(run_ranks, tmp_path) -> 
     if gpus < 2:
         pytest.skip(f"needs 2 GPUs, {gpus} visible")
     _check_ranks(run_ranks, tmp_path, "cuda")
+
+
+def test_later_dumps_copy_into_the_memory_of_earlier_ones(tmp_path: Path) -> None:
+    """On the CPU a finished dump's copy serves the next one: each dump still equals a
+    blocking dump taken at its call (the reused memory held the previous state), and
+    ``release_snapshot_memory`` frees it."""
+    model = Model()
+    _train(model, 30, seed=1)  # the user table has grown: its shape stays from now on
+    release_snapshot_memory()
+    before: list[int] = []
+    for i in range(3):
+        DynamicEmbDump(tmp_path / f"want{i}", model, optim=True)
+        handle = DynamicEmbDump(tmp_path / f"got{i}", model, optim=True, blocking=False)
+        _train(model, 4, seed=10 + i)  # changes the tables while (maybe) still writing
+        handle.wait()
+        assert_same_checkpoint(tmp_path / f"got{i}", tmp_path / f"want{i}")
+        kept = sorted(t.data_ptr() for ts in _POOL._free.values() for t in ts)
+        assert len(kept) == 6  # one dump's copies only: index keys, digests, scores, sizes, rows x2
+        if i > 0:  # the copies went into the previous dump's memory
+            assert kept == before
+        before = kept
+    assert release_snapshot_memory() > 0
+    assert release_snapshot_memory() == 0

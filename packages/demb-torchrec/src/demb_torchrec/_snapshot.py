@@ -12,6 +12,7 @@ every kernel queued before them. A reader on another stream must wait on that st
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 
@@ -21,7 +22,7 @@ from demb_kernels.table import TableIndex
 from demb_storage import ScoredHashTable, TableExport, export_table
 from demb_storage.options import TableConfig
 
-__all__ = ["TableSnapshot", "background_reads", "snapshots"]
+__all__ = ["TableSnapshot", "background_reads", "release_snapshot_memory", "snapshots"]
 
 
 class TableSnapshot:
@@ -50,7 +51,7 @@ class TableSnapshot:
                 keys=_copy(index.keys),
                 digests=_copy(index.digests),
                 scores=_copy(index.scores),
-                sizes=index.sizes.clone(),
+                sizes=_copy(index.sizes),
             )
             """The index as it was (a copy; its other tensors are never written)."""
             self.values: dict[int, torch.Tensor] = {}
@@ -104,13 +105,63 @@ class TableSnapshot:
         )
 
 
+class _HostPool:
+    """Host buffers of finished snapshots, kept for the next snapshot of the same shapes (a
+    fresh copy of a big table spends as long faulting in and zeroing its pages as copying; a
+    process that dumps every few minutes copies into the same memory each time, as the CUDA
+    caching allocator reuses device memory). :func:`release_snapshot_memory` frees them."""
+
+    def __init__(self) -> None:
+        self._free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        with self._lock:
+            found = self._free.get((shape, dtype))
+            return found.pop() if found else None
+
+    def keep(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Keep the host tensors of a finished dump, and only those (buffers of an earlier
+        dump not taken, of tables that have grown since, are let go)."""
+        free: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+        for t in tensors:
+            if t.device.type == "cpu" and not t.is_pinned():
+                free.setdefault((tuple(t.shape), t.dtype), []).append(t)
+        with self._lock:
+            self._free = free
+
+    def clear(self) -> int:
+        with self._lock:
+            freed = sum(t.numel() * t.element_size() for ts in self._free.values() for t in ts)
+            self._free.clear()
+            return freed
+
+
+_POOL = _HostPool()
+
+
+def release_snapshot_memory() -> int:
+    """Free the host memory kept from finished non-blocking dumps for the next one (CPU
+    tables; device memory stays with PyTorch's caching allocator, see
+    ``torch.cuda.empty_cache``).
+
+    Returns:
+        The bytes freed.
+    """
+    return _POOL.clear()
+
+
 def _copy(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of ``t``; on the CPU into memory asked to be backed by huge pages
-    before its first write (:func:`demb_kernels.memory.advise_huge_pages`): a fresh copy of
-    a big table otherwise spends more time faulting in 4 KiB pages than copying."""
-    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-    if t.device.type == "cpu" and not t.is_pinned():
-        advise_huge_pages(out)
+    """A contiguous copy of ``t``. On the CPU into a buffer kept from a finished snapshot of
+    the same shape, else into memory asked to be backed by huge pages before its first write
+    (:func:`demb_kernels.memory.advise_huge_pages`): a fresh copy of a big table otherwise
+    spends more time faulting in 4 KiB pages than copying."""
+    cpu = t.device.type == "cpu" and not t.is_pinned()
+    out = _POOL.take(tuple(t.shape), t.dtype) if cpu else None
+    if out is None:
+        out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        if cpu:
+            advise_huge_pages(out)
     return out.copy_(t)
 
 
@@ -166,6 +217,7 @@ def background_reads(
         finally:
             for side in sides.values():  # every read done before the copies are freed
                 side.synchronize()
+            _POOL.keep(t for snap in held.values() for t in snap.tensors())  # for the next
             held.clear()
 
     return work

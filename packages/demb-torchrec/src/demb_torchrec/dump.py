@@ -25,7 +25,12 @@ from demb_storage import TableExport
 from torch import nn
 
 from demb_torchrec._background import DumpHandle
-from demb_torchrec._snapshot import TableSnapshot, background_reads, snapshots
+from demb_torchrec._snapshot import (
+    TableSnapshot,
+    background_reads,
+    release_snapshot_memory,
+    snapshots,
+)
 from demb_torchrec.errors import CheckpointError
 from demb_torchrec.load import DynamicEmbLoad
 from demb_torchrec.model_tables import (
@@ -40,7 +45,13 @@ from demb_torchrec.model_tables import (
     to_numpy,
 )
 
-__all__ = ["DumpHandle", "DynamicEmbDump", "DynamicEmbLoad", "dynamic_tables"]
+__all__ = [
+    "DumpHandle",
+    "DynamicEmbDump",
+    "DynamicEmbLoad",
+    "dynamic_tables",
+    "release_snapshot_memory",
+]
 
 _CHUNK_SLOTS = 1 << 20
 
@@ -233,7 +244,9 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
     :class:`CheckpointError` when some rank failed. A second ``wait()`` returns at once (or
     raises the same error). A handle dropped without ``wait()`` commits nothing: the staging
     directory stays behind. The copy costs the tables' memory again until the thread is done
-    (without ``optim``, only the embedding columns of the value rows are copied).
+    (without ``optim``, only the embedding columns of the value rows are copied); on the CPU
+    that memory is then kept for the next non-blocking dump (the call copies into it instead of
+    into fresh pages) until :func:`release_snapshot_memory`.
 
     Args:
         path: the checkpoint directory (created or replaced).
