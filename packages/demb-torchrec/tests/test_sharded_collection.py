@@ -85,7 +85,8 @@ def reference_outputs(
     [
         (1, "roundrobin", "sgd"),
         (2, "roundrobin", "adam"),
-        (2, "hash_roundrobin", "sgd"),
+        # hash_roundrobin routing also runs by default in the replay and mixed-model rank tests
+        pytest.param(2, "hash_roundrobin", "sgd", marks=pytest.mark.slow),
         (2, "continuous", "sgd"),
         pytest.param(4, "continuous", "sgd", marks=pytest.mark.slow),
         (2, "roundrobin", "sgd-clip"),
@@ -107,7 +108,11 @@ def test_sharded_rows_equal_one_unsharded_module(run_ranks, world, dist_type, op
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("world", "kind", "optimizer"),
-    [(1, "ebc-sum", "sgd"), (2, "ebc-sum", "adam"), (2, "ebc-mean", "sgd")],
+    [
+        pytest.param(1, "ebc-sum", "sgd", marks=pytest.mark.slow),  # 1 rank: the train job test
+        (2, "ebc-sum", "adam"),
+        pytest.param(2, "ebc-mean", "sgd", marks=pytest.mark.slow),
+    ],
 )
 def test_sharded_bags_equal_one_unsharded_module(run_ranks, world, kind, optimizer):
     results = run_ranks(RANK_SCRIPT, world, "roundrobin", optimizer, kind)
