@@ -26,6 +26,7 @@ from demb_torchrec.model_tables import (
     dtype_name,
     dynamic_tables,
     from_numpy,
+    index_words,
     process_group,
     select_tables,
 )
@@ -106,17 +107,6 @@ def _load_table(
                 assign_rows(t, keys, scores, rows)
 
 
-def _index_words(t: ModelTable, keys: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """``(W, n)`` index score words of ``(n, C)`` score columns (``score_strategy`` order)."""
-    tables = t.module.tables
-    layout = tables.configs[t.index].score_layout
-    width = tables.index.scores.shape[0]  # the index's words: its widest table's
-    words = torch.zeros((width, keys.numel()), dtype=torch.int64, device=keys.device)
-    for c, word in enumerate(layout.index_words):
-        words[word] = scores[:, c]
-    return words
-
-
 def _assign_at(
     t: ModelTable,
     keys: torch.Tensor,
@@ -134,7 +124,7 @@ def _assign_at(
         raise FormatError(
             folder, "slots", f"table {t.name}: not slots of its keys in this layout ({err})"
         ) from None
-    writes.apply(_index_words(t, keys, scores))
+    writes.apply(index_words(t, scores))
     tables.write(t.index, writes.slots, rows)
 
 
@@ -144,7 +134,7 @@ def assign_rows(
     """Insert or overwrite ``keys`` of table ``t`` with their ``(n, C)`` score columns (the
     table's ``score_strategy`` order) and full rows (embedding and optimizer state)."""
     tables = t.module.tables
-    words = _index_words(t, keys, scores)
+    words = index_words(t, scores)
     values: list[torch.Tensor | None] = [None] * tables.num_tables
     values[t.index] = rows.to(tables.values[t.index].device)
     tables.insert_or_assign(keys, torch.full_like(keys, t.index), words, values)

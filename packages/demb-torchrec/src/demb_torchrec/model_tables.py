@@ -31,6 +31,7 @@ __all__ = [
     "dynamic_tables",
     "from_numpy",
     "gather_errors",
+    "index_words",
     "process_group",
     "select_tables",
     "to_numpy",
@@ -165,3 +166,16 @@ def from_numpy(a: npt.NDArray[np.generic], dtype: torch.dtype) -> torch.Tensor:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def index_words(t: ModelTable, scores: torch.Tensor) -> torch.Tensor:
+    """``(W, n)`` int64 index score words (the index's words: its widest table's) of table
+    ``t``'s ``(n, C)`` score columns in its ``score_strategy`` order, on their device."""
+    tables = t.module.tables
+    layout = tables.configs[t.index].score_layout
+    words = torch.zeros(
+        (tables.index.score_words, scores.shape[0]), dtype=torch.int64, device=scores.device
+    )
+    for c, word in enumerate(layout.index_words):
+        words[word] = scores[:, c]
+    return words

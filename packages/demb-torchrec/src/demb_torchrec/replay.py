@@ -24,7 +24,7 @@ from torch import nn
 
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.incremental import DeltaDumpResult, _check_dist, age_columns
-from demb_torchrec.model_tables import ModelTable, dynamic_tables
+from demb_torchrec.model_tables import ModelTable, dynamic_tables, index_words
 from demb_torchrec.scores import current_scores
 
 __all__ = ["ReplayContent", "ReplayStats", "replay_increment"]
@@ -209,15 +209,13 @@ def _index_words(plan: _Plan, fresh: int) -> torch.Tensor:
     t = plan.table
     tables = t.module.tables
     layout = tables.configs[t.index].score_layout
-    n = int(plan.writes.keys.shape[0])
-    words = torch.zeros((tables.index.score_words, n), dtype=torch.int64)
     if plan.scores is not None:
         scores = plan.scores.clone()
         for c in age_columns([c.name for c in layout.columns]):
             scores[:, c] = plan.current_score - scores[:, c]
-        for c, word in enumerate(layout.index_words):
-            words[word] = scores[:, c]
-        return words
+        return index_words(t, scores)
+    n = int(plan.writes.keys.shape[0])
+    words = torch.zeros((tables.index.score_words, n), dtype=torch.int64)
     policy = layout.policy
     if policy is ScorePolicy.LFU:
         words[0] = 1

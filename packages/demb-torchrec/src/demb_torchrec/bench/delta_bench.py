@@ -65,6 +65,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from demb_torchrec._quiet import quiet_import
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.bench._delta_baselines import Copies, copier, nbytes, snapshot_tensors
 from demb_torchrec.bench._delta_report import figure, print_report
@@ -484,18 +485,6 @@ def _background_dumps(
     return figures, info
 
 
-def _quiet_torchrec_import() -> None:
-    """Import TorchRec (the dumps' table discovery does) with fbgemm_gpu's per-op notices
-    silenced, before anything is timed."""
-    import logging
-
-    logging.disable(logging.WARNING)
-    try:
-        import demb_torchrec.lookup  # noqa: F401
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 def _release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -510,7 +499,7 @@ def run(w: DeltaWorkload, device: torch.device) -> dict[str, Any]:
         DeltaCheckError: a delta that does not hold exactly its window's keys, or a replay
             whose rows differ from the source's.
     """
-    _quiet_torchrec_import()
+    quiet_import()
     torch.manual_seed(w.seed)
     ref = w.reference
     model = build(w, device)

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from demb_torchrec._quiet import quiet_import
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.bench.compare import check_counts, machine_info
 from demb_torchrec.bench.module_bench import build, prefill
@@ -290,18 +291,6 @@ def _timed_steps(step: Callable[[], None], count: int, device: torch.device) -> 
     return time.perf_counter() - t0
 
 
-def _quiet_torchrec_import() -> None:
-    """Import TorchRec (the dump's table discovery does) with fbgemm_gpu's per-op notices
-    silenced, before any sample."""
-    import logging
-
-    logging.disable(logging.WARNING)
-    try:
-        import demb_torchrec.lookup  # noqa: F401
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 def _print(report: dict[str, Any]) -> None:
     metrics = report["metrics"]
     train, base = report["samples"]["train"], report["samples"]["eval"]
@@ -340,7 +329,7 @@ def _print(report: dict[str, Any]) -> None:
 def run(w: SoakWorkload, device: torch.device) -> dict[str, Any]:
     """Run the eval phase (the baseline), then the training phase, of ``w`` on ``device``;
     print the samples and the growth figures and return the report."""
-    _quiet_torchrec_import()
+    quiet_import()
     torch.manual_seed(w.seed)
     folder = Path(tempfile.mkdtemp(prefix="demb_soak_"))
     try:

@@ -123,7 +123,7 @@ def main_train(argv: Sequence[str]) -> int:
             _print_settings(settings)
             return 0
         if args.world_size and "RANK" not in os.environ:
-            return _torchrun(args.world_size, _without_world_size(argv))
+            return _torchrun(args.world_size, _without(argv))
         quiet_torchrec()
         from demb_torchrec.train.loop import train
 
@@ -186,51 +186,44 @@ def _print_settings(settings: Settings) -> None:
             print(f"  {key} = {value!r}")
 
 
-def _without_world_size(argv: Sequence[str]) -> list[str]:
+_TRAINER_ONLY = ("--resume", "--overwrite", "--replica", "--no-progress", "--print-config")
+"""Flags of ``demb train`` that a replica started beside it does not take."""
+
+
+def _without(argv: Sequence[str], flags: Sequence[str] = ()) -> list[str]:
+    """``argv`` without ``--world-size`` (and its value) and without ``flags``."""
     out: list[str] = []
     skip = False
     for a in argv:
         if skip:
             skip = False
-            continue
-        if a == "--world-size":
+        elif a == "--world-size":
             skip = True
-            continue
-        if a.startswith("--world-size="):
-            continue
-        out.append(a)
+        elif not (a.startswith("--world-size=") or a in flags):
+            out.append(a)
     return out
+
+
+def _launch(world_size: int, *, torchrun: bool = False) -> list[str]:
+    """The start of a command running ``-m <module>`` on ``world_size`` local ranks (through
+    torchrun when more than one, or when ``torchrun``)."""
+    launch = [sys.executable, "-m"]
+    if world_size > 1 or torchrun:
+        launch += [
+            "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}", "-m",
+        ]  # fmt: skip
+    return launch
 
 
 def _torchrun(world_size: int, argv: list[str]) -> int:
     """Run ``demb train argv`` on ``world_size`` local ranks through torchrun."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={world_size}", "-m", "demb_torchrec.train", *argv,
-    ]  # fmt: skip
-    return subprocess.call(cmd)
+    return subprocess.call([*_launch(world_size, torchrun=True), "demb_torchrec.train", *argv])
 
 
 def _start_replica(argv: Sequence[str]) -> subprocess.Popen[bytes]:
     """``demb serve`` with the trainer's settings, in processes of its own: one, or as many as
     the trainer's ranks through torchrun."""
-    keep = []
-    skip = False
-    for a in argv:  # the trainer's own flags are not the replica's
-        if skip:
-            skip = False
-            continue
-        if a in ("--world-size",):
-            skip = True
-            continue
-        if a in ("--resume", "--overwrite", "--replica", "--no-progress", "--print-config") or (
-            a.startswith("--world-size=")
-        ):
-            continue
-        keep.append(a)
+    keep = _without(argv, _TRAINER_ONLY)
     env = {k: v for k, v in os.environ.items() if k not in _RANK_ENV}
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    launch = [sys.executable, "-m"]
-    if world > 1:  # as many ranks as the trainer: a delta's layout includes the world size
-        launch += ["torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m"]
-    return subprocess.Popen([*launch, "demb_torchrec.train", "serve", *keep], env=env)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # a delta's layout includes the world size
+    return subprocess.Popen([*_launch(world), "demb_torchrec.train", "serve", *keep], env=env)

@@ -95,7 +95,7 @@ def _step(
     return loss.detach(), logits.detach()
 
 
-def _check_output(settings: Settings, paths: OnlinePaths, resume: bool, overwrite: bool) -> None:
+def _check_output(paths: OnlinePaths, resume: bool, overwrite: bool) -> None:
     used = (paths.root / "train.jsonl").exists() or paths.deltas.exists() or paths.ckpts.exists()
     if used and not (resume or overwrite):
         raise ConfigError(
@@ -124,7 +124,7 @@ def train(
     rank = init_rank()
     paths = OnlinePaths(settings.output)
     if rank.first:
-        _check_output(settings, paths, resume, overwrite)
+        _check_output(paths, resume, overwrite)
     source = make_source(settings)
     t = settings["train"]
     steps = int(t["steps"])
@@ -144,10 +144,9 @@ def train(
     count_insert_outcomes(tm.dmp)
     start, threshold = 0, table_threshold(tm.dmp)
     if resume:
-        start, threshold = restore(tm, paths, settings)
+        start, threshold = restore(tm, paths)
     elif rank.first and overwrite:
         paths.remove_after(-1)
-        (paths.root / DONE).unlink(missing_ok=True)
     if rank.world_size > 1:
         dist.barrier(group=rank.group)
     log: MetricsLog | None = None
@@ -202,9 +201,9 @@ def train(
         if every["delta_every"] and done % every["delta_every"] == 0:
             threshold = _write_delta(tm, paths, done, threshold)
         if (every["ckpt_every"] and done % every["ckpt_every"] == 0) or done == steps:
-            _finish_ckpt(pending)
+            _finish_ckpt(pending, rank.first)
             pending = _checkpoint(tm, paths, done, threshold, settings, final=done == steps)
-    _finish_ckpt(pending)
+    _finish_ckpt(pending, rank.first)
     bar.close()
     plots: list[Path] = []
     records = 0
@@ -280,13 +279,11 @@ def _checkpoint(
     return handle, saved.dense, state
 
 
-def _finish_ckpt(
-    pending: tuple[DumpHandle, Path, dict[str, Any]] | None,
-) -> None:
+def _finish_ckpt(pending: tuple[DumpHandle, Path, dict[str, Any]] | None, first: bool) -> None:
     """Wait for a non-blocking checkpoint, then write its dense state (rank 0)."""
     if pending is None:
         return
     handle, dense_path, state = pending
     handle.wait()
-    if dist.get_rank() == 0:
+    if first:
         save_dense(dense_path, state)

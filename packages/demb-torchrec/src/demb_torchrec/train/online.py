@@ -22,7 +22,6 @@ from demb_torchrec.load import DynamicEmbLoad
 from demb_torchrec.model_tables import dynamic_tables
 from demb_torchrec.replay import replay_increment
 from demb_torchrec.scores import get_score
-from demb_torchrec.train.config import Settings
 from demb_torchrec.train.model import TrainModel
 from demb_torchrec.train.state import OnlinePaths, Saved, load_dense
 
@@ -128,7 +127,7 @@ def replay_one(tm: TrainModel, saved: Saved, *, optimizer: bool = True) -> dict[
     return state
 
 
-def restore(tm: TrainModel, paths: OnlinePaths, settings: Settings) -> tuple[int, Thresholds]:
+def restore(tm: TrainModel, paths: OnlinePaths) -> tuple[int, Thresholds]:
     """Put a freshly built model back at the last complete delta's step (rank 0 then removes
     every later file a killed run left); returns that step and the next delta's threshold
     (step 0 and the model's own threshold when there is no delta yet)."""
