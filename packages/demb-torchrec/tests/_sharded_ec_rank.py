@@ -1,10 +1,11 @@
-"""One rank of test_sharded_collection.py: an EmbeddingCollection (KIND ``ec``) or an
-EmbeddingBagCollection (``ebc-sum``, ``ebc-mean``) of dynamic tables planned by
-DynamicEmbeddingShardingPlanner, sharded row-wise by the dynamic-table sharder under
-DistributedModelParallel over gloo, trained a few steps on this rank's batches; writes each
-step's outputs to OUT (per feature rows for ``ec``, the ``(B, sum of dims)`` bags otherwise),
-the ids each step's lookup received, and every table's keys and scores at the end (``ec``
-tables score LFU: deduplicated ids must still count every occurrence).
+"""One rank of test_sharded_collection.py: an EmbeddingCollection (KIND ``ec``; ``ec-admit``:
+with frequency admission, threshold 2) or an EmbeddingBagCollection (``ebc-sum``, ``ebc-mean``)
+of dynamic tables planned by DynamicEmbeddingShardingPlanner, sharded row-wise by the
+dynamic-table sharder under DistributedModelParallel over gloo, trained a few steps on this
+rank's batches; writes each step's outputs to OUT (per feature rows for ``ec``, the
+``(B, sum of dims)`` bags otherwise), the ids each step's lookup received, and every table's
+keys and scores at the end (``ec`` tables score LFU: deduplicated ids must still count every
+occurrence).
 
 Usage: ``python _sharded_ec_rank.py RANK WORLD STORE OUT DIST_TYPE OPTIMIZER KIND [DEVICE]``
 (DEVICE ``cuda``: rank ``r`` on GPU ``r`` over NCCL; outputs and tables saved on the CPU).
@@ -65,6 +66,8 @@ def main() -> None:
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
     model: torch.nn.Module
+    admit = kind == "ec-admit"  # ec with frequency admission on every table
+    kind = "ec" if admit else kind
     if kind == "ec":
         model = common.sequence_collection(TABLES)
         # sgd-clip: clipping knobs given through the sharder's fused params
@@ -79,8 +82,15 @@ def main() -> None:
     apply_optimizer_in_backward(opt_class, model.parameters(), kwargs)
     init = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
     strategy = DynamicEmbScoreStrategy.LFU if kind == "ec" else DynamicEmbScoreStrategy.STEP
+    extra: dict[str, Any] = {}
+    if admit:
+        from demb_torchrec import FrequencyAdmissionStrategy, KVCounter
+
+        extra["admit_strategy"] = FrequencyAdmissionStrategy(2, KVCounter(4096))
     constraints = {
-        n: common.dynamic(initializer_args=init, dist_type=dist_type, score_strategy=strategy)
+        n: common.dynamic(
+            initializer_args=init, dist_type=dist_type, score_strategy=strategy, **extra
+        )
         for n, _, _, _ in TABLES
     }
     dmp = common.shard(model, common.table_configs(model), constraints, [sharder], device)

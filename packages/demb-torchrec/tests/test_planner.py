@@ -210,3 +210,26 @@ def test_collective_plan_on_a_one_rank_group_equals_plan(tmp_path):
         assert sharding.dynamicemb_options.max_capacity == 3072  # one rank: all 3000 rows
     finally:
         dist.destroy_process_group()
+
+
+def test_storage_of_a_dynamic_shard_counts_its_admission_counter(registry):
+    """Frequency admission adds the counter's slots (key, digest, count) to every rank's
+    shard; probabilistic admission keeps no counter and adds nothing."""
+    from demb_torchrec import FrequencyAdmissionStrategy, KVCounter, ProbabilisticAdmissionStrategy
+
+    model = Model()
+    apply_optimizer_in_backward(trec_optim.SGD, model.ebc.parameters(), {"lr": 0.01})
+    counted = FrequencyAdmissionStrategy(2, KVCounter(1000, bucket_capacity=128))
+    constraints = {
+        "user": dynamic(admit_strategy=counted),
+        "item": ParameterConstraints(),
+        "query": dynamic(admit_strategy=ProbabilisticAdmissionStrategy(0.5)),
+    }
+    topology = Topology(world_size=2, compute_device="cpu")
+    DynamicEmbeddingShardingPlanner(model.configs(), topology, constraints=constraints)
+    enumerator = DynamicEmbeddingEnumerator(topology, 512, constraints)
+    storage = {o.name: o.shards[0].storage.ddr for o in enumerator.enumerate(model, SHARDERS)}
+    index = 8 + 1 + 8
+    for name, extra in (("user", 1024 * (8 + 1 + 8)), ("query", 0)):
+        slots = constraints[name].dynamicemb_options.max_capacity
+        assert storage[name] == slots * (16 * 4 + index) + extra, name

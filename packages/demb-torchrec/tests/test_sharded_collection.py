@@ -107,6 +107,32 @@ def test_sharded_rows_equal_one_unsharded_module(run_ranks, world, dist_type, op
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
+    ("world", "optimizer"),
+    [(1, "sgd"), (2, "adam"), pytest.param(4, "sgd", marks=pytest.mark.slow)],
+)
+def test_sharded_admission_equals_one_unsharded_module(run_ranks, world, optimizer):
+    """Frequency admission (threshold 2) on every table: each owner rank counts the keys it
+    receives with the frequencies the input dist's dedup carries, so the keys admitted, the rows
+    (rejected keys read their initial row and train nothing) and the LFU scores equal one
+    unsharded module's step for step."""
+    results = run_ranks(RANK_SCRIPT, world, "roundrobin", optimizer, "ec-admit")
+    assert results[0]["options"][0].admit_strategy is not None
+    ranks = _rank_module()
+    for f, (name, *_) in enumerate(ranks.TABLES):  # admission kept some keys out
+        sent = {
+            k
+            for step in range(ranks.STEPS)
+            for r in range(world)
+            for k in ranks.batch(step, r)[1][f].tolist()
+        }
+        held = {k for res in results for k in res["tables"][name][0].tolist()}
+        assert held < sent, name
+    exact = {"rtol": 0.0, "atol": 0.0} if world == 1 else {"rtol": 1e-6, "atol": 1e-7}
+    check_rows(results, world, optimizer, exact)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(
     ("world", "kind", "optimizer"),
     [
         pytest.param(1, "ebc-sum", "sgd", marks=pytest.mark.slow),  # 1 rank: the train job test

@@ -8,6 +8,23 @@ from demb_storage._errors import InsertFailedError, StorageError, TableConfigErr
 from demb_storage._export import export_table
 from demb_storage._gated import find_or_insert_launched
 from demb_storage._retained import KeyBuffer
+from demb_storage.admission import (
+    DEFAULT_COUNTER_CAPACITY,
+    AdmissionStrategy,
+    FrequencyAdmissionStrategy,
+    MultiTableAdmitter,
+    MultiTableFrequencyAdmitter,
+    MultiTableProbabilisticAdmitter,
+    ProbabilisticAdmissionStrategy,
+)
+from demb_storage.counter import (
+    AdmissionConfigError,
+    Counter,
+    CounterDataError,
+    KVCounter,
+    MemoryType,
+    MultiTableKVCounter,
+)
 from demb_storage.initializers import (
     InitializerArgs,
     InitializerMode,
@@ -27,13 +44,26 @@ from demb_storage.scored_table import EvictedRows, InsertOutcome, ScoredHashTabl
 from demb_storage.slot_writes import SlotWrites, clear_slots
 
 __all__ = [
+    "DEFAULT_COUNTER_CAPACITY",
     "VALUE_DTYPES",
+    "AdmissionConfigError",
+    "AdmissionStrategy",
+    "Counter",
+    "CounterDataError",
     "EvictedRows",
+    "FrequencyAdmissionStrategy",
     "InitializerArgs",
     "InitializerMode",
     "InsertFailedError",
     "InsertOutcome",
+    "KVCounter",
     "KeyBuffer",
+    "MemoryType",
+    "MultiTableAdmitter",
+    "MultiTableFrequencyAdmitter",
+    "MultiTableKVCounter",
+    "MultiTableProbabilisticAdmitter",
+    "ProbabilisticAdmissionStrategy",
     "SafeCheckMode",
     "ScoreLayout",
     "ScoreStrategy",

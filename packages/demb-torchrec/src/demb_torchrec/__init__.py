@@ -11,6 +11,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from demb_storage import (
+    AdmissionStrategy,
+    Counter,
+    FrequencyAdmissionStrategy,
+    KVCounter,
+    MemoryType,
+    MultiTableAdmitter,
+    MultiTableKVCounter,
+    ProbabilisticAdmissionStrategy,
+)
+
 from demb_torchrec import errors
 from demb_torchrec._args import optimizer_spec
 from demb_torchrec.batched_tables import BatchedDynamicEmbeddingTablesV2, DynamicEmbeddingTables
@@ -60,9 +71,11 @@ __all__ = [
     "BUCKET_ALIGNMENT",
     "FTRL",
     "MAX_BUCKET_CAPACITY",
+    "AdmissionStrategy",
     "BatchedDynamicEmbeddingTablesV2",
     "CheckpointError",
     "ConfigError",
+    "Counter",
     "DeltaDumpResult",
     "DembError",
     "DynamicEmbCheckMode",
@@ -83,14 +96,20 @@ __all__ = [
     "DynamicEmbeddingTables",
     "EvictedItemMode",
     "FormatError",
+    "FrequencyAdmissionStrategy",
     "InputError",
     "InputTypeError",
     "InsertFailedError",
     "IoError",
+    "KVCounter",
     "LayoutError",
+    "MemoryType",
+    "MultiTableAdmitter",
+    "MultiTableKVCounter",
     "NotSupportedError",
     "OptimizerConfigError",
     "PlannerConfigError",
+    "ProbabilisticAdmissionStrategy",
     "ReplayContent",
     "ReplayStats",
     "StorageError",

@@ -47,6 +47,8 @@ class FindOrInsert:
         """:data:`Found` for a checked batch."""
         s = self._state
         tables = s.tables
+        if s.admission is not None:
+            return self._admitted(bags)
         if self._launches and not tables.may_grow:
             launched = launched_find_or_insert(s, bags)
             if launched is not None:  # None: the dedup must sort on more key bits
@@ -66,6 +68,38 @@ class FindOrInsert:
             gather_rows=gather,
         )
         return self._initialize_new(batch, outcome)
+
+    def _admitted(self, bags: Bags) -> Found:
+        """:data:`Found` of a module with admission: the unique keys found first (no score
+        touched), the missing ones the admitters reject left out of find_or_insert (slot -1,
+        status HIT: nothing to initialize, no failure), their mask kept in
+        :attr:`ForwardState.rejected` for the paths' rows."""
+        s = self._state
+        tables = s.tables
+        assert s.admission is not None
+        scores = tables.next_score_args()
+        batch = dedup_bags(s, bags)
+        counts = batch.occurrence_counts()
+        missing = tables.find(batch.keys, batch.tables, check=False) < 0
+        rejected = s.admission.rejected(batch.keys, batch.tables, counts, missing)
+        s.rejected[0] = rejected
+        kept = (~rejected).nonzero().squeeze(1)
+        outcome = tables.find_or_insert(
+            batch.keys[kept],
+            batch.tables[kept],
+            counts=counts[kept],
+            zero_new_rows=False,
+            check=False,
+            count_failures=False,
+            score_args=scores,
+        )
+        slots = torch.full_like(batch.keys, -1)
+        slots[kept] = outcome.slots
+        status = torch.zeros_like(batch.keys)  # HIT
+        status[kept] = outcome.status
+        s.found_whole[0] = False
+        init_new_rows(s.tables.values, slots, batch.keys, batch.tables, status, s.new_rows)
+        return batch, slots, status, None
 
     def _initialize_new(self, batch: DedupedBatch, outcome: InsertOutcome) -> Found:
         """After a find_or_insert of ``batch``'s unique keys: :data:`Found`, the new rows (and

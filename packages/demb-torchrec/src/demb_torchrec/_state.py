@@ -5,7 +5,7 @@ module (the paths never import the module)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from demb_kernels.init_rows import NewRowsArgs
@@ -14,6 +14,9 @@ from demb_optim import OptimizerSpec
 from demb_storage import InitializerArgs, InitializerMode, ScoredHashTable
 
 from demb_torchrec.options import DynamicEmbPoolingMode
+
+if TYPE_CHECKING:
+    from demb_torchrec._admission import ModuleAdmission
 
 __all__ = ["Bags", "ForwardState", "is_zero"]
 
@@ -74,6 +77,11 @@ class ForwardState:
     """:func:`demb_kernels.init_rows.init_new_rows`' per-table arguments."""
     trigger: torch.Tensor
     """The zero-size tensor that requires grad: what wires a step's rows to its update."""
+    admission: ModuleAdmission | None = None
+    """The module's admitters, or None (every table admits every key)."""
+    rejected: list[torch.Tensor | None] = dataclasses.field(default_factory=lambda: [None])
+    """With admission, the last training batch's ``(U,)`` bool keys the admitters rejected
+    (set in place by the lookup, read by the path that makes the rows)."""
     key_bits: list[int] = dataclasses.field(default_factory=lambda: [64, 0])
     """The dedup's guesses: the low bits the keys differ in, and a radix that packs (table,
     key) in fewer sort passes (:func:`demb_kernels.launched.packed_radix`; 0: none)."""

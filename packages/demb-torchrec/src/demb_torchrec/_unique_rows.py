@@ -23,7 +23,7 @@ from demb_torchrec._pooling import bag_rows, pool, pool_uniform
 from demb_torchrec._state import Bags, ForwardState, is_zero
 from demb_torchrec.options import DynamicEmbPoolingMode
 
-__all__ = ["EvalMixedRows", "EvalUniformRows", "MixedRows", "UniformRows"]
+__all__ = ["EvalMixedRows", "EvalUniformRows", "MixedRows", "UniformRows", "fill_rejected"]
 
 _Trained = Callable[[ForwardState, DedupedBatch, torch.Tensor, torch.Tensor, Bags], torch.Tensor]
 """A wiring of a one-dim batch's ``(U, D)`` rows to the update, pooled: ``(state, batch,
@@ -67,6 +67,8 @@ class UniformRows(TrainRows):
         batch, slots, _, _ = found
         s = self._state
         whole = whole_rows(s, batch, slots, None, None)
+        if s.admission is not None:
+            fill_rejected(s, batch, batch.per_table(whole))
         if grad:
             return self._trained(s, batch, slots, whole, bags)
         return pool_uniform(whole, batch.inverse, bags, s.num_features, s.pooling_mode)
@@ -91,6 +93,8 @@ class MixedRows(TrainRows):
         batch, slots, _, _ = found
         s = self._state
         rows = rows_per_table(s, batch, slots, None, None, None)
+        if s.admission is not None:
+            fill_rejected(s, batch, rows)
         local = feature_index(s, batch)
         if grad:
             sources, local = self._trained(s, batch, slots, rows, local)
@@ -250,6 +254,26 @@ def _fill_missing(
     keys = batch.keys[b[t] : b[t + 1]]
     initialize_rows(fill, where, keys, s.dims[t], s.eval_args[t], s.seeds[t], check=False)
     rows.copy_(torch.where(missing[:, None], fill, rows))
+
+
+def fill_rejected(s: ForwardState, batch: DedupedBatch, rows: Rows) -> None:
+    """Per table, the rows (``rows[t]``: ``(U_t, D_t)`` float32, in place) of the keys the
+    admitters rejected in this batch (:attr:`ForwardState.rejected`) from their fill
+    initializer."""
+    rejected, admission = s.rejected[0], s.admission
+    if rejected is None or admission is None:
+        return
+    b = batch.table_bounds
+    for t in range(s.num_tables):
+        if b[t + 1] > b[t]:
+            admission.fill_rejected(
+                batch.keys[b[t] : b[t + 1]],
+                rejected[b[t] : b[t + 1]],
+                rows[t],
+                t,
+                s.dims[t],
+                s.seeds[t],
+            )
 
 
 def feature_index(s: ForwardState, batch: DedupedBatch) -> list[torch.Tensor]:

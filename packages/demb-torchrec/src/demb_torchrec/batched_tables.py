@@ -26,6 +26,7 @@ from demb_kernels.init_rows import new_rows_args
 from demb_kernels.lookup import status_count_tensor
 from demb_storage import ScoredHashTable, TableConfigError, new_rows_spec, table_seed
 
+from demb_torchrec._admission import admission_of
 from demb_torchrec._args import (
     batch_error,
     check_batch_args,
@@ -133,6 +134,16 @@ class DynamicEmbeddingTables(torch.nn.Module):
             for c in configs
         ]
         specs = [new_rows_spec(a, s) for a, s in zip(self.init_args, self.seeds, strict=True)]
+        self.admission = admission_of(
+            [o.admit_strategy for o in options],
+            [o.admission_counter for o in options],
+            names,
+            self.init_args,
+            [c.max_capacity for c in configs],
+            self.device,
+        )
+        """The tables' admitters (:mod:`demb_torchrec._admission`), or None: every key is
+        admitted."""
         self.step_counts = torch.zeros(len(configs), dtype=torch.int64)
         """``(T,)`` int64 on the CPU: each table's updates so far (Adam's bias correction)."""
         self.sums_workspace: torch.Tensor | None = (
@@ -157,6 +168,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
             seeds=self.seeds,
             new_rows=new_rows_args(self.dims, specs, self.initial_states),
             trigger=torch.zeros((), device=self.device, requires_grad=True),
+            admission=self.admission,
         )
         self.features_of_table = self._state.features_of_table
         # The forward's paths, picked now (docs/architecture.md, "The table module's paths").

@@ -25,6 +25,7 @@ from demb_storage import TableExport
 from torch import nn
 
 from demb_torchrec._background import DumpHandle
+from demb_torchrec._counters import CounterRows, attach_counter, counter_rows, with_counter
 from demb_torchrec._snapshot import (
     TableSnapshot,
     background_reads,
@@ -189,6 +190,7 @@ def DynamicEmbDump(
     optim: bool = ...,
     pg: dist.ProcessGroup | None = ...,
     *,
+    counter: bool = ...,
     blocking: Literal[True] = ...,
 ) -> None: ...
 
@@ -201,6 +203,7 @@ def DynamicEmbDump(
     optim: bool = ...,
     pg: dist.ProcessGroup | None = ...,
     *,
+    counter: bool = ...,
     blocking: Literal[False],
 ) -> DumpHandle: ...
 
@@ -213,6 +216,7 @@ def DynamicEmbDump(
     optim: bool = ...,
     pg: dist.ProcessGroup | None = ...,
     *,
+    counter: bool = ...,
     blocking: bool,
 ) -> DumpHandle | None: ...
 
@@ -224,6 +228,7 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
     optim: bool = False,
     pg: dist.ProcessGroup | None = None,
     *,
+    counter: bool = True,
     blocking: bool = True,
 ) -> DumpHandle | None:
     """Write the model's dynamic tables (every rank's rows) to the checkpoint ``path``.
@@ -256,6 +261,8 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
         optim: also write each key's optimizer state.
         pg: the process group of the dump's collectives (all ranks the tables are sharded
             over).
+        counter: also write each table's admission counter (the keys waiting to be admitted
+            and their counts; tables with frequency admission), taken at the call.
         blocking: write before returning (None); False: write in the background and return
             the :class:`DumpHandle`.
 
@@ -272,14 +279,15 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
     rank = 0 if group is None else dist.get_rank(group)
     staged, error = _stage(group, rank, target)
     if not blocking:
-        return _dump_in_background(group, rank, staged, target, tables, optim, error)
+        return _dump_in_background(group, rank, staged, target, tables, optim, counter, error)
     if error is None:
         try:
             for t in tables:
+                rows = counter_rows(t) if counter else None
                 _write_shard(
                     staged / t.collection,
-                    _meta(t, optim, t.module.tables.capacity(t.index)),
-                    _chunks(t, optim),
+                    with_counter(_meta(t, optim, t.module.tables.capacity(t.index)), rows),
+                    attach_counter(_chunks(t, optim), rows),
                 )
         except Exception as err:  # every rank must reach the gather below
             error = err
@@ -294,6 +302,7 @@ def _dump_in_background(
     target: Path,
     tables: list[ModelTable],
     optim: bool,
+    counter: bool,
     error: BaseException | None,
 ) -> DumpHandle:
     """The non-blocking dump after the staging directory was made: snapshot ``tables`` now,
@@ -302,9 +311,13 @@ def _dump_in_background(
     def finish(failed: BaseException | None) -> None:
         _finish(group, rank, staged, target, failed)
 
-    def job(t: ModelTable, meta: ShardMeta) -> Callable[[TableSnapshot], None]:
+    def job(
+        t: ModelTable, meta: ShardMeta, rows: CounterRows | None
+    ) -> Callable[[TableSnapshot], None]:
         folder = staged / t.collection
-        return lambda snap: _write_shard(folder, meta, _snapshot_chunks(snap, t, optim))
+        return lambda snap: _write_shard(
+            folder, with_counter(meta, rows), attach_counter(_snapshot_chunks(snap, t, optim), rows)
+        )
 
     def failure() -> None:  # rank 0 could not stage, or the snapshot failed: wait() says so
         assert error is not None
@@ -313,8 +326,12 @@ def _dump_in_background(
     if error is None:
         try:
             metas = [_meta(t, optim, t.module.tables.capacity(t.index)) for t in tables]
+            counts = [counter_rows(t) if counter else None for t in tables]
             snaps = snapshots([(t.module.tables, t.index) for t in tables], state=optim)
-            jobs = [(id(t.module.tables), job(t, m)) for t, m in zip(tables, metas, strict=True)]
+            jobs = [
+                (id(t.module.tables), job(t, m, c))
+                for t, m, c in zip(tables, metas, counts, strict=True)
+            ]
             return DumpHandle(background_reads(snaps, jobs), finish, name="demb-dump")
         except Exception as err:  # (out of memory copying) every rank must reach the gather
             error = err

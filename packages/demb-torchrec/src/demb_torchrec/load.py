@@ -18,6 +18,7 @@ from demb_planner import owner_rank
 from demb_storage import SlotWrites, TableConfigError
 from torch import nn
 
+from demb_torchrec._counters import CounterRows, counter_rows, load_counter, restore_counter
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.model_tables import (
     ModelTable,
@@ -75,18 +76,28 @@ def _same_slots(t: ModelTable, metas: list[ShardMeta]) -> ShardMeta | None:
 
 
 def _load_table(
-    ckpt: Checkpoint, t: ModelTable, metas: list[ShardMeta], optim: bool, chunk_rows: int
+    ckpt: Checkpoint,
+    t: ModelTable,
+    metas: list[ShardMeta],
+    optim: bool,
+    chunk_rows: int,
+    counter: bool,
 ) -> None:
     """Insert the keys this rank owns from the table's shards ``metas`` (layout checked); into
-    an empty table of the checkpoint's layout, at the slots they were dumped from."""
+    an empty table of the checkpoint's layout, at the slots they were dumped from. With
+    ``counter``, the table's admission counter is replaced by the checkpoint's (its keys this
+    rank owns)."""
     tables = t.module.tables
     config = tables.configs[t.index]
     folder = ckpt.path / t.collection
     block = t.block_size()
     initial = t.module.initial_states[t.index]
     own = _same_slots(t, metas)
+    counters: list[CounterRows] = []
     for meta in [own] if own is not None else metas:
         for chunk in _iter(folder, meta, chunk_rows, dtype_name(config.dtype), config.dim):
+            if chunk.admit_keys is not None and chunk.admit_counts is not None:
+                counters.append((chunk.admit_keys, chunk.admit_counts))
             mine = owner_rank(chunk.keys, t.world_size, t.dist_type, block) == t.rank
             if not mine.any():
                 continue
@@ -105,6 +116,8 @@ def _load_table(
                 _assign_at(t, keys, slots, scores, rows, folder)
             else:
                 assign_rows(t, keys, scores, rows)
+    if counter:
+        load_counter(t, metas, counters)
 
 
 def _assign_at(
@@ -144,17 +157,20 @@ class _Kept:
     """What a table holds before a load (its export, when it holds anything), put back by
     :meth:`restore` when the load fails: a load is all or nothing."""
 
-    def __init__(self, t: ModelTable) -> None:
+    def __init__(self, t: ModelTable, counter: bool) -> None:
         self.table = t
         held = t.module.tables.export(t.index)
         self.rows = held if held.keys.numel() else None
+        self.counter = counter_rows(t) if counter else None
 
     def restore(self) -> None:
-        """The table emptied, then its kept rows inserted again (keys, rows and scores)."""
+        """The table emptied, then its kept rows inserted again (keys, rows and scores); its
+        admission counter as it was."""
         t = self.table
         t.module.tables.clear(t.index)
         if self.rows is not None:
             assign_rows(t, self.rows.keys, self.rows.scores, self.rows.values)
+        restore_counter(t, self.counter)
 
 
 def _iter(
@@ -172,6 +188,7 @@ def DynamicEmbLoad(  # noqa: N802 (the spec's name)
     optim: bool = False,
     pg: dist.ProcessGroup | None = None,
     *,
+    counter: bool = True,
     chunk_rows: int = 1 << 20,
 ) -> None:
     """Insert the rows of checkpoint ``path`` that this rank owns into the model's dynamic
@@ -191,6 +208,9 @@ def DynamicEmbLoad(  # noqa: N802 (the spec's name)
         optim: also load each key's optimizer state (else new keys get the optimizer's
             initial state).
         pg: the process group of the load's barrier.
+        counter: also replace each table's admission counter by the checkpoint's (tables with
+            frequency admission; a checkpoint without counters warns once per table and leaves
+            the counter empty: counts start from zero). False leaves the counters as they are.
         chunk_rows: rows read at a time (memory).
 
     Raises:
@@ -207,10 +227,10 @@ def DynamicEmbLoad(  # noqa: N802 (the spec's name)
     for t, metas in zip(tables, shards, strict=True):  # every table checked before any write
         _check_layout(t, metas[0], optim)
     with torch.no_grad():
-        kept = [_Kept(t) for t in tables]
+        kept = [_Kept(t, counter) for t in tables]
         try:
             for t, metas in zip(tables, shards, strict=True):
-                _load_table(ckpt, t, metas, optim, chunk_rows)
+                _load_table(ckpt, t, metas, optim, chunk_rows, counter)
         except BaseException:  # a bad shard (size, CRC, values) found mid-load: undo it all
             for k in kept:
                 k.restore()

@@ -139,8 +139,6 @@ _NOT_YET: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "caching": (lambda v: bool(v), "the GPU cache over a host table is not built yet"),
     "external_storage": (lambda v: v is not None, "external storage is not built yet"),
-    "admit_strategy": (lambda v: v is not None, "admission is not built yet"),
-    "admission_counter": (lambda v: v is not None, "admission is not built yet"),
     "score_function": (lambda v: v is not None, "numba score functions are not built yet"),
 }
 

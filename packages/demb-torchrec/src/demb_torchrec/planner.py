@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 from demb_optim import optimizer_state_bytes
 from demb_planner import dtype_bytes
+from demb_storage import FrequencyAdmissionStrategy
 from torch import nn
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.constants import BATCH_SIZE
@@ -231,7 +232,17 @@ def shard_bytes(
     state = optimizer_state_bytes(kind, dim, elem) if kind is not None and options.training else 0
     score_words = len(options.score_strategy) if isinstance(options.score_strategy, tuple) else 1
     index = _INDEX_BYTES_PER_SLOT + 8 * score_words
-    return capacity * (dim * elem + state + index)
+    return capacity * (dim * elem + state + index) + counter_bytes(options)
+
+
+def counter_bytes(options: DynamicEmbTableOptions) -> int:
+    """Bytes of a rank's admission counter for a table with ``options``: frequency admission
+    keeps one (its ``KVCounter``'s slots, each a key, a digest and a count; every rank's shard
+    of the table has its own); other strategies keep nothing."""
+    strategy = options.admit_strategy
+    if not isinstance(strategy, FrequencyAdmissionStrategy):
+        return 0
+    return strategy.counter.slots * (_INDEX_BYTES_PER_SLOT + 8)
 
 
 @dataclasses.dataclass(frozen=True)

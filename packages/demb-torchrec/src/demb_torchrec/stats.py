@@ -26,6 +26,11 @@ class TableStats:
         evicted: keys inserted into an evicted key's slot since the last read (each evicted
             one key).
         failed: keys that found no slot since the last read.
+        admitted: missing keys the table's admission strategy let in since the last read (0
+            without ``admit_strategy``; counted always).
+        rejected: missing keys it kept out since the last read.
+        counter_evictions: keys its admission counter evicted since the last read (frequency
+            admission).
     """
 
     size: int
@@ -34,6 +39,9 @@ class TableStats:
     inserted: int
     evicted: int
     failed: int
+    admitted: int = 0
+    rejected: int = 0
+    counter_evictions: int = 0
 
     def as_dict(self) -> dict[str, int | float]:
         return asdict(self)
@@ -60,12 +68,17 @@ def table_stats(model: nn.Module, reset: bool = True) -> dict[str, dict[str, Tab
     out: dict[str, dict[str, TableStats]] = {}
     outcomes: dict[int, list[dict[str, int]]] = {}
     sizes: dict[int, list[int]] = {}
+    admission: dict[int, dict[str, list[int]]] = {}
     for t in dynamic_tables(model):
         tables = t.module.tables
         key = id(tables)
         if key not in outcomes:
             outcomes[key] = tables.outcomes.read(reset=reset)
             sizes[key] = tables.index.sizes.tolist()
+            admitters = t.module.admission
+            if admitters is not None:
+                read = admitters.read_counts(reset=reset)
+                admission[key] = {name: v.tolist() for name, v in read.items()}
         size = sizes[key][t.index]
         capacity = tables.capacity(t.index)
         counts = outcomes[key][t.index]
@@ -76,5 +89,6 @@ def table_stats(model: nn.Module, reset: bool = True) -> dict[str, dict[str, Tab
             inserted=counts["inserted"],
             evicted=counts["evicted"],
             failed=counts["failed"],
+            **{name: v[t.index] for name, v in admission.get(key, {}).items()},
         )
     return out

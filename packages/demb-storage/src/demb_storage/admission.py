@@ -1,0 +1,472 @@
+"""Admission: which missing keys may enter their tables (the spec's admission classes).
+
+An :class:`AdmissionStrategy` is a table's inert configuration; a fused module groups its tables
+on :meth:`AdmissionStrategy.get_grouped_key` and turns each group's configurations into one
+:class:`MultiTableAdmitter` with :meth:`AdmissionStrategy.create_admitter`; that admitter
+decides, for module-local table ids ``0 .. T-1`` (the group's tables in the order given).
+
+Two pairs are provided:
+
+* :class:`FrequencyAdmissionStrategy` / :class:`MultiTableFrequencyAdmitter`: a key is admitted
+  once its accumulated count (a :class:`~demb_storage.counter.MultiTableKVCounter`) reaches the
+  threshold, and is then erased from the counter.
+* :class:`ProbabilisticAdmissionStrategy` / :class:`MultiTableProbabilisticAdmitter`: a
+  stateless coin toss per occurrence, reproducible on any device, sharding and batch order
+  (see :mod:`demb_storage._toss`).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import operator
+from collections.abc import Hashable, Sequence
+from typing import TypeVar
+
+import torch
+
+from demb_storage._toss import admit_by_toss, table_salts
+from demb_storage.counter import AdmissionConfigError, Counter, KVCounter, MultiTableKVCounter
+from demb_storage.initializers import InitializerArgs
+
+__all__ = [
+    "DEFAULT_COUNTER_CAPACITY",
+    "AdmissionStrategy",
+    "FrequencyAdmissionStrategy",
+    "MultiTableAdmitter",
+    "MultiTableFrequencyAdmitter",
+    "MultiTableProbabilisticAdmitter",
+    "ProbabilisticAdmissionStrategy",
+]
+
+DEFAULT_COUNTER_CAPACITY = 1 << 20
+"""Keys per table of the counter of a :class:`FrequencyAdmissionStrategy` given none.
+
+``create_admitter`` sees no table sizes, so the default cannot follow the table: 2**20 slots
+(buckets of 1024) hold a million keys waiting for admission per table at 17 bytes a slot
+(17 MiB per table). Pass ``counter=KVCounter(...)`` to size it for the keys' long tail."""
+
+_S = TypeVar("_S", bound="AdmissionStrategy")
+
+
+class MultiTableAdmitter(abc.ABC):
+    """What a module runs to decide admission for the ``T`` tables of a group.
+
+    Only :meth:`admit` has to be implemented; :meth:`state` and
+    :attr:`non_admitted_initializer` have defaults.
+    """
+
+    @abc.abstractmethod
+    def admit(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        frequencies: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Which of these missing keys may enter their tables.
+
+        Args:
+            keys: ``(N,)`` int64 (or int32) missing keys.
+            table_ids: ``(N,)`` int64 module-local table of each key, in ``[0, T)``.
+            frequencies: ``(N,)`` int64 occurrences of each key in *this batch* (an increment,
+                not a running total); None counts each entry once.
+
+        Returns:
+            ``(N,)`` bool on the keys' device: True where the key is admitted.
+        """
+
+    def state(self) -> Counter | None:
+        """Persistent state the framework carries (memory accounting, checkpoints), or None."""
+        return None
+
+    @property
+    def non_admitted_initializer(self) -> InitializerArgs | None:
+        """How the rows of rejected keys are initialized, or None for the table's initializer."""
+        return None
+
+
+class AdmissionStrategy(abc.ABC):
+    """A table's admission configuration: inert (allocates nothing, touches no device)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def create_admitter(
+        cls, table_strategies: list[AdmissionStrategy], device: torch.device
+    ) -> MultiTableAdmitter:
+        """The admitter these tables share (table ``t`` configured by
+        ``table_strategies[t]``), with its device state allocated on ``device``."""
+
+    @classmethod
+    def one_configuration(cls: type[_S], table_strategies: Sequence[_S]) -> _S:
+        """The single configuration these tables agree on: the first (they were grouped on
+        :meth:`get_grouped_key`, so they are interchangeable).
+
+        Raises:
+            AdmissionConfigError: ``table_strategies`` is empty.
+        """
+        if not table_strategies:
+            raise AdmissionConfigError(
+                "admit_strategy", list(table_strategies), "needs one strategy per table (>= 1)"
+            )
+        return table_strategies[0]
+
+    def get_grouped_key(self) -> Hashable:
+        """What has to match for two tables to share one admitter: the instance itself by
+        default (only the same object groups)."""
+        return self
+
+
+def _check_group(cls: type[_S], table_strategies: Sequence[object]) -> list[_S]:
+    """``table_strategies`` as instances of ``cls`` sharing one grouped key."""
+    if not table_strategies:
+        raise AdmissionConfigError(
+            "admit_strategy", list(table_strategies), "needs one strategy per table (>= 1)"
+        )
+    out: list[_S] = []
+    for t, s in enumerate(table_strategies):
+        if not isinstance(s, cls):
+            raise AdmissionConfigError(
+                f"admit_strategy[{t}]", s, f"{cls.__name__}.create_admitter needs {cls.__name__}s"
+            )
+        out.append(s)
+    first = out[0].get_grouped_key()
+    for t, s in enumerate(out[1:], start=1):
+        if s.get_grouped_key() != first:
+            raise AdmissionConfigError(
+                f"admit_strategy[{t}]",
+                s,
+                f"tables sharing one admitter must agree with admit_strategy[0]={out[0]!r}",
+            )
+    return out
+
+
+def _initializer(value: object) -> InitializerArgs | None:
+    if value is not None and not isinstance(value, InitializerArgs):
+        raise AdmissionConfigError(
+            "initializer_args", value, "must be an InitializerArgs (DynamicEmbInitializerArgs)"
+        )
+    return value
+
+
+def _initializer_key(args: InitializerArgs | None) -> Hashable:
+    return None if args is None else dataclasses.astuple(args)
+
+
+# ---------------------------------------------------------------------------- frequency
+
+
+class MultiTableFrequencyAdmitter(MultiTableAdmitter):
+    """Admits a key once its accumulated count reaches ``threshold``; admitted keys leave the
+    counter.
+
+    Args:
+        threshold: count at which a key is admitted, ``>= 1``.
+        counters: one :class:`KVCounter` per table (its capacity and bucket size).
+        device: where the counter lives.
+        initializer_args: how rejected keys' rows are initialized (None: the table's).
+    """
+
+    def __init__(
+        self,
+        threshold: int,
+        counters: Sequence[KVCounter],
+        device: torch.device | str,
+        initializer_args: InitializerArgs | None = None,
+    ) -> None:
+        self._threshold = _threshold(threshold)
+        self._counter = MultiTableKVCounter(counters, device)
+        self._initializer_args = _initializer(initializer_args)
+
+    @property
+    def threshold(self) -> int:
+        """The count at which a key is admitted."""
+        return self._threshold
+
+    def admit(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        frequencies: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Add ``frequencies`` (None: 1 per entry) to the counter and admit the keys whose count
+        is now ``>= threshold``, erasing them from the counter. Duplicates of a key share its
+        total and its decision. A key the counter could not place (its bucket full of keys of
+        this call) is judged on its frequency in this call alone.
+
+        Args / Returns: as :meth:`MultiTableAdmitter.admit`; the keys on the counter's device.
+        """
+        counts = self._counter.add(keys, table_ids, frequencies)
+        admitted = counts >= self._threshold
+        chosen = admitted.nonzero().squeeze(1)
+        if chosen.numel():
+            self._counter.erase(keys[chosen], table_ids[chosen])
+        return admitted
+
+    def state(self) -> MultiTableKVCounter:
+        """The counter of the keys waiting for admission."""
+        return self._counter
+
+    @property
+    def non_admitted_initializer(self) -> InitializerArgs | None:
+        """The strategy's ``initializer_args``, or None."""
+        return self._initializer_args
+
+
+def _threshold(value: object) -> int:
+    if isinstance(value, bool):
+        raise AdmissionConfigError("threshold", value, "must be an integer >= 1, not a bool")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise AdmissionConfigError("threshold", value, "must be an integer >= 1") from None
+    if number < 1:
+        raise AdmissionConfigError(
+            "threshold", value, "must be an integer >= 1 (every key reaches a count of 1)"
+        )
+    return number
+
+
+class FrequencyAdmissionStrategy(AdmissionStrategy):
+    """Admit a key once it has been seen ``threshold`` times (counting from its first miss).
+
+    Args:
+        threshold: count at which a key is admitted, an integer ``>= 1`` (1 admits every key).
+        counter: this table's share of the counter; None takes
+            ``KVCounter(DEFAULT_COUNTER_CAPACITY)`` (see :data:`DEFAULT_COUNTER_CAPACITY`).
+        initializer_args: how rejected keys' rows are initialized (None: the table's).
+
+    Raises:
+        AdmissionConfigError: an argument is invalid (the message names it and its value).
+    """
+
+    def __init__(
+        self,
+        threshold: int,
+        counter: KVCounter | None = None,
+        initializer_args: InitializerArgs | None = None,
+    ) -> None:
+        self._threshold = _threshold(threshold)
+        if counter is None:
+            counter = KVCounter(DEFAULT_COUNTER_CAPACITY)
+        if not isinstance(counter, KVCounter):
+            raise AdmissionConfigError("counter", counter, "must be a KVCounter or None")
+        self._counter = counter
+        self._initializer_args = _initializer(initializer_args)
+
+    @property
+    def threshold(self) -> int:
+        """The count at which a key is admitted."""
+        return self._threshold
+
+    @property
+    def counter(self) -> KVCounter:
+        """This table's share of the counter."""
+        return self._counter
+
+    @property
+    def initializer_args(self) -> InitializerArgs | None:
+        """How rejected keys' rows are initialized (None: the table's initializer)."""
+        return self._initializer_args
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(threshold={self._threshold}, counter={self._counter!r}, "
+            f"initializer_args={self._initializer_args!r})"
+        )
+
+    def get_grouped_key(self) -> Hashable:
+        """``(class, threshold, counter bucket size, counter key type, initializer_args)``:
+        what changes decisions and what the tables must agree on; the per-table counter
+        capacity is left out (each table keeps its own)."""
+        return (
+            type(self),
+            self._threshold,
+            self._counter.bucket_capacity,
+            self._counter.key_type,
+            _initializer_key(self._initializer_args),
+        )
+
+    @classmethod
+    def create_admitter(
+        cls, table_strategies: list[AdmissionStrategy], device: torch.device
+    ) -> MultiTableFrequencyAdmitter:
+        """One :class:`MultiTableFrequencyAdmitter`: the group's threshold and initializer,
+        each table's own counter capacity.
+
+        Raises:
+            AdmissionConfigError: the strategies are not all of this class, or do not share
+                one grouped key.
+        """
+        strategies = _check_group(cls, table_strategies)
+        first = cls.one_configuration(strategies)
+        return MultiTableFrequencyAdmitter(
+            first.threshold, [s.counter for s in strategies], device, first.initializer_args
+        )
+
+
+# ---------------------------------------------------------------------------- probabilistic
+
+
+def _probability(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AdmissionConfigError("probability", value, "must be a float in (0, 1]")
+    p = float(value)
+    if math.isnan(p) or not 0.0 < p <= 1.0:
+        raise AdmissionConfigError(
+            "probability",
+            value,
+            "must be in (0, 1]: a key is admitted with this chance each time it misses "
+            "(0 would never admit a key)",
+        )
+    return p
+
+
+def _seed(value: object) -> int:
+    if isinstance(value, bool):
+        raise AdmissionConfigError("seed", value, "must be an integer in [0, 2**64)")
+    try:
+        seed = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise AdmissionConfigError("seed", value, "must be an integer in [0, 2**64)") from None
+    if not 0 <= seed < 1 << 64:
+        raise AdmissionConfigError("seed", value, "must be an integer in [0, 2**64)")
+    return seed
+
+
+class MultiTableProbabilisticAdmitter(MultiTableAdmitter):
+    """Admits each missing key by coin tosses; keeps no state (:meth:`state` is None).
+
+    A key occurring ``k`` times in a call (summing the ``frequencies`` of its duplicates) gets
+    ``k`` tosses and is admitted if any succeeds: probability ``1 - (1 - p)**k`` (0 for
+    ``k = 0``). The tosses of call ``c`` are a pure function of ``(key, table id, c, seed)``
+    (:func:`demb_storage._toss.admit_by_toss`): the same on the CPU and CUDA, on any sharding,
+    in any batch order. ``c`` counts every :meth:`admit` call, empty ones too, so ranks that
+    call it once per step agree; it restarts from 0 with a new admitter.
+
+    Args:
+        probability: ``p``, in ``(0, 1]``.
+        num_tables: ``T``.
+        device: where the per-table salts live (the keys' device).
+        initializer_args: how rejected keys' rows are initialized (None: the table's).
+        seed: an integer in ``[0, 2**64)`` mixed into every toss.
+    """
+
+    def __init__(
+        self,
+        probability: float,
+        num_tables: int,
+        device: torch.device | str,
+        initializer_args: InitializerArgs | None = None,
+        seed: int = 0,
+    ) -> None:
+        self._p = _probability(probability)
+        if isinstance(num_tables, bool) or not isinstance(num_tables, int) or num_tables < 1:
+            raise AdmissionConfigError("num_tables", num_tables, "must be an integer >= 1")
+        self._seed = _seed(seed)
+        self._salts = table_salts(num_tables).to(device)
+        self._initializer_args = _initializer(initializer_args)
+        self._calls = 0
+
+    @property
+    def probability(self) -> float:
+        """``p``."""
+        return self._p
+
+    @property
+    def calls(self) -> int:
+        """How many :meth:`admit` calls were made (the next call's toss index)."""
+        return self._calls
+
+    @calls.setter
+    def calls(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"calls={value!r}: must be an integer >= 0")
+        self._calls = value
+
+    def admit(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        frequencies: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Toss for each key (see the class); as :meth:`MultiTableAdmitter.admit`, the keys on
+        the admitter's device.
+
+        Raises:
+            ValueError / TypeError: bad shapes, dtypes, table ids or negative frequencies.
+        """
+        call = self._calls
+        self._calls += 1
+        return admit_by_toss(keys, table_ids, frequencies, self._p, call, self._seed, self._salts)
+
+    @property
+    def non_admitted_initializer(self) -> InitializerArgs | None:
+        """The strategy's ``initializer_args``, or None."""
+        return self._initializer_args
+
+
+class ProbabilisticAdmissionStrategy(AdmissionStrategy):
+    """Admit a missing key with probability ``probability`` per occurrence (a key takes
+    ``1 / probability`` appearances on average to get in).
+
+    Args:
+        probability: a float in ``(0, 1]``; 1 admits every key.
+        initializer_args: how rejected keys' rows are initialized (None: the table's).
+        seed: keyword-only, an integer in ``[0, 2**64)`` mixed into every toss (default 0).
+
+    Raises:
+        AdmissionConfigError: an argument is invalid (the message names it and its value).
+    """
+
+    def __init__(
+        self,
+        probability: float,
+        initializer_args: InitializerArgs | None = None,
+        *,
+        seed: int = 0,
+    ) -> None:
+        self._p = _probability(probability)
+        self._initializer_args = _initializer(initializer_args)
+        self._seed = _seed(seed)
+
+    @property
+    def probability(self) -> float:
+        """The chance of one toss."""
+        return self._p
+
+    @property
+    def initializer_args(self) -> InitializerArgs | None:
+        """How rejected keys' rows are initialized (None: the table's initializer)."""
+        return self._initializer_args
+
+    @property
+    def seed(self) -> int:
+        """Mixed into every toss."""
+        return self._seed
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(probability={self._p!r}, "
+            f"initializer_args={self._initializer_args!r}, seed={self._seed})"
+        )
+
+    def get_grouped_key(self) -> Hashable:
+        """``(class, probability, initializer_args, seed)``."""
+        return (type(self), self._p, _initializer_key(self._initializer_args), self._seed)
+
+    @classmethod
+    def create_admitter(
+        cls, table_strategies: list[AdmissionStrategy], device: torch.device
+    ) -> MultiTableProbabilisticAdmitter:
+        """One :class:`MultiTableProbabilisticAdmitter` over these tables.
+
+        Raises:
+            AdmissionConfigError: the strategies are not all of this class, or do not share
+                one grouped key.
+        """
+        strategies = _check_group(cls, table_strategies)
+        first = cls.one_configuration(strategies)
+        return MultiTableProbabilisticAdmitter(
+            first.probability, len(strategies), device, first.initializer_args, first.seed
+        )

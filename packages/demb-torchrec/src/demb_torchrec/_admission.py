@@ -1,0 +1,220 @@
+"""Admission in the table module: which missing keys of a training forward enter their tables.
+
+Tables whose options set ``admit_strategy`` are grouped on the strategies'
+``get_grouped_key()``; each group gets one admitter (``create_admitter``) over its tables, with
+module-local table ids ``0..G-1`` in the group's order. A training forward finds its unique keys
+first (no score touched), asks each group's admitter about its missing keys with their batch
+frequencies, and inserts only the others: a rejected key keeps slot -1 (its gradient reaches no
+row) and reads the row its strategy's ``initializer_args`` give it (None: the table's
+initializer, the row the key would have got had it been admitted). Eval forwards never admit
+(they insert nothing).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from demb_storage import (
+    AdmissionStrategy,
+    Counter,
+    InitializerArgs,
+    MultiTableAdmitter,
+    MultiTableKVCounter,
+    initialize_rows,
+)
+
+from demb_torchrec.errors import ConfigError, NotSupportedError
+
+__all__ = ["AdmissionGroup", "ModuleAdmission", "admission_of"]
+
+
+@dataclass
+class AdmissionGroup:
+    """Tables that share one admitter."""
+
+    admitter: MultiTableAdmitter
+    tables: list[int]
+    """The module's table ids of the group, in its local order (local id = position)."""
+    local: torch.Tensor
+    """``(T,)`` int64 on the module's device: each module table's local id (-1: not here)."""
+
+
+class ModuleAdmission:
+    """The admitters of one table module and what they decided since the last read.
+
+    Args:
+        strategies: per table, its ``admit_strategy`` or None (admits everything).
+        names: the table names (for errors).
+        init_args: per table, its completed ``initializer_args`` (for rejected keys whose
+            strategy gives no initializer).
+        max_capacities: per table, the ``num_embeddings`` a strategy's UNIFORM bounds complete
+            from.
+        device: the module's device.
+    """
+
+    def __init__(
+        self,
+        strategies: Sequence[AdmissionStrategy | None],
+        names: Sequence[str],
+        init_args: Sequence[InitializerArgs],
+        max_capacities: Sequence[int],
+        device: torch.device,
+    ) -> None:
+        num_tables = len(strategies)
+        grouped: dict[object, list[int]] = {}
+        for t, s in enumerate(strategies):
+            if s is None:
+                continue
+            if not isinstance(s, AdmissionStrategy):
+                raise ConfigError(
+                    f"table {names[t]!r}: DynamicEmbTableOptions.admit_strategy={s!r}: must be "
+                    "an AdmissionStrategy (FrequencyAdmissionStrategy, "
+                    "ProbabilisticAdmissionStrategy or a subclass)"
+                )
+            grouped.setdefault((type(s), s.get_grouped_key()), []).append(t)
+        self.groups: list[AdmissionGroup] = []
+        self.fill_args: list[InitializerArgs] = list(init_args)
+        """Per table, what a rejected key's row reads."""
+        for tables in grouped.values():
+            configs = [s for s in (strategies[t] for t in tables) if s is not None]
+            cls = type(configs[0])
+            try:
+                admitter = cls.create_admitter(configs, device)
+            except ValueError as e:
+                raise ConfigError(
+                    f"tables {[names[t] for t in tables]}: admit_strategy: {e}"
+                ) from e
+            local = torch.full((num_tables,), -1, dtype=torch.int64)
+            local[tables] = torch.arange(len(tables))
+            self.groups.append(AdmissionGroup(admitter, tables, local.to(device)))
+            own = admitter.non_admitted_initializer
+            if own is not None:
+                if not isinstance(own, InitializerArgs):
+                    raise NotSupportedError(
+                        "non_admitted_initializer",
+                        f"{own!r}: demb takes an InitializerArgs (DynamicEmbInitializerArgs)",
+                        table=names[tables[0]],
+                    )
+                for t in tables:
+                    self.fill_args[t] = own.complete(max_capacities[t])
+        self.num_tables = num_tables
+        self.device = device
+        self._admitted = torch.zeros(num_tables, dtype=torch.int64, device=device)
+        self._rejected = torch.zeros(num_tables, dtype=torch.int64, device=device)
+        self._counter_evictions = torch.zeros(num_tables, dtype=torch.int64)
+
+    @property
+    def counters(self) -> list[tuple[list[int], Counter]]:
+        """Each group's persistent state (its tables, its counter), for groups that have one."""
+        out = []
+        for g in self.groups:
+            state = g.admitter.state()
+            if state is not None:
+                out.append((g.tables, state))
+        return out
+
+    def counter_of(self, table: int) -> tuple[Counter, int] | None:
+        """The counter table ``table`` accumulates into and its id there, or None (no
+        strategy, or one that keeps no state)."""
+        for g in self.groups:
+            if table in g.tables:
+                state = g.admitter.state()
+                return None if state is None else (state, g.tables.index(table))
+        return None
+
+    def rejected(
+        self, keys: torch.Tensor, tables: torch.Tensor, counts: torch.Tensor, missing: torch.Tensor
+    ) -> torch.Tensor:
+        """``(U,)`` bool: the missing keys the admitters reject.
+
+        Args:
+            keys: ``(U,)`` int64 a batch's unique keys; tables: their ``(U,)`` int64 tables.
+            counts: ``(U,)`` int64 each key's occurrences in the batch.
+            missing: ``(U,)`` bool keys not in their tables.
+        """
+        rejected = torch.zeros_like(missing)
+        for g in self.groups:
+            local = g.local[tables]
+            asked = (missing & (local >= 0)).nonzero().squeeze(1)
+            admit = g.admitter.admit(keys[asked], local[asked], counts[asked])
+            if admit.dtype != torch.bool or admit.shape != asked.shape:
+                raise TypeError(
+                    f"{type(g.admitter).__name__}.admit returned {admit.dtype} "
+                    f"{tuple(admit.shape)}, expected a bool mask of {tuple(asked.shape)}"
+                )
+            t = tables[asked]
+            ones = torch.ones_like(t)
+            self._admitted.index_add_(0, t[admit], ones[admit])
+            self._rejected.index_add_(0, t[~admit], ones[~admit])
+            rejected[asked[~admit]] = True
+        return rejected
+
+    def fill_rejected(
+        self,
+        keys: torch.Tensor,
+        rejected: torch.Tensor,
+        rows: torch.Tensor,
+        t: int,
+        dim: int,
+        seed: int,
+    ) -> None:
+        """Write the rows of table ``t``'s rejected keys into ``rows`` (``(U_t, >= dim)``
+        float32, in place), from the table's fill initializer."""
+        where = torch.where(rejected, torch.arange(rejected.numel(), device=rows.device), -1)
+        fill = torch.zeros(rejected.numel(), dim, device=rows.device)
+        initialize_rows(fill, where, keys, dim, self.fill_args[t], seed, check=False)
+        rows[:, :dim] = torch.where(rejected[:, None], fill, rows[:, :dim])
+
+    def read_counts(self, reset: bool = True) -> dict[str, torch.Tensor]:
+        """``(T,)`` int64 CPU tensors since the last reset: keys ``admitted`` and ``rejected``
+        per table, and ``counter_evictions`` (keys the admission counters evicted); zeroed
+        with ``reset``."""
+        evicted = self._counter_evictions
+        for g in self.groups:
+            state = g.admitter.state()
+            if isinstance(state, MultiTableKVCounter):
+                evicted[g.tables] += state.evicted_since_last_read().cpu()
+        out = {
+            "admitted": self._admitted.cpu().clone(),
+            "rejected": self._rejected.cpu().clone(),
+            "counter_evictions": evicted.clone(),
+        }
+        if reset:
+            self._admitted.zero_()
+            self._rejected.zero_()
+            evicted.zero_()
+        return out
+
+
+def admission_of(
+    strategies: Sequence[object],
+    counters: Sequence[object],
+    names: Sequence[str],
+    init_args: Sequence[InitializerArgs],
+    max_capacities: Sequence[int],
+    device: torch.device,
+) -> ModuleAdmission | None:
+    """The module's admission, or None when no table sets ``admit_strategy``. A table whose
+    deprecated ``admission_counter`` is set warns (``DeprecationWarning``); the counter is not
+    used (the strategy carries it)."""
+    for name, counter in zip(names, counters, strict=True):
+        if counter is not None:
+            warnings.warn(
+                f"table {name!r}: DynamicEmbTableOptions.admission_counter is deprecated and "
+                "not used; pass the counter to the strategy "
+                "(FrequencyAdmissionStrategy(threshold, counter=KVCounter(...)))",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+    if all(s is None for s in strategies):
+        return None
+    return ModuleAdmission(
+        strategies,  # type: ignore[arg-type]
+        names,
+        init_args,
+        max_capacities,
+        device,
+    )
