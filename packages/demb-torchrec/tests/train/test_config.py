@@ -76,10 +76,10 @@ def test_a_bad_file_and_a_bad_override_are_named(tmp_path: Path) -> None:
 def test_the_command_line_fails_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main_train(["--out", str(tmp_path), "--set", "tables.admit_strategy=1"])
+    code = main_train(["--out", str(tmp_path), "--set", "tables.caching=true"])
     assert code == 2
     err = capsys.readouterr().err
-    assert "tables.admit_strategy" in err
+    assert "tables.caching" in err
     assert "not built yet" in err
     assert not (tmp_path / "train.jsonl").exists()
     with pytest.raises(SystemExit) as exited:

@@ -13,10 +13,13 @@ Sections and keys (defaults in :data:`DEFAULTS`)::
                 gradient_clipping, max_gradient: demb-optim's names), checked when built
     [tables]    every table: capacity, init_capacity, bucket_capacity, max_load_factor,
                 score_strategy (STEP, TIMESTAMP, LFU, TIMESTAMP+LFU), evicted_item_mode,
-                dist_type, initializer, init_std; and the options whose feature demb does
-                not have yet (admit_strategy, admission_counter, caching,
-                global_hbm_for_values, local_hbm_for_values, external_storage,
-                score_function): setting one fails naming it
+                dist_type, initializer, init_std; admit_strategy (none, frequency,
+                probabilistic) with admit_threshold (frequency), admit_probability
+                (probabilistic) and counter_capacity (the frequency counter's keys per
+                table and rank); and the options whose feature demb does not have yet
+                (caching, global_hbm_for_values, local_hbm_for_values, external_storage,
+                score_function) or that the specification deprecates (admission_counter):
+                setting one fails naming it
     [tables.cat_N]  the same keys for one table (cat_0 ... cat_25)
     [online]    delta_every, ckpt_every, blocking_ckpt
     [output]    dir (logs, plots, deltas, checkpoints), tensorboard
@@ -36,7 +39,7 @@ from typing import Any
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.train.batch import NUM_SPARSE
 
-__all__ = ["DEFAULTS", "NOT_BUILT", "Settings", "load_settings", "parse_override"]
+__all__ = ["DEFAULTS", "DEPRECATED", "NOT_BUILT", "Settings", "load_settings", "parse_override"]
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "data": {
@@ -68,15 +71,25 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "dist_type": "roundrobin",
         "initializer": "uniform",
         "init_std": 0.05,
+        "admit_strategy": "none",
+        "admit_threshold": 3,
+        "admit_probability": 0.5,
+        "counter_capacity": 65536,
     },
     "online": {"delta_every": 500, "ckpt_every": 2000, "blocking_ckpt": False},
     "output": {"dir": "demb-train-out", "tensorboard": True},
 }
 """Every setting and its default (``tables.init_capacity`` 0: the capacity)."""
 
+DEPRECATED: dict[str, str] = {
+    "admission_counter": (
+        "deprecated by the specification (the counter belongs to the strategy): "
+        "set tables.counter_capacity"
+    ),
+}
+"""Table options the specification deprecates: setting one fails, saying what to set."""
+
 NOT_BUILT: dict[str, str] = {
-    "admit_strategy": "admission is not built yet",
-    "admission_counter": "admission is not built yet",
     "caching": "memory tiers (a GPU cache over a host table) are not built yet",
     "global_hbm_for_values": "memory tiers (value placement budgets) are not built yet",
     "local_hbm_for_values": "memory tiers (value placement budgets) are not built yet",
@@ -97,6 +110,7 @@ _OPTIMIZER_KNOBS = {
 }
 """The knobs of each optimizer kind besides ``lr`` (demb-optim's hyper-parameter names)."""
 _SCORES = ("STEP", "TIMESTAMP", "LFU", "TIMESTAMP+LFU")
+_ADMISSION = ("none", "frequency", "probabilistic")
 _POSITIVE = {
     "data.batch_size",
     "data.eval_samples",
@@ -106,6 +120,8 @@ _POSITIVE = {
     "train.dim",
     "tables.capacity",
     "tables.bucket_capacity",
+    "tables.admit_threshold",
+    "tables.counter_capacity",
 }
 _NON_NEGATIVE = {"data.seed", "tables.init_capacity", "online.delta_every", "online.ckpt_every"}
 
@@ -238,6 +254,8 @@ def _check_table_name(name: str) -> None:
 
 
 def _check_value(where: str, section: str, key: str, value: Any) -> None:  # noqa: ANN401 (a TOML value)
+    if section == "tables" and key in DEPRECATED:
+        raise ConfigError(f"{where}={value!r}: {DEPRECATED[key]}")
     if section == "tables" and key in NOT_BUILT:
         if value in (None, False, 0, ""):
             return
@@ -292,6 +310,10 @@ def _check_special(where: str, name: str, value: Any) -> None:  # noqa: ANN401 (
         )
     if name == "tables.initializer" and value not in ("uniform", "normal", "truncated_normal"):
         raise ConfigError(f"{where}={value!r}: uniform, normal or truncated_normal")
+    if name == "tables.admit_strategy" and value not in _ADMISSION:
+        raise ConfigError(f"{where}={value!r}: one of {', '.join(_ADMISSION)}")
+    if name == "tables.admit_probability" and not 0 < value <= 1:
+        raise ConfigError(f"{where}={value!r}: must be in (0, 1] (0 would admit no key)")
     if name == "tables.max_load_factor" and not 0 < value <= 1:
         raise ConfigError(f"{where}={value!r}: must be in (0, 1]")
     if name in ("data.eval_fraction",) and not 0 < value < 1:

@@ -15,6 +15,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from demb_storage import (
+    AdmissionStrategy,
+    FrequencyAdmissionStrategy,
+    KVCounter,
+    ProbabilisticAdmissionStrategy,
+)
 
 from demb_torchrec.constraints import DynamicEmbParameterConstraints
 from demb_torchrec.errors import ConfigError, DembError
@@ -133,9 +139,20 @@ def table_options(settings: Settings, name: str) -> DynamicEmbTableOptions:
             evicted_item_mode=EvictedItemMode[s["evicted_item_mode"]],
             dist_type=s["dist_type"],
             initializer_args=init,
+            admit_strategy=_admission(s),
         )
     except (ValueError, TypeError, NotImplementedError) as err:
         raise ConfigError(f"tables.{name}: {err}") from None
+
+
+def _admission(s: dict[str, Any]) -> AdmissionStrategy | None:
+    """A table's admission strategy from its settings (None: every key is admitted)."""
+    if s["admit_strategy"] == "frequency":
+        counter = KVCounter(int(s["counter_capacity"]))
+        return FrequencyAdmissionStrategy(int(s["admit_threshold"]), counter)
+    if s["admit_strategy"] == "probabilistic":
+        return ProbabilisticAdmissionStrategy(float(s["admit_probability"]))
+    return None
 
 
 def _optimizer(settings: Settings) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:

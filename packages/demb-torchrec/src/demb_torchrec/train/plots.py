@@ -18,12 +18,15 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["QUALITY_PNG", "TABLES_PNG", "plot_run"]
+__all__ = ["ADMISSION_PNG", "QUALITY_PNG", "TABLES_PNG", "plot_run"]
 
 QUALITY_PNG = "quality.png"
 """File name of the quality plot (losses and AUCs over steps)."""
 TABLES_PNG = "tables.png"
 """File name of the tables plot (load factors, inserts and evictions over steps)."""
+ADMISSION_PNG = "admission.png"
+"""File name of the admission plot (admitted and rejected keys per table over steps), drawn
+when the records have admission counts."""
 
 _DPI = 100
 _QUALITY_SIZE = (10.0, 7.0)  # inches: 1000 x 700 pixels
@@ -270,6 +273,66 @@ def _tables(
     return _save(fig, path)
 
 
+def _has_admission(records: Sequence[tuple[int, Mapping[str, Any]]], names: list[str]) -> bool:
+    return any(
+        (_number(_get(r, "tables", n, "admitted")) or 0)
+        + (_number(_get(r, "tables", n, "rejected")) or 0)
+        > 0
+        for _, r in records
+        for n in names
+    )
+
+
+def _admission(
+    records: Sequence[tuple[int, Mapping[str, Any]]],
+    path: Path,
+    counters: Literal["interval", "cumulative"],
+) -> Path:
+    fig = Figure(figsize=_TABLES_SIZE, dpi=_DPI, layout="constrained")
+    share_ax, count_ax = fig.subplots(2, 1, sharex=True)
+    names = _table_names(records)
+    cmap = colormaps["turbo"]
+    drawn = False
+    for index, name in enumerate(names):
+        admitted = dict(zip(*_counter_sums(records, [name], "admitted", counters), strict=True))
+        rejected = dict(zip(*_counter_sums(records, [name], "rejected", counters), strict=True))
+        steps = [s for s in sorted(admitted) if admitted[s] + rejected.get(s, 0.0) > 0]
+        if not steps:
+            continue
+        share = [rejected.get(s, 0.0) / (admitted[s] + rejected.get(s, 0.0)) for s in steps]
+        color = cmap(0.05 + 0.9 * index / max(len(names) - 1, 1))
+        label = name if len(names) <= _LEGEND_TABLES else None
+        share_ax.plot(steps, share, color=color, lw=1.0, alpha=0.85, label=label)
+        drawn = True
+    share_ax.set_ylim(-0.02, 1.02)
+    share_ax.set_ylabel("rejected / missing keys")
+    share_ax.grid(True, alpha=0.3)
+    if drawn and len(names) <= _LEGEND_TABLES:
+        share_ax.legend(loc="best", fontsize=8)
+    if not drawn:
+        _note(share_ax, "no admission counts in the records")
+    share_ax.set_title("Share of each table's missing keys its admission rejected, per interval")
+    drawn = _plot(
+        count_ax, _counter_sums(records, names, "admitted", counters), "admitted", "tab:green"
+    )
+    drawn |= _plot(
+        count_ax, _counter_sums(records, names, "rejected", counters), "rejected", "tab:orange"
+    )
+    drawn |= _plot(
+        count_ax,
+        _counter_sums(records, names, "counter_evictions", counters),
+        "counter evictions",
+        "tab:purple",
+    )
+    if drawn:
+        count_ax.set_yscale("symlog", linthresh=1.0)
+    _finish(count_ax, drawn, "no admission counts in the records", "keys per interval (symlog)")
+    count_ax.set_title("Keys admitted, rejected and evicted from the counters, summed over tables")
+    count_ax.set_xlabel("step")
+    fig.suptitle(f"Admission ({_span(records)})")
+    return _save(fig, path)
+
+
 def plot_run(
     records: Sequence[Mapping[str, Any]],
     out_dir: Path,
@@ -285,9 +348,12 @@ def plot_run(
       (``size / capacity``, else its ``load_factor``), one line per table coloured along a
       colormap, their mean in black, a legend up to 8 tables and else the 3 fullest tables
       labeled; the ``inserts`` and ``evictions`` of all tables summed per record (symlog axis).
+    - ``admission.png`` (1000 x 800 px), only when some table reports admission counts: per
+      table, the share of its missing keys rejected per record; the ``admitted``,
+      ``rejected`` and ``counter_evictions`` of all tables summed per record.
 
-    Both files are always written: a panel with nothing to draw (no records, no eval, no table
-    stats) says so in its middle. Records are taken in step order; those without an integer
+    The first two files are always written: a panel with nothing to draw (no records, no eval,
+    no table stats) says so in its middle. Records are taken in step order; those without an integer
     ``"step"`` are left out, and so are missing, ``None``, bool and non-finite values.
 
     Args:
@@ -303,4 +369,7 @@ def plot_run(
     out.mkdir(parents=True, exist_ok=True)
     stepped = [(step, r) for r in records if (step := _step(r)) is not None]
     stepped.sort(key=lambda item: item[0])
-    return [_quality(stepped, out / QUALITY_PNG), _tables(stepped, out / TABLES_PNG, counters)]
+    paths = [_quality(stepped, out / QUALITY_PNG), _tables(stepped, out / TABLES_PNG, counters)]
+    if _has_admission(stepped, _table_names(stepped)):
+        paths.append(_admission(stepped, out / ADMISSION_PNG, counters))
+    return paths

@@ -26,6 +26,10 @@ def print_summary(summary: RunSummary, settings: Settings) -> None:
     capacity = sum(t["capacity"] for t in tables.values())
     evictions = sum(r["tables"][n]["evictions"] for r in records for n in r.get("tables", {}))
     inserts = sum(r["tables"][n]["inserts"] for r in records for n in r.get("tables", {}))
+    admitted, rejected = (
+        sum(r["tables"][n].get(k, 0) for r in records for n in r.get("tables", {}))
+        for k in ("admitted", "rejected")
+    )
     batch = int(settings["data"]["batch_size"])
     source = settings["data"]["path"] or "synthetic click stream"
     print()
@@ -37,6 +41,8 @@ def print_summary(summary: RunSummary, settings: Settings) -> None:
     print(f"  eval last       {_eval(summary.last_eval)}")
     print(f"  tables          {len(tables)} dynamic, {size:,} keys in {capacity:,} slots")
     print(f"  inserts         {inserts:,} keys inserted, {evictions:,} evicted (whole run)")
+    if admitted or rejected:
+        print(f"  admission       {admitted:,} missing keys admitted, {rejected:,} rejected")
     replica = root / "replica.jsonl"
     if replica.exists():
         seen = [r for r in read_records(replica) if "auc" in r.get("replica", {})]
