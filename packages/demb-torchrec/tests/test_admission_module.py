@@ -222,3 +222,32 @@ def test_table_stats_carry_admission_counts():
     only = next(iter(stats.values()))["table_0"]
     assert only.admitted == 1
     assert only.rejected == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["frequency", "probabilistic"])
+def test_cuda_admits_what_the_cpu_admits(kind):
+    """The same stream on a CPU and a CUDA module: the same keys admitted (the probabilistic
+    tosses are a hash of key, table and call: device-independent), the same rows."""
+
+    def strategy():
+        if kind == "frequency":
+            return FrequencyAdmissionStrategy(3, KVCounter(256, bucket_capacity=16))
+        return ProbabilisticAdmissionStrategy(0.3)
+
+    cpu = module([strategy(), strategy()], lr=0.1, pooling=DynamicEmbPoolingMode.SUM)
+    gpu = module([strategy(), strategy()], lr=0.1, pooling=DynamicEmbPoolingMode.SUM, device="cuda")
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(6):
+        indices = torch.randint(0, 300, (2 * 32 * 2,), generator=gen)
+        offsets = torch.arange(0, indices.numel() + 1, 2)
+        a = cpu(indices, offsets)
+        b = gpu(indices.cuda(), offsets.cuda())
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
+        a.square().sum().backward()
+        b.square().sum().backward()
+    for t in range(2):
+        assert keys_of(cpu, t) == keys_of(gpu, t)
+    assert torch.equal(
+        cpu.admission.read_counts()["rejected"], gpu.admission.read_counts()["rejected"]
+    )
