@@ -13,7 +13,10 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "bucketize_by_owner(Tensor lengths, Tensor values, Tensor? weights, int world_size, "
       "str dist_type, Tensor? block_sizes) -> (Tensor, Tensor, Tensor?, Tensor)");
-  // The scored hash table (docs/hash_table.md). The first six arguments are the index tensors.
+  // The scored hash table (docs/hash_table.md). The first six arguments are the index tensors;
+  // the inserting ops also take the optional victim ranks last: victim_rank (S,) int64 per-slot
+  // ranks and ranked (T,) int64 per-table flags (nonzero: the table's victims are the lowest
+  // rank, ties to the first in circular order), each None or (0,) when no table ranks.
   m.def(
       "table_lookup(Tensor index_keys, Tensor digests, Tensor(a!) scores, Tensor slot_offsets, "
       "Tensor bucket_widths, Tensor policies, Tensor keys, Tensor table_ids, Tensor? score_args, "
@@ -21,8 +24,8 @@ TORCH_LIBRARY(demb, m) {
   m.def(
       "table_find_or_insert(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
-      "Tensor table_ids, Tensor score_args, Tensor? counts) -> (Tensor, Tensor, Tensor, Tensor, "
-      "Tensor)");
+      "Tensor table_ids, Tensor score_args, Tensor? counts, Tensor? victim_rank=None, "
+      "Tensor? ranked=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // find_or_insert that also gathers each of N occurrences' row (gather_table_rows of the
   // slots it found, through `inverse`) when every key was found; else rows is (0, dim). On
   // CUDA the gather is queued before the host waits for the all-found flag.
@@ -30,18 +33,21 @@ TORCH_LIBRARY(demb, m) {
       "table_find_or_insert_rows(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
       "Tensor table_ids, Tensor score_args, Tensor? counts, Tensor[] values, Tensor inverse, "
-      "int dim) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "int dim, Tensor? victim_rank=None, Tensor? ranked=None) -> (Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor)");
   // find_or_insert of dedup_launch's outputs (CUDA only): phase A gated on the device by its
   // info words, the gather queued, then info read back (the one sync), then phase B if needed.
   m.def(
       "table_find_or_insert_gated(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
       "Tensor table_ids, Tensor score_args, Tensor? counts, Tensor(e!) info, Tensor[] values, "
-      "Tensor? inverse, int dim) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? inverse, int dim, Tensor? victim_rank=None, Tensor? ranked=None) -> (Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "table_insert_or_assign(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
-      "Tensor table_ids, Tensor assign_scores) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor table_ids, Tensor assign_scores, Tensor? victim_rank=None, Tensor? ranked=None) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "table_erase(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "

@@ -20,6 +20,10 @@ struct IndexTensors {
   at::Tensor slot_offsets;   // int64 (T + 1,)
   at::Tensor bucket_widths;  // int64 (T,)
   at::Tensor policies;       // int64 (T,)
+  // Victim ranks of the inserting ops (checked_index with ranks), both undefined when no table
+  // ranks its victims: int64 (S,) per-slot ranks and int64 (T,) per-table flags.
+  at::Tensor victim_rank;
+  at::Tensor ranked;
 
   int64_t num_slots() const { return keys.numel(); }
   int64_t num_tables() const { return bucket_widths.numel(); }
@@ -58,13 +62,57 @@ inline void check_index(const IndexTensors& ix) {
 inline IndexTensors checked_index(const at::Tensor& keys, const at::Tensor& digests,
                                   const at::Tensor& scores, const at::Tensor& slot_offsets,
                                   const at::Tensor& bucket_widths, const at::Tensor& policies) {
-  IndexTensors ix{keys, digests, scores, slot_offsets, bucket_widths, policies};
+  IndexTensors ix{keys, digests, scores, slot_offsets, bucket_widths, policies, {}, {}};
   check_index(ix);
+  return ix;
+}
+
+// The index of an inserting op (find_or_insert, insert_or_assign) with its optional victim
+// ranks: `victim_rank` int64 (S,) per-slot ranks and `ranked` int64 (T,) per-table flags
+// (nonzero: table t picks victims by the ranks), each absent or empty when no table ranks its
+// victims. Ranks of (0,) with some table flagged is an error the CPU kernels raise; on CUDA
+// (where the flags are on the device) such a table compares its score words instead, never
+// reading past the ranks (the Python wrappers check the flags on the host).
+inline IndexTensors checked_index(const at::Tensor& keys, const at::Tensor& digests,
+                                  const at::Tensor& scores, const at::Tensor& slot_offsets,
+                                  const at::Tensor& bucket_widths, const at::Tensor& policies,
+                                  const std::optional<at::Tensor>& victim_rank,
+                                  const std::optional<at::Tensor>& ranked) {
+  IndexTensors ix = checked_index(keys, digests, scores, slot_offsets, bucket_widths, policies);
+  const bool has_rank = victim_rank.has_value() && victim_rank->numel() > 0;
+  const bool has_flags = ranked.has_value() && ranked->numel() > 0;
+  if (victim_rank.has_value()) {
+    check_index_tensor(*victim_rank, "victim_rank", at::kLong, ix.keys);
+    const bool sized = !has_rank || victim_rank->numel() == ix.num_slots();
+    TORCH_CHECK_VALUE(victim_rank->dim() == 1 && sized, "victim_rank must be (S,) = (",
+                      ix.num_slots(),
+                      ",) int64, or (0,) when no table ranks its victims; got ",
+                      victim_rank->sizes());
+  }
+  if (ranked.has_value()) {
+    check_index_tensor(*ranked, "ranked", at::kLong, ix.keys);
+    TORCH_CHECK_VALUE(ranked->dim() == 1 && (!has_flags || ranked->numel() == ix.num_tables()),
+                      "ranked must be (T,) = (", ix.num_tables(),
+                      ",) int64, or (0,) when no table ranks its victims; got ", ranked->sizes());
+  }
+  if (has_flags && ranked->device().is_cpu()) {
+    const int64_t* flags = ranked->const_data_ptr<int64_t>();
+    for (int64_t t = 0; t < ix.num_tables(); ++t) {
+      TORCH_CHECK_VALUE(flags[t] == 0 || has_rank, "table ", t,
+                        " ranks its victims (ranked[", t, "] != 0) but victim_rank is empty: ",
+                        "it must be (S,) = (", ix.num_slots(), ",)");
+    }
+  }
+  if (has_rank && has_flags) {
+    ix.victim_rank = *victim_rank;
+    ix.ranked = *ranked;
+  }
   return ix;
 }
 
 // The raw view of a checked index; `sizes` (T,) int64 when the op changes them.
 inline TableView make_view(const IndexTensors& ix, at::Tensor* sizes) {
+  const bool ranks = ix.victim_rank.defined() && ix.ranked.defined();
   return TableView{ix.keys.data_ptr<int64_t>(),
                    ix.digests.data_ptr<uint8_t>(),
                    ix.scores.data_ptr<int64_t>(),
@@ -74,7 +122,9 @@ inline TableView make_view(const IndexTensors& ix, at::Tensor* sizes) {
                    ix.bucket_widths.const_data_ptr<int64_t>(),
                    ix.policies.const_data_ptr<int64_t>(),
                    ix.num_tables(),
-                   sizes ? sizes->data_ptr<int64_t>() : nullptr};
+                   sizes ? sizes->data_ptr<int64_t>() : nullptr,
+                   ranks ? ix.victim_rank.const_data_ptr<int64_t>() : nullptr,
+                   ranks ? ix.ranked.const_data_ptr<int64_t>() : nullptr};
 }
 
 // Checks of a batch: keys (N,) int64 and table_ids (N,) int64 on the index's device, plus the

@@ -46,6 +46,8 @@ at::Tensor table_lookup_op(const at::Tensor& index_keys, const at::Tensor& diges
 //                        const std::optional<at::Tensor>& counts,
 //                        const std::optional<at::Tensor>& assign, bool* all_hit,
 //                        const Speculate& speculate)
+// The index's victim ranks (checked_index with ranks) are in `ix`; the views the kernels make of
+// it (make_view) rank the victims of the tables flagged.
 // For kInsert, *all_hit tells whether the lookup phase found every key, and `speculate`
 // (given its slots) is called at most once: on the CPU when every key was found, on CUDA
 // before the host knows (then all_hit tells whether its work is right).
@@ -56,9 +58,11 @@ struct TableOps {
                                      const at::Tensor& bucket_widths, const at::Tensor& policies,
                                      at::Tensor sizes, const at::Tensor& keys,
                                      const at::Tensor& table_ids, const at::Tensor& score_args,
-                                     const std::optional<at::Tensor>& counts) {
-    const IndexTensors ix =
-        checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+                                     const std::optional<at::Tensor>& counts,
+                                     const std::optional<at::Tensor>& victim_rank,
+                                     const std::optional<at::Tensor>& ranked) {
+    const IndexTensors ix = checked_index(index_keys, digests, scores, slot_offsets,
+                                          bucket_widths, policies, victim_rank, ranked);
     bool all_hit = false;
     const auto [slots, status, victim_keys, victim_scores] =
         Bucket(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts, std::nullopt,
@@ -72,9 +76,10 @@ struct TableOps {
       const at::Tensor& slot_offsets, const at::Tensor& bucket_widths, const at::Tensor& policies,
       at::Tensor sizes, const at::Tensor& keys, const at::Tensor& table_ids,
       const at::Tensor& score_args, const std::optional<at::Tensor>& counts,
-      at::TensorList values, const at::Tensor& inverse, int64_t dim) {
-    const IndexTensors ix =
-        checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+      at::TensorList values, const at::Tensor& inverse, int64_t dim,
+      const std::optional<at::Tensor>& victim_rank, const std::optional<at::Tensor>& ranked) {
+    const IndexTensors ix = checked_index(index_keys, digests, scores, slot_offsets,
+                                          bucket_widths, policies, victim_rank, ranked);
     check_rows_request(ix, values, keys, table_ids, inverse, dim);
     bool all_hit = false;
     at::Tensor rows;
@@ -93,9 +98,11 @@ struct TableOps {
                                         const at::Tensor& bucket_widths,
                                         const at::Tensor& policies, at::Tensor sizes,
                                         const at::Tensor& keys, const at::Tensor& table_ids,
-                                        const at::Tensor& assign_scores) {
-    const IndexTensors ix =
-        checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+                                        const at::Tensor& assign_scores,
+                                        const std::optional<at::Tensor>& victim_rank,
+                                        const std::optional<at::Tensor>& ranked) {
+    const IndexTensors ix = checked_index(index_keys, digests, scores, slot_offsets,
+                                          bucket_widths, policies, victim_rank, ranked);
     check_assign_scores(ix, assign_scores, keys);
     return Bucket(ix, sizes, BucketOp::kAssign, keys, table_ids, std::nullopt, std::nullopt,
                   assign_scores, nullptr, Speculate());

@@ -44,9 +44,17 @@ struct TableView {
   const int64_t* policies;
   int64_t num_tables;
   int64_t* sizes;  // null where an op does not change sizes
+  // Per-slot victim ranks (num_slots), and per table (num_tables) nonzero where the table picks
+  // victims by them; both null when no table does (then every table compares score words).
+  const int64_t* rank = nullptr;
+  const int64_t* ranked = nullptr;
 
   DEMB_HD int64_t& score(int64_t w, int64_t g) const { return scores[w * num_slots + g]; }
   DEMB_HD int64_t capacity(int64_t t) const { return slot_offsets[t + 1] - slot_offsets[t]; }
+  // Whether table t picks its victims by `rank` instead of its score words.
+  DEMB_HD bool ranks_victims(int64_t t) const {
+    return rank != nullptr && ranked != nullptr && ranked[t] != 0;
+  }
 };
 
 struct Home {
@@ -91,6 +99,19 @@ DEMB_HD void touch_scores(ScorePolicy p, bool inserted, int64_t score_arg, int64
 // Circular distance of position `i` from start `s` in a bucket of `width` slots.
 DEMB_HD int64_t circular(int64_t i, int64_t s, int64_t width) {
   return i >= s ? i - s : i + width - s;
+}
+
+// What victims compare for global slot g before its circular distance: (rank[g], 0) where the
+// table ranks its victims (`by_rank`: TableView::ranks_victims), else its score words (word 1
+// taken as 0 in a one-word index).
+DEMB_HD void victim_words(const TableView& v, bool by_rank, int64_t g, int64_t& k0, int64_t& k1) {
+  if (by_rank) {
+    k0 = v.rank[g];
+    k1 = 0;
+    return;
+  }
+  k0 = v.score(0, g);
+  k1 = v.words > 1 ? v.score(1, g) : 0;
 }
 
 // Strict order of victim candidates: smaller score tuple first, then smaller circular distance.

@@ -5,6 +5,7 @@ and a twin module without admission (the rows a key gets when inserted)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import Counter as Tally
 
@@ -15,6 +16,7 @@ from demb_torchrec import (
     DynamicEmbInitializerArgs,
     DynamicEmbInitializerMode,
     DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
     FrequencyAdmissionStrategy,
     KVCounter,
@@ -251,3 +253,35 @@ def test_cuda_admits_what_the_cpu_admits(kind):
     assert torch.equal(
         cpu.admission.read_counts()["rejected"], gpu.admission.read_counts()["rejected"]
     )
+
+
+def _decay(scores, cur_timestamp):
+    age_seconds = (cur_timestamp - scores[0]) * 1e-9
+    return math.log(max(scores[1], 1)) + age_seconds * math.log(0.9)
+
+
+def test_score_function_reaches_the_tables_and_bad_ones_name_the_table():
+    """The option reaches the table (its evictions follow the function: the storage tests
+    compare them with a Python model); errors name the table and the option."""
+    compound = (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU)
+
+    def build(function, strategy=compound):
+        options = DynamicEmbTableOptions(
+            dim=4, max_capacity=128, bucket_capacity=16, score_strategy=strategy,
+            score_function=function,
+        )  # fmt: skip
+        return DynamicEmbeddingTables([options], table_names=["items"], optimizer="sgd")
+
+    m = build(_decay)
+    assert m.tables.configs[0].score_function is _decay
+    with torch.no_grad():
+        for step in range(6):
+            keys = torch.arange(step * 64, step * 64 + 64)
+            m(keys, torch.arange(65))
+    assert m.tables.size(0) == 128  # full: every later batch evicted by the function's ranks
+    with pytest.raises(TableConfigError, match=r"score_function.*table 'items'"):
+        build(lambda scores: 0.0)
+    with pytest.raises(TableConfigError, match=r"score_function.*table 'items'"):
+        build(_decay, DynamicEmbScoreStrategy.LFU)
+    with pytest.raises(TableConfigError, match=r"table 'items': numba cannot compile"):
+        build(lambda scores, now: float(object() is None))

@@ -262,7 +262,7 @@ def test_bad_configurations_are_named():
         DynamicEmbeddingTables(one, device="cpu", learning_rate=-1.0)
     with pytest.raises(NotImplementedError, match="caching"):
         tables(caching=True)
-    with pytest.raises(NotImplementedError, match="score_function"):
+    with pytest.raises(ValueError, match="score_function"):  # only with (TIMESTAMP, LFU)
         tables(score_function=lambda s, now: 0.0)
     with pytest.raises(ValueError, match="max_capacity"):
         DynamicEmbeddingTables([DynamicEmbTableOptions(dim=4)], device="cpu")

@@ -195,19 +195,23 @@ void bucket_step(const TableView& v, BucketOp op, const Inputs& in, const Output
     out.status[i] = static_cast<int64_t>(InsertStatus::kHit);
     return;
   }
-  // The first empty slot in circular order, else the lowest-score unprotected victim.
+  // The first empty slot in circular order, else the unprotected victim with the lowest score
+  // words (or rank, where the table ranks its victims).
   int64_t target = first_empty(v, base, width, home.start);
   InsertStatus status = InsertStatus::kInserted;
   if (target < 0 && policy_evicts(policy)) {
-    int64_t best_dist = -1;
+    const bool by_rank = v.ranks_victims(t);
+    int64_t b0 = 0, b1 = 0, best_dist = -1;
     for (int64_t j = 0; j < width; ++j) {
       const int64_t g = base + j;
       if (v.digests[g] & kProtectedBit) continue;
       const int64_t dist = circular(j, home.start, width);
-      const int64_t s1 = v.words > 1 ? v.score(1, g) : 0;
-      const int64_t b1 = target >= 0 && v.words > 1 ? v.score(1, target) : 0;
-      if (target < 0 || victim_before(v.score(0, g), s1, dist, v.score(0, target), b1, best_dist)) {
+      int64_t s0 = 0, s1 = 0;
+      victim_words(v, by_rank, g, s0, s1);
+      if (target < 0 || victim_before(s0, s1, dist, b0, b1, best_dist)) {
         target = g;
+        b0 = s0;
+        b1 = s1;
         best_dist = dist;
       }
     }

@@ -31,9 +31,10 @@ __device__ int64_t thread_first_empty(const TableView& v, int64_t base, int64_t 
   return -1;
 }
 
-// The unprotected slot with the smallest score tuple, ties to the first in circular order from
-// `start`; -1 if every slot is protected.
-__device__ int64_t thread_victim(const TableView& v, int64_t base, int64_t width, int64_t start) {
+// The unprotected slot with the smallest score tuple (its rank with `by_rank`: victim_words),
+// ties to the first in circular order from `start`; -1 if every slot is protected.
+__device__ int64_t thread_victim(const TableView& v, int64_t base, int64_t width, int64_t start,
+                                 bool by_rank) {
   int64_t best = -1, b0 = 0, b1 = 0, bd = 0;
   for (int64_t j0 = 0; j0 < width; j0 += kDigestChunk) {
     uint32_t open = ~chunk_mask(load_digests(v, base + j0),
@@ -43,8 +44,8 @@ __device__ int64_t thread_victim(const TableView& v, int64_t base, int64_t width
       const int j = __ffs(open) - 1;
       open &= open - 1;
       const int64_t g = base + j0 + j;
-      const int64_t s0 = v.score(0, g);
-      const int64_t s1 = v.words > 1 ? v.score(1, g) : 0;
+      int64_t s0 = 0, s1 = 0;
+      victim_words(v, by_rank, g, s0, s1);
       const int64_t dist = circular(j0 + j, start, width);
       if (best < 0 || victim_before(s0, s1, dist, b0, b1, bd)) {
         best = g;
@@ -96,7 +97,7 @@ __device__ int64_t bucket_step(const TableView& v, BucketOp op, const BatchIn& i
     target = thread_first_empty(v, base, width, home.start);
     status = InsertStatus::kInserted;
     if (target < 0 && policy_evicts(policy)) {
-      target = thread_victim(v, base, width, home.start);
+      target = thread_victim(v, base, width, home.start, v.ranks_victims(t));
       status = InsertStatus::kEvicted;
     }
   }

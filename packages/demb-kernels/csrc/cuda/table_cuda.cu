@@ -222,9 +222,10 @@ RowsOutputs table_find_or_insert_gated_cuda(
     at::Tensor sizes, const at::Tensor& keys_in, const at::Tensor& table_ids_in,
     const at::Tensor& score_args_in, const std::optional<at::Tensor>& counts_in,
     at::Tensor info, at::TensorList values, const std::optional<at::Tensor>& inverse,
-    int64_t dim) {
-  const IndexTensors ix =
-      checked_index(index_keys, digests, scores, slot_offsets, bucket_widths, policies);
+    int64_t dim, const std::optional<at::Tensor>& victim_rank,
+    const std::optional<at::Tensor>& ranked) {
+  const IndexTensors ix = checked_index(index_keys, digests, scores, slot_offsets, bucket_widths,
+                                        policies, victim_rank, ranked);
   check_batch(ix, keys_in, table_ids_in, score_args_in, counts_in);
   check_index_tensor(sizes, "sizes", at::kLong, ix.keys);
   TORCH_CHECK_VALUE(sizes.numel() == ix.num_tables(), "index sizes must be (T,)");

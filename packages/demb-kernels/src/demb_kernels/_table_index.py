@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -88,12 +88,23 @@ def _positive(name: str, value: int) -> int:
     return value
 
 
+def _no_ranks() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int64)
+
+
 @dataclass
 class TableIndex:
     """The index of ``T`` fused tables: plain tensors on one device (see docs/hash_table.md).
 
     Build one with :meth:`create`. The ops mutate it in place, except :func:`rehash`, which
     returns a new one.
+
+    A table may *rank its victims* (``ranked``): find_or_insert and insert_or_assign then evict
+    from its full buckets the unprotected slot with the lowest :attr:`victim_rank`, ties to the
+    first in the key's circular order, instead of the lowest score words. The ops never write
+    the ranks: the caller sets them (for every slot of such a table) before each op that may
+    evict, e.g. from a function of each slot's score words. Since an op never evicts a slot it
+    touched, ranks computed before the op rank every victim candidate of the op exactly.
     """
 
     keys: torch.Tensor
@@ -116,6 +127,21 @@ class TableIndex:
     """Bucket width per table (host copy)."""
     policy_list: tuple[ScorePolicy, ...]
     """Policy per table (host copy)."""
+    victim_rank: torch.Tensor = field(default_factory=_no_ranks)
+    """``(S,)`` int64 per-slot victim rank, read for the slots of ranked tables (the lowest is
+    evicted first); ``(0,)`` when no table ranks its victims."""
+    ranked: torch.Tensor = field(default_factory=_no_ranks)
+    """``(T,)`` int64, 1 where the table ranks its victims by :attr:`victim_rank`; ``(0,)``
+    when none does."""
+    ranked_list: tuple[bool, ...] = ()
+    """Per table, whether it ranks its victims (host copy; ``()`` when none does)."""
+
+    def __post_init__(self) -> None:
+        dev = self.keys.device
+        if self.victim_rank.numel() == 0 and self.victim_rank.device != dev:
+            self.victim_rank = self.victim_rank.to(dev)
+        if self.ranked.numel() == 0 and self.ranked.device != dev:
+            self.ranked = self.ranked.to(dev)
 
     @classmethod
     def create(
@@ -125,6 +151,7 @@ class TableIndex:
         policies: Sequence[ScorePolicy | int],
         device: torch.device | str = "cpu",
         score_words: int | None = None,
+        ranked: Sequence[bool] | None = None,
     ) -> TableIndex:
         """An empty index.
 
@@ -135,10 +162,12 @@ class TableIndex:
             device: where the index lives.
             score_words: 1 or 2 score words per slot; default 2 when a policy is
                 TIMESTAMP_LFU, else 1.
+            ranked: ``T`` flags, True where the table ranks its victims by
+                :attr:`victim_rank` (then ``(S,)`` zeros at creation); default none.
 
         Raises:
-            ValueError: a capacity, bucket width, policy or ``score_words`` is invalid (the
-                message names it).
+            ValueError: a capacity, bucket width, policy, ``score_words`` or ``ranked`` is
+                invalid (the message names it).
         """
         if not (len(capacities) == len(bucket_widths) == len(policies) >= 1):
             raise ValueError(
@@ -169,6 +198,7 @@ class TableIndex:
             raise ValueError(
                 f"score_words={score_words!r}: must be 1 or 2, and 2 with TIMESTAMP_LFU tables"
             )
+        flags = _ranked_flags(ranked, len(capacities))
         total = sum(capacities)
         dev = torch.device(device)
         offsets = [0]
@@ -186,6 +216,11 @@ class TableIndex:
             capacities=tuple(capacities),
             bucket_width_list=tuple(bucket_widths),
             policy_list=tuple(parsed),
+            victim_rank=torch.zeros(total if any(flags) else 0, dtype=i64, device=dev),
+            ranked=torch.tensor(
+                [int(f) for f in flags] if any(flags) else [], dtype=i64, device=dev
+            ),
+            ranked_list=flags if any(flags) else (),
         )
 
     @property
@@ -210,6 +245,35 @@ class TableIndex:
         begin = sum(self.capacities[:table_id])
         return begin, begin + self.capacities[table_id]
 
+    @property
+    def ranks_victims(self) -> bool:
+        """Whether some table ranks its victims by :attr:`victim_rank`."""
+        return any(self.ranked_list)
+
+    def _ranks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(victim_rank, ranked)`` for an inserting op, checked on the host (no sync).
+
+        Raises:
+            ValueError: some table ranks its victims and :attr:`victim_rank` is not ``(S,)``
+                int64 on the index's device, or :attr:`ranked` is not ``(T,)``.
+        """
+        if not self.ranks_victims:
+            return self.victim_rank, self.ranked
+        slots = self.keys.shape[0]
+        rank = self.victim_rank
+        if rank.dtype != torch.int64 or rank.shape != (slots,) or rank.device != self.device:
+            raise ValueError(
+                f"victim_rank: tables {[t for t, r in enumerate(self.ranked_list) if r]} rank "
+                f"their victims, so it must be ({slots},) int64 on {self.device}, got "
+                f"{tuple(rank.shape)} {rank.dtype} on {rank.device}"
+            )
+        if self.ranked.shape != (self.num_tables,) or len(self.ranked_list) != self.num_tables:
+            raise ValueError(
+                f"ranked: must be ({self.num_tables},) with one host flag per table, got "
+                f"{tuple(self.ranked.shape)} and {len(self.ranked_list)} flags"
+            )
+        return rank, self.ranked
+
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return (
             self.keys,
@@ -219,3 +283,13 @@ class TableIndex:
             self.bucket_widths,
             self.policies,
         )
+
+
+def _ranked_flags(ranked: Sequence[bool] | None, num_tables: int) -> tuple[bool, ...]:
+    """``T`` host flags of :meth:`TableIndex.create`'s ``ranked`` (all False for None)."""
+    if ranked is None:
+        return (False,) * num_tables
+    flags = tuple(ranked)
+    if len(flags) != num_tables or not all(isinstance(f, bool) for f in flags):
+        raise ValueError(f"ranked={ranked!r}: must be {num_tables} bools, one per table")
+    return flags

@@ -231,7 +231,7 @@ def find_or_insert_gated(
     values, inverse, dim = ([], None, 0) if gather is None else gather
     *out, host, rows = torch.ops.demb.table_find_or_insert_gated(
         *index._tensors(), index.sizes, keys, table_ids, score_args, counts, info,
-        values, inverse, dim,
+        values, inverse, dim, *index._ranks(),
     )  # fmt: skip
     return InsertResult(*out), host, rows if rows.shape[0] else None
 

@@ -223,7 +223,9 @@ def find_or_insert(
     Keys present before the call are hits and are protected for the whole batch; missing keys
     are inserted bucket by bucket in batch order; duplicates map to one slot. No key of the
     batch evicts another key of the batch: a bucket with no unprotected slot left fails the
-    insert (status FAILED, slot -1), as does a full NO_EVICTION bucket.
+    insert (status FAILED, slot -1), as does a full NO_EVICTION bucket. A table that ranks its
+    victims (:attr:`TableIndex.ranked`) evicts the lowest :attr:`TableIndex.victim_rank`
+    instead of the lowest score words.
 
     On CUDA the op reads back whether any key missed (one sync, after the lookup pass) and,
     when every key was found, skips the insert pass's schedule (a sort of the whole batch).
@@ -291,15 +293,19 @@ def find_or_insert_rows(
         :class:`FoundRows`.
 
     Raises:
-        ValueError / TypeError: bad keys, values, inverse or dim, before the index changes.
+        ValueError / TypeError: bad keys, values, inverse or dim, or victim ranks of the wrong
+            size (:attr:`TableIndex.victim_rank`), before the index changes.
     """
     keys, table_ids = _checked(index, keys, table_ids, counts, check)
+    ranks = index._ranks()
     tensors = (*index._tensors(), index.sizes, keys, table_ids, score_args, counts)
     if gather is None:
-        *out, all_hit = torch.ops.demb.table_find_or_insert(*tensors)
+        *out, all_hit = torch.ops.demb.table_find_or_insert(*tensors, *ranks)
         return FoundRows(InsertResult(*out), bool(all_hit), None)
     values, inverse, dim = gather
-    *out, hit, rows = torch.ops.demb.table_find_or_insert_rows(*tensors, values, inverse, dim)
+    *out, hit, rows = torch.ops.demb.table_find_or_insert_rows(
+        *tensors, values, inverse, dim, *ranks
+    )
     all_hit = bool(hit)
     return FoundRows(InsertResult(*out), all_hit, rows if all_hit else None)
 
@@ -312,7 +318,8 @@ def insert_or_assign(
     *,
     check: bool = True,
 ) -> InsertResult:
-    """Insert each key or overwrite its scores, bucket by bucket in batch order.
+    """Insert each key or overwrite its scores, bucket by bucket in batch order (evicting as
+    :func:`find_or_insert` does: the lowest score words, or victim rank where the table ranks).
 
     Args:
         index: the index (mutated).
@@ -326,7 +333,7 @@ def insert_or_assign(
     """
     keys, table_ids = _checked(index, keys, table_ids, None, check)
     out = torch.ops.demb.table_insert_or_assign(
-        *index._tensors(), index.sizes, keys, table_ids, scores
+        *index._tensors(), index.sizes, keys, table_ids, scores, *index._ranks()
     )
     return InsertResult(*out)
 
@@ -407,7 +414,9 @@ def rehash(
     """A new index where table ``table_id`` has ``new_capacity`` slots and all its keys.
 
     The keys are re-inserted with their scores in ascending old-slot order; the other tables
-    are copied unchanged. Doubling the capacity can never overflow a bucket.
+    are copied unchanged (their victim ranks too; table ``table_id``'s are zero: its caller
+    sets them again before an op that may evict). Doubling the capacity can never overflow a
+    bucket.
 
     Args:
         index: the index (unchanged).
@@ -430,7 +439,9 @@ def rehash(
         index.policy_list,
         index.device,
         score_words=index.score_words,
+        ranked=index.ranked_list or None,
     )
+    copy_ranks = index.ranks_victims and index.victim_rank.numel() == index.keys.numel()
     for t in range(index.num_tables):
         if t == table_id:
             continue
@@ -438,6 +449,8 @@ def rehash(
         new.keys[dst[0] : dst[1]] = index.keys[src[0] : src[1]]
         new.digests[dst[0] : dst[1]] = index.digests[src[0] : src[1]]
         new.scores[:, dst[0] : dst[1]] = index.scores[:, src[0] : src[1]]
+        if copy_ranks:
+            new.victim_rank[dst[0] : dst[1]] = index.victim_rank[src[0] : src[1]]
     new.sizes.copy_(index.sizes)
     new.sizes[table_id] = 0
     moved = export(index, table_id)

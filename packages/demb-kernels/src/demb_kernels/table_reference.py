@@ -21,13 +21,17 @@ Readings of the definition where it leaves a choice open:
 * export keeps a slot when ``scores[score_word] >= min_score``;
 * rehash into a table too small for the keys reports ``-1`` as the new slot of a key that
   did not fit (a doubled capacity never overflows).
+
+A table may rank its victims by another order than its score words
+(:meth:`TableModel.set_victim_order`, the model of ``TableIndex.victim_rank``): a function of a
+candidate's slot and score words, evaluated when a victim is chosen.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
-from typing import TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 from demb_planner import BUCKET_ALIGNMENT, home_slots
@@ -47,6 +51,7 @@ __all__ = [
     "TIMESTAMP",
     "TIMESTAMP_LFU",
     "TableModel",
+    "VictimOrder",
 ]
 
 EMPTY_KEY = -1
@@ -76,6 +81,10 @@ Slot: TypeAlias = tuple[int, list[int]] | None
 
 InsertOutcome: TypeAlias = tuple[list[int], list[int], list[int], list[list[int]]]
 """``(slots, status, victim_keys, victim_scores)``; ``victim_scores[i]`` holds ``W`` words."""
+
+VictimOrder: TypeAlias = Callable[[int, list[int]], Any]
+"""``(slot, score words) -> sort key`` of a victim candidate: the lowest key is evicted (ties
+to the first in circular order). Keys of one table must be mutually comparable."""
 
 
 def _int64(name: str, value: int) -> int:
@@ -132,6 +141,7 @@ class TableModel:
         self._w = words
         self._slots: list[list[Slot]] = [[None] * c for c in self._capacities]
         self._where: list[dict[int, int]] = [{} for _ in self._capacities]
+        self._orders: list[VictimOrder | None] = [None] * len(self._capacities)
 
     @staticmethod
     def _check_capacity(capacity: int, width: int) -> None:
@@ -166,6 +176,12 @@ class TableModel:
     def policies(self) -> tuple[int, ...]:
         """Score policy of each table."""
         return tuple(self._policies)
+
+    def set_victim_order(self, table_id: int, order: VictimOrder | None) -> None:
+        """Rank table ``table_id``'s victims by ``order(slot, score words)`` (lowest first, ties
+        to the first in circular order) instead of by score words; None restores the score
+        words. The model of a ranked table of ``TableIndex`` (``order`` reading the ranks)."""
+        self._orders[self._table(table_id)] = order
 
     # ------------------------------------------------------------------ validation
 
@@ -233,7 +249,8 @@ class TableModel:
         """Where a missing key goes: ``(slot, status, evicted slot content)``; slot -1: FAILED.
 
         The first empty slot in the key's circular order, else (not under NO_EVICTION) the
-        unprotected slot with the smallest score tuple, ties to the first in circular order.
+        unprotected slot with the smallest score tuple (or victim order, where the table has
+        one), ties to the first in circular order.
         """
         width = self._widths[t]
         table = self._slots[t]
@@ -243,13 +260,14 @@ class TableModel:
                 return slot, INSERTED, None
         if self._policies[t] == NO_EVICTION:
             return -1, FAILED, None
+        ranking = self._orders[t]
         best = -1
-        best_score: tuple[int, ...] = ()
+        best_score: Any = None
         for slot in order:
             content = table[slot]
             if slot in protected or content is None:
                 continue
-            score = tuple(content[1])
+            score = tuple(content[1]) if ranking is None else ranking(slot, list(content[1]))
             if best < 0 or score < best_score:
                 best, best_score = slot, score
         if best < 0:

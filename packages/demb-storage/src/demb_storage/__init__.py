@@ -4,7 +4,13 @@
 :mod:`demb_storage.options` has the per-table options.
 """
 
-from demb_storage._errors import InsertFailedError, StorageError, TableConfigError
+from demb_storage._errors import (
+    AdmissionConfigError,
+    CounterDataError,
+    InsertFailedError,
+    StorageError,
+    TableConfigError,
+)
 from demb_storage._export import export_table
 from demb_storage._gated import find_or_insert_launched
 from demb_storage._retained import KeyBuffer
@@ -18,9 +24,7 @@ from demb_storage.admission import (
     ProbabilisticAdmissionStrategy,
 )
 from demb_storage.counter import (
-    AdmissionConfigError,
     Counter,
-    CounterDataError,
     KVCounter,
     MemoryType,
     MultiTableKVCounter,
@@ -40,6 +44,7 @@ from demb_storage.options import (
     TableConfig,
     resolve_score_strategy,
 )
+from demb_storage.score_function import ScoreFunction, float_rank
 from demb_storage.scored_table import EvictedRows, InsertOutcome, ScoredHashTable, TableExport
 from demb_storage.slot_writes import SlotWrites, clear_slots
 
@@ -65,6 +70,7 @@ __all__ = [
     "MultiTableProbabilisticAdmitter",
     "ProbabilisticAdmissionStrategy",
     "SafeCheckMode",
+    "ScoreFunction",
     "ScoreLayout",
     "ScoreStrategy",
     "ScoredHashTable",
@@ -76,6 +82,7 @@ __all__ = [
     "clear_slots",
     "export_table",
     "find_or_insert_launched",
+    "float_rank",
     "initialize_rows",
     "new_rows_spec",
     "resolve_score_strategy",

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from demb_planner import DembError
 
-__all__ = ["InsertFailedError", "StorageError", "TableConfigError"]
+__all__ = [
+    "AdmissionConfigError",
+    "CounterDataError",
+    "InsertFailedError",
+    "StorageError",
+    "TableConfigError",
+]
 
 
 class StorageError(DembError):
@@ -18,6 +24,7 @@ class TableConfigError(StorageError, ValueError):
         super().__init__(f"{option}={value!r}: {reason}")
         self.option = option
         self.value = value
+        self.reason = reason
 
 
 class InsertFailedError(StorageError, RuntimeError):
@@ -32,3 +39,23 @@ class InsertFailedError(StorageError, RuntimeError):
         )
         self.failed = failed
         self.batch = batch
+
+
+class AdmissionConfigError(TableConfigError):
+    """An admission option (strategy or counter) is invalid; :meth:`for_table` names the
+    table."""
+
+    def for_table(self, table: str) -> AdmissionConfigError:
+        """The same error with the option prefixed by the table's name (``<table>.<option>``)."""
+        return AdmissionConfigError(f"{table}.{self.option}", self.value, self.reason)
+
+
+class CounterDataError(StorageError, ValueError):
+    """Keys and counts handed to a counter (files or tensors) are malformed.
+
+    The message names the file or the argument; ``source`` holds it.
+    """
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"{source}: {reason}")
+        self.source = source

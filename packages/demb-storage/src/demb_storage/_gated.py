@@ -64,6 +64,7 @@ def find_or_insert_launched(
         )
     args = checked_scores(score_args, table.num_tables, table.device)
     gather = None if gather_rows is None else RowGather(table.values, *gather_rows)
+    table.rank_victims(args)  # tables with a score_function: on the device, no sync
     result, host, rows = find_or_insert_gated(
         table.index, launched.keys, launched.tables, args,
         launched.counts if counts else None, launched.info, gather=gather,

@@ -26,8 +26,9 @@ from typing import TypeVar
 
 import torch
 
+from demb_storage._errors import AdmissionConfigError
 from demb_storage._toss import admit_by_toss, table_salts
-from demb_storage.counter import AdmissionConfigError, Counter, KVCounter, MultiTableKVCounter
+from demb_storage.counter import Counter, KVCounter, MultiTableKVCounter
 from demb_storage.initializers import InitializerArgs
 
 __all__ = [

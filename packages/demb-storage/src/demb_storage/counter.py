@@ -29,12 +29,10 @@ from demb_kernels import table as ops
 from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 from demb_planner import BUCKET_ALIGNMENT
 
-from demb_storage._errors import StorageError, TableConfigError
+from demb_storage._errors import AdmissionConfigError, CounterDataError
 
 __all__ = [
-    "AdmissionConfigError",
     "Counter",
-    "CounterDataError",
     "CounterFile",
     "KVCounter",
     "MemoryType",
@@ -46,33 +44,6 @@ CounterFile: TypeAlias = str | os.PathLike[str] | BinaryIO
 
 _KEY_TYPES = (torch.int64, torch.int32)
 _MAX_BUCKET = 2**31 - 1
-
-
-class AdmissionConfigError(TableConfigError):
-    """An admission option (strategy or counter) is invalid.
-
-    A :class:`TableConfigError` (so a ``ValueError``) that also keeps its ``reason``, so the
-    module that builds admitters can name the table with :meth:`for_table`.
-    """
-
-    def __init__(self, option: str, value: object, reason: str) -> None:
-        super().__init__(option, value, reason)
-        self.reason = reason
-
-    def for_table(self, table: str) -> AdmissionConfigError:
-        """The same error with the option prefixed by the table's name (``<table>.<option>``)."""
-        return AdmissionConfigError(f"{table}.{self.option}", self.value, self.reason)
-
-
-class CounterDataError(StorageError, ValueError):
-    """Keys and counts handed to a counter (files or tensors) are malformed.
-
-    The message names the file or the argument; ``source`` holds it.
-    """
-
-    def __init__(self, source: str, reason: str) -> None:
-        super().__init__(f"{source}: {reason}")
-        self.source = source
 
 
 class MemoryType(enum.Enum):
@@ -317,9 +288,13 @@ class MultiTableKVCounter(Counter):
         freq = self._frequencies(keys, frequencies)
         if keys.numel() == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
-        result = ops.find_or_insert(self._index, keys, table_ids, self._score_args, freq)
-        placed = result.slots >= 0
+        result, all_hit, _ = ops.find_or_insert_rows(
+            self._index, keys, table_ids, self._score_args, freq
+        )
         offsets = self._index.slot_offsets[table_ids]
+        if all_hit:  # every key was counted before: no eviction, none failed
+            return self._index.scores[0, offsets + result.slots]
+        placed = result.slots >= 0
         counts = self._index.scores[0, offsets + result.slots.clamp_min(0)]
         counts = torch.where(placed, counts, freq)
         self._count_evictions(table_ids, result.status)

@@ -11,6 +11,7 @@ from demb_kernels.table import ScorePolicy
 from demb_planner import BUCKET_ALIGNMENT
 
 from demb_storage._errors import TableConfigError
+from demb_storage.score_function import ScoreFunction, check_score_function
 
 __all__ = [
     "VALUE_DTYPES",
@@ -130,6 +131,13 @@ class TableConfig:
     """What failed inserts do (see :class:`SafeCheckMode`)."""
     retain_evicted: bool = False
     """Record the keys this table's inserts evict (``ScoredHashTable.evicted_keys``)."""
+    score_function: ScoreFunction | None = None
+    """Custom eviction score of a compound ``(TIMESTAMP, LFU)`` table (either order), or None
+    (evict the least frequent, then the oldest): ``score_function(scores, cur_timestamp) ->
+    float``, ``scores`` the key's timestamp and frequency in the tuple's order,
+    ``cur_timestamp`` the batch's timestamp; a full bucket evicts the key with the lowest score
+    (NaN first). A numba-compilable Python function of two positional parameters
+    (:mod:`demb_storage.score_function`), compiled when the table is built."""
 
     def __post_init__(self) -> None:
         for name in ("dim", "max_capacity", "bucket_capacity"):
@@ -172,7 +180,16 @@ class TableConfig:
             raise TableConfigError(
                 "safe_check_mode", self.safe_check_mode, "not a SafeCheckMode"
             ) from None
-        resolve_score_strategy(self.score_strategy)
+        layout = resolve_score_strategy(self.score_strategy)
+        if self.score_function is not None:
+            if layout.policy is not ScorePolicy.TIMESTAMP_LFU:
+                raise TableConfigError(
+                    "score_function",
+                    self.score_function,
+                    f"needs the compound score_strategy (TIMESTAMP, LFU) in either order, got "
+                    f"score_strategy={self.score_strategy!r}",
+                )
+            check_score_function(self.score_function)
 
     @property
     def width(self) -> int:

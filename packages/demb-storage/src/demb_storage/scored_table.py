@@ -31,6 +31,7 @@ from demb_storage._outcomes import EvictedRows, InsertOutcome, TableExport
 from demb_storage._retained import KeyBuffer
 from demb_storage._scores import TIME_POLICIES, batch_scores, checked_scores, settled_clock
 from demb_storage.options import SafeCheckMode, TableConfig
+from demb_storage.score_function import VictimRanker
 
 __all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
 
@@ -58,6 +59,11 @@ class ScoredHashTable:
             ``DYNAMICEMB_CSTM_SCORE_CHECK=0``.
         clock: returns the batch timestamp as a ``(1,)`` int64 tensor on ``device``; default
             :func:`demb_kernels.table.timestamp` (device timer on CUDA, monotonic ns on CPU).
+        names: the tables' names, for errors (default: their numbers).
+
+    Raises:
+        TableConfigError: no table, or a table's ``score_function`` that numba cannot compile
+            (for the CPU, and for the GPU on CUDA), naming the table.
     """
 
     def __init__(
@@ -69,6 +75,7 @@ class ScoredHashTable:
         deterministic: bool | None = None,
         score_check: bool | None = None,
         clock: Callable[[], torch.Tensor] | None = None,
+        names: Sequence[str] | None = None,
     ) -> None:
         if not tables:
             raise TableConfigError("tables", tables, "needs at least one table")
@@ -83,11 +90,15 @@ class ScoredHashTable:
         )
         self._clock = clock
         layouts = [c.score_layout for c in self.configs]
+        ranked = VictimRanker.ranked(self.configs)
+        self._ranker = None if ranked is None else VictimRanker(self.configs, self.device, names)
+        """The tables' compiled score functions, or None when no table has one."""
         self.index = TableIndex.create(
             [c.initial_capacity for c in self.configs],
             [c.bucket_capacity for c in self.configs],
             [layout.policy for layout in layouts],
             self.device,
+            ranked=ranked,
         )
         self.values = [self._allocate(c.initial_capacity, c) for c in self.configs]
         self.steps = [0] * self.num_tables
@@ -271,6 +282,7 @@ class ScoredHashTable:
             args = checked_scores(score_args, self.num_tables, self.device)
             self.steps = [s + 1 for s in self.steps]
         gather = None if gather_rows is None else ops.RowGather(self.values, *gather_rows)
+        self.rank_victims(args)
         result, all_hit, rows = ops.find_or_insert_rows(
             self.index, keys, table_ids, args, counts, gather=gather, check=check
         )
@@ -287,6 +299,15 @@ class ScoredHashTable:
             self._safe_check(table_ids, status)
         return InsertOutcome(slots, status, evicted)
 
+    def rank_victims(self, score_args: torch.Tensor) -> None:
+        """Before an op that may evict: the victim ranks of the tables with a
+        ``score_function`` (:class:`~demb_storage.score_function.VictimRanker`), each slot's
+        score given ``cur_timestamp = score_args[t]`` (``(T,)`` int64 on the index device; on
+        CUDA no sync). Nothing when no table has one. This table's inserts call it; a caller
+        running the :mod:`demb_kernels.table` inserts on :attr:`index` itself calls it first."""
+        if self._ranker is not None:
+            self._ranker.refresh(self.index, score_args)
+
     def next_score_args(self) -> torch.Tensor:
         """``(T,)`` int64 on the index device: the batch score per table that the next
         :meth:`find_or_insert` gives its keys (STEP: the next step; clock policies: the clock
@@ -302,6 +323,7 @@ class ScoredHashTable:
         values: Sequence[torch.Tensor | None] | None = None,
     ) -> InsertOutcome:
         """Insert keys or overwrite them, with given scores and optionally rows (loading).
+        A table with a ``score_function`` ranks its victims at the clock's reading now.
 
         Args:
             keys: ``(N,)`` int64 keys.
@@ -312,6 +334,8 @@ class ScoredHashTable:
         """
         keys, table_ids = ops.as_batch(self.index, keys, table_ids)
         self._grow_for(keys, table_ids)
+        if self._ranker is not None:
+            self.rank_victims(self.next_score_args())
         result = ops.insert_or_assign(self.index, keys, table_ids, scores)
         self.record_evictions(table_ids, result.status, result.victim_keys)
         self.outcomes.add(table_ids, result.status)

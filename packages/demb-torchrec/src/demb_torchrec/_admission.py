@@ -17,13 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from demb_kernels.init_rows import init_new_rows, new_rows_args
+from demb_kernels.table import InsertStatus
 from demb_storage import (
     AdmissionStrategy,
     Counter,
     InitializerArgs,
     MultiTableAdmitter,
     MultiTableKVCounter,
-    initialize_rows,
+    new_rows_spec,
 )
 
 from demb_torchrec.errors import ConfigError, NotSupportedError
@@ -52,6 +54,7 @@ class ModuleAdmission:
             strategy gives no initializer).
         max_capacities: per table, the ``num_embeddings`` a strategy's UNIFORM bounds complete
             from.
+        dims: per table, its embedding dim; seeds: its initializer seed.
         device: the module's device.
     """
 
@@ -61,6 +64,8 @@ class ModuleAdmission:
         names: Sequence[str],
         init_args: Sequence[InitializerArgs],
         max_capacities: Sequence[int],
+        dims: Sequence[int],
+        seeds: Sequence[int],
         device: torch.device,
     ) -> None:
         num_tables = len(strategies)
@@ -102,6 +107,12 @@ class ModuleAdmission:
                     self.fill_args[t] = own.complete(max_capacities[t])
         self.num_tables = num_tables
         self.device = device
+        self._fill_rows = new_rows_args(
+            list(dims),
+            [new_rows_spec(a, seed) for a, seed in zip(self.fill_args, seeds, strict=True)],
+            [None] * num_tables,
+        )
+        """What :meth:`fill_rejected` writes: per table its fill initializer, no state."""
         self._admitted = torch.zeros(num_tables, dtype=torch.int64, device=device)
         self._rejected = torch.zeros(num_tables, dtype=torch.int64, device=device)
         self._counter_evictions = torch.zeros(num_tables, dtype=torch.int64)
@@ -146,27 +157,33 @@ class ModuleAdmission:
                     f"{tuple(admit.shape)}, expected a bool mask of {tuple(asked.shape)}"
                 )
             t = tables[asked]
-            ones = torch.ones_like(t)
-            self._admitted.index_add_(0, t[admit], ones[admit])
-            self._rejected.index_add_(0, t[~admit], ones[~admit])
-            rejected[asked[~admit]] = True
+            out = ~admit
+            self._admitted.index_add_(0, t, admit.to(torch.int64))
+            self._rejected.index_add_(0, t, out.to(torch.int64))
+            rejected[asked] = out
         return rejected
 
     def fill_rejected(
         self,
         keys: torch.Tensor,
+        tables: torch.Tensor,
+        bounds: list[int],
         rejected: torch.Tensor,
-        rows: torch.Tensor,
-        t: int,
-        dim: int,
-        seed: int,
+        rows: list[torch.Tensor],
     ) -> None:
-        """Write the rows of table ``t``'s rejected keys into ``rows`` (``(U_t, >= dim)``
-        float32, in place), from the table's fill initializer."""
-        where = torch.where(rejected, torch.arange(rejected.numel(), device=rows.device), -1)
-        fill = torch.zeros(rejected.numel(), dim, device=rows.device)
-        initialize_rows(fill, where, keys, dim, self.fill_args[t], seed, check=False)
-        rows[:, :dim] = torch.where(rejected[:, None], fill, rows[:, :dim])
+        """Write the rows of the rejected keys from their tables' fill initializers, every
+        table in one launch (no sync).
+
+        Args:
+            keys: ``(U,)`` int64 a batch's unique keys, grouped by table; tables: their
+                ``(U,)`` int64 tables; bounds: the ``T + 1`` host offsets of the groups.
+            rejected: ``(U,)`` bool the keys the admitters rejected.
+            rows: per table, its keys' ``(U_t, >= D_t)`` contiguous float32 rows (mutated).
+        """
+        starts = torch.tensor(bounds[:-1], dtype=torch.int64, device=keys.device)
+        local = torch.arange(keys.numel(), device=keys.device) - starts[tables]
+        status = rejected.to(torch.int64) * int(InsertStatus.INSERTED)  # others: HIT, skipped
+        init_new_rows(rows, local, keys, tables, status, self._fill_rows)
 
     def read_counts(self, reset: bool = True) -> dict[str, torch.Tensor]:
         """``(T,)`` int64 CPU tensors since the last reset: keys ``admitted`` and ``rejected``
@@ -195,6 +212,8 @@ def admission_of(
     names: Sequence[str],
     init_args: Sequence[InitializerArgs],
     max_capacities: Sequence[int],
+    dims: Sequence[int],
+    seeds: Sequence[int],
     device: torch.device,
 ) -> ModuleAdmission | None:
     """The module's admission, or None when no table sets ``admit_strategy``. A table whose
@@ -216,5 +235,7 @@ def admission_of(
         names,
         init_args,
         max_capacities,
+        dims,
+        seeds,
         device,
     )

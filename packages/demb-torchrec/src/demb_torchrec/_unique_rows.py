@@ -259,21 +259,10 @@ def _fill_missing(
 def fill_rejected(s: ForwardState, batch: DedupedBatch, rows: Rows) -> None:
     """Per table, the rows (``rows[t]``: ``(U_t, D_t)`` float32, in place) of the keys the
     admitters rejected in this batch (:attr:`ForwardState.rejected`) from their fill
-    initializer."""
+    initializers."""
     rejected, admission = s.rejected[0], s.admission
-    if rejected is None or admission is None:
-        return
-    b = batch.table_bounds
-    for t in range(s.num_tables):
-        if b[t + 1] > b[t]:
-            admission.fill_rejected(
-                batch.keys[b[t] : b[t + 1]],
-                rejected[b[t] : b[t + 1]],
-                rows[t],
-                t,
-                s.dims[t],
-                s.seeds[t],
-            )
+    if rejected is not None and admission is not None:
+        admission.fill_rejected(batch.keys, batch.tables, batch.table_bounds, rejected, rows)
 
 
 def feature_index(s: ForwardState, batch: DedupedBatch) -> list[torch.Tensor]:

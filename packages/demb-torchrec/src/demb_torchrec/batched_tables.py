@@ -122,7 +122,7 @@ class DynamicEmbeddingTables(torch.nn.Module):
             raise TableConfigError(
                 "pooling_mode", self.pooling_mode, "NONE needs every feature's table of one dim"
             )
-        self.tables = ScoredHashTable(configs, self.device)
+        self.tables = ScoredHashTable(configs, self.device, names=names)
         pairs = list(zip(options, configs, strict=True))
         self.init_args = [o.initializer_args.complete(c.max_capacity) for o, c in pairs]
         self.eval_args = [o.eval_initializer_args.complete(c.max_capacity) for o, c in pairs]
@@ -140,6 +140,8 @@ class DynamicEmbeddingTables(torch.nn.Module):
             names,
             self.init_args,
             [c.max_capacity for c in configs],
+            self.dims,
+            self.seeds,
             self.device,
         )
         """The tables' admitters (:mod:`demb_torchrec._admission`), or None: every key is

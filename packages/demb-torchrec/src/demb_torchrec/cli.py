@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from demb_torchrec.bench._parsers import (
+    add_admission_parser,
     add_delta_parser,
     add_fuzz_parser,
     add_io_parser,
@@ -272,6 +273,21 @@ def _bench_retain(args: argparse.Namespace) -> int:
     return _write_report(run(w, device), args)
 
 
+def _bench_admission(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.admission_bench import AdmissionWorkload, run
+
+    device = _device(args)
+    default = 1.0 if device.type == "cuda" else 0.01
+    w = AdmissionWorkload(
+        scale=args.scale if args.scale is not None else default,
+        steps=args.steps,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        seed=args.seed,
+    )
+    return _write_report(run(w, device), args)
+
+
 def _bench_delta(args: argparse.Namespace) -> int:
     from demb_torchrec.bench.delta_bench import DeltaWorkload, run
 
@@ -369,6 +385,7 @@ def _parser() -> argparse.ArgumentParser:
     add_readspeed_parser(bench)
     add_delta_parser(bench)
     add_retain_parser(bench)
+    add_admission_parser(bench)
     return parser
 
 
@@ -454,6 +471,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "readspeed": _bench_readspeed,
             "delta": _bench_delta,
             "retain": _bench_retain,
+            "admission": _bench_admission,
         }
         return runs[args.bench](args)
     for name, value in environment_report():

@@ -139,7 +139,6 @@ _NOT_YET: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "caching": (lambda v: bool(v), "the GPU cache over a host table is not built yet"),
     "external_storage": (lambda v: v is not None, "external storage is not built yet"),
-    "score_function": (lambda v: v is not None, "numba score functions are not built yet"),
 }
 
 
@@ -176,6 +175,15 @@ def table_config(options: DynamicEmbTableOptions, state_dim: int, table: str) ->
     dim, max_capacity = options.dim, options.max_capacity
     assert dim is not None
     assert max_capacity is not None
+    try:
+        return _config(options, state_dim, dim, max_capacity)
+    except TableConfigError as e:  # named: the table and the option
+        raise TableConfigError(e.option, e.value, f"table {table!r}: {e.reason}") from None
+
+
+def _config(
+    options: DynamicEmbTableOptions, state_dim: int, dim: int, max_capacity: int
+) -> TableConfig:
     return TableConfig(
         dim=dim,
         max_capacity=max_capacity,
@@ -187,4 +195,5 @@ def table_config(options: DynamicEmbTableOptions, state_dim: int, table: str) ->
         score_strategy=options.score_strategy,
         safe_check_mode=options.safe_check_mode,
         retain_evicted=EvictedItemMode(options.evicted_item_mode) is EvictedItemMode.RETAIN_KEY,
+        score_function=options.score_function,
     )

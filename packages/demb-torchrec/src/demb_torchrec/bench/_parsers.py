@@ -1,5 +1,6 @@
-"""The argument parsers of ``demb bench io``, ``fuzz``, ``soak``, ``readspeed`` and ``delta``
-(and the parser every ``demb bench`` subcommand starts from); imported by
+"""The argument parsers of ``demb bench io``, ``fuzz``, ``soak``, ``readspeed``, ``delta``,
+``retain`` and ``admission`` (and the parser every ``demb bench`` subcommand starts from);
+imported by
 :mod:`demb_torchrec.cli`.
 No torch import: ``demb --help`` stays fast."""
 
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
     _Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 __all__ = [
+    "add_admission_parser",
     "add_delta_parser",
     "add_fuzz_parser",
     "add_io_parser",
@@ -236,3 +238,22 @@ def add_retain_parser(bench: _Subparsers) -> None:
     retain.add_argument("--steps", type=int, default=10, help="timed steps a round (10)")
     retain.add_argument("--rounds", type=int, default=5, help="alternating rounds (5)")
     retain.add_argument("--warmup", type=int, default=5, help="untimed steps first (5)")
+
+
+def add_admission_parser(bench: _Subparsers) -> None:
+    """``demb bench admission``."""
+    admission = bench_parser(
+        bench,
+        "admission",
+        "the train step with frequency admission (20%% new keys a step) beside the step "
+        "without; the admission counter's add beside the table's find_or_insert of the same "
+        "keys; the train step of evicting (TIMESTAMP, LFU) tables with a score_function beside "
+        "the built-in eviction; fails if a figure's work is not what it should be",
+        device=True,
+        scale="rows and samples times this (default 1 on a GPU: about 130 GB of GPU memory, "
+        "an H200; 0.5 fits an 80 GB H100; 0.01 on the CPU)",
+    )
+    admission.add_argument("--steps", type=int, default=10, help="timed steps a round (10)")
+    admission.add_argument("--rounds", type=int, default=5, help="alternating rounds (5)")
+    admission.add_argument("--warmup", type=int, default=5, help="untimed steps first (5)")
+    admission.add_argument("--seed", type=int, default=0, help="the batches' seed (0)")

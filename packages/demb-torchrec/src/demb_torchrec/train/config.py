@@ -16,10 +16,10 @@ Sections and keys (defaults in :data:`DEFAULTS`)::
                 dist_type, initializer, init_std; admit_strategy (none, frequency,
                 probabilistic) with admit_threshold (frequency), admit_probability
                 (probabilistic) and counter_capacity (the frequency counter's keys per
-                table and rank); and the options whose feature demb does not have yet
-                (caching, global_hbm_for_values, local_hbm_for_values, external_storage,
-                score_function) or that the specification deprecates (admission_counter):
-                setting one fails naming it
+                table and rank); score_function ("module:function", TIMESTAMP+LFU
+                only); and the options whose feature demb does not have yet (caching,
+                global_hbm_for_values, local_hbm_for_values, external_storage) or that the
+                specification deprecates (admission_counter): setting one fails naming it
     [tables.cat_N]  the same keys for one table (cat_0 ... cat_25)
     [online]    delta_every, ckpt_every, blocking_ckpt
     [output]    dir (logs, plots, deltas, checkpoints), tensorboard
@@ -31,15 +31,24 @@ Every key is checked: an unknown one, a wrong type or a value out of range raise
 from __future__ import annotations
 
 import copy
+import importlib
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.train.batch import NUM_SPARSE
 
-__all__ = ["DEFAULTS", "DEPRECATED", "NOT_BUILT", "Settings", "load_settings", "parse_override"]
+__all__ = [
+    "DEFAULTS",
+    "DEPRECATED",
+    "NOT_BUILT",
+    "Settings",
+    "load_settings",
+    "parse_override",
+    "resolve_function",
+]
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "data": {
@@ -75,6 +84,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "admit_threshold": 3,
         "admit_probability": 0.5,
         "counter_capacity": 65536,
+        "score_function": "",
     },
     "online": {"delta_every": 500, "ckpt_every": 2000, "blocking_ckpt": False},
     "output": {"dir": "demb-train-out", "tensorboard": True},
@@ -94,7 +104,6 @@ NOT_BUILT: dict[str, str] = {
     "global_hbm_for_values": "memory tiers (value placement budgets) are not built yet",
     "local_hbm_for_values": "memory tiers (value placement budgets) are not built yet",
     "external_storage": "memory tiers (external storage) are not built yet",
-    "score_function": "custom eviction score functions are not built yet",
 }
 """Table options of the specification whose feature demb does not have yet: setting one fails
 before training, naming it."""
@@ -298,6 +307,27 @@ def _check_type(where: str, value: object, default: object) -> None:
         raise ConfigError(f"{where}={value!r}: must be like {default!r} ({type(default).__name__})")
 
 
+def resolve_function(where: str, path: str) -> Callable[..., Any]:
+    """The function a ``score_function`` setting names: ``package.module:function`` (or
+    ``package.module.function``).
+
+    Raises:
+        ConfigError: the module cannot be imported or has no such callable.
+    """
+    module, sep, name = path.partition(":")
+    if not sep:
+        module, _, name = path.rpartition(".")
+    if not module or not name:
+        raise ConfigError(f"{where}={path!r}: expected package.module:function")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"{where}={path!r}: {err}") from None
+    if not callable(found):
+        raise ConfigError(f"{where}={path!r}: not a function")
+    return cast("Callable[..., Any]", found)
+
+
 def _check_special(where: str, name: str, value: Any) -> None:  # noqa: ANN401 (a TOML value)
     if name == "tables.score_strategy" and value not in _SCORES:
         raise ConfigError(f"{where}={value!r}: one of {', '.join(_SCORES)}")
@@ -312,6 +342,8 @@ def _check_special(where: str, name: str, value: Any) -> None:  # noqa: ANN401 (
         raise ConfigError(f"{where}={value!r}: uniform, normal or truncated_normal")
     if name == "tables.admit_strategy" and value not in _ADMISSION:
         raise ConfigError(f"{where}={value!r}: one of {', '.join(_ADMISSION)}")
+    if name == "tables.score_function" and value:
+        resolve_function(where, value)
     if name == "tables.admit_probability" and not 0 < value <= 1:
         raise ConfigError(f"{where}={value!r}: must be in (0, 1] (0 would admit no key)")
     if name == "tables.max_load_factor" and not 0 < value <= 1:

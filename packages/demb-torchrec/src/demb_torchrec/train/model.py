@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,7 @@ from demb_torchrec.options import (
 from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
 from demb_torchrec.sharders import DynamicEmbeddingBagCollectionSharder
 from demb_torchrec.train.batch import NUM_DENSE, ClickBatch, feature_names
-from demb_torchrec.train.config import Settings
+from demb_torchrec.train.config import Settings, resolve_function
 
 __all__ = ["Rank", "TrainModel", "build_model", "init_rank", "to_inputs"]
 
@@ -140,6 +141,7 @@ def table_options(settings: Settings, name: str) -> DynamicEmbTableOptions:
             dist_type=s["dist_type"],
             initializer_args=init,
             admit_strategy=_admission(s),
+            score_function=_score_function(s, name),
         )
     except (ValueError, TypeError, NotImplementedError) as err:
         raise ConfigError(f"tables.{name}: {err}") from None
@@ -153,6 +155,19 @@ def _admission(s: dict[str, Any]) -> AdmissionStrategy | None:
     if s["admit_strategy"] == "probabilistic":
         return ProbabilisticAdmissionStrategy(float(s["admit_probability"]))
     return None
+
+
+def _score_function(s: dict[str, Any], name: str) -> Callable[..., Any] | None:
+    """A table's ``score_function`` from its setting (None when empty)."""
+    path = s["score_function"]
+    if not path:
+        return None
+    if s["score_strategy"] != "TIMESTAMP+LFU":
+        raise ConfigError(
+            f"tables.{name}.score_function={path!r}: needs score_strategy TIMESTAMP+LFU "
+            f"(the table's is {s['score_strategy']})"
+        )
+    return resolve_function(f"tables.{name}.score_function", path)
 
 
 def _optimizer(settings: Settings) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
