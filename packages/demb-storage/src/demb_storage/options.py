@@ -11,7 +11,7 @@ from demb_kernels.table import ScorePolicy
 from demb_planner import BUCKET_ALIGNMENT
 
 from demb_storage._errors import TableConfigError
-from demb_storage.score_function import ScoreFunction, check_score_function
+from demb_storage._score_check import ScoreFunction, check_score_function
 
 __all__ = [
     "VALUE_DTYPES",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import inspect
 import math
 import struct
 import threading
@@ -37,6 +36,7 @@ import torch
 from demb_kernels.table import TableIndex
 
 from demb_storage._errors import TableConfigError
+from demb_storage._score_check import ScoreFunction, check_score_function
 
 if TYPE_CHECKING:
     from demb_storage.options import TableConfig
@@ -50,10 +50,6 @@ __all__ = [
     "cuda_rank_function",
     "float_rank",
 ]
-
-ScoreFunction = Callable[[Any, int], float]
-"""``score_function(scores, cur_timestamp) -> float``: ``scores`` two int64 words in the
-table's tuple order, ``cur_timestamp`` an int64; a numba-compilable Python function."""
 
 CPU_SIGNATURE = "void(int64[:, ::1], int64[::1], int64, int64, int64, int64, int64)"
 """The signature of the CPU rank kernel (see :func:`_cpu_kernel`)."""
@@ -75,29 +71,6 @@ class _CpuKernel(Protocol):
 
 class _CudaKernel(Protocol):
     def __getitem__(self, launch: tuple[int, int, object]) -> Callable[..., None]: ...
-
-
-def check_score_function(function: object) -> None:
-    """Raise unless ``function`` is a Python function of exactly two positional parameters
-    (``scores, cur_timestamp``), as numba compiles it.
-
-    Raises:
-        TableConfigError: naming ``score_function`` and what is wrong.
-    """
-    if not inspect.isfunction(function):
-        raise TableConfigError(
-            "score_function", function, "must be a Python function (scores, cur_timestamp)"
-        )
-    params = list(inspect.signature(function).parameters.values())
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if len(params) != 2 or any(p.kind not in positional for p in params):
-        names = ", ".join(str(p) for p in params)
-        raise TableConfigError(
-            "score_function",
-            function,
-            f"{function.__qualname__}({names}) must take exactly two positional parameters "
-            "(scores, cur_timestamp)",
-        )
 
 
 def _order_bits(value: float, bits: int) -> int:
