@@ -108,7 +108,11 @@ def test_sharded_rows_equal_one_unsharded_module(run_ranks, world, dist_type, op
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("world", "optimizer"),
-    [(1, "sgd"), (2, "adam"), pytest.param(4, "sgd", marks=pytest.mark.slow)],
+    [
+        pytest.param(1, "sgd", marks=pytest.mark.slow),  # 1 rank: test_admission_module.py
+        (2, "adam"),
+        pytest.param(4, "sgd", marks=pytest.mark.slow),
+    ],
 )
 def test_sharded_admission_equals_one_unsharded_module(run_ranks, world, optimizer):
     """Frequency admission (threshold 2) on every table: each owner rank counts the keys it
