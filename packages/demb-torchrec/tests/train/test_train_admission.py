@@ -70,7 +70,7 @@ def test_score_function_settings_name_a_function_of_compound_tables() -> None:
 def test_a_run_with_frequency_admission_records_and_plots_it(tmp_path: Path) -> None:
     """With a score function on every table too."""
     out = tmp_path / "run"
-    args = [a if a != "120" else "40" for a in SMALL]  # 40 steps
+    args = [a if a != "120" else "20" for a in SMALL]  # 20 steps
     path = "demb_torchrec.train.score_functions:lru_lfu_decay_score"
     done = run(
         "--out", str(out), *args,
