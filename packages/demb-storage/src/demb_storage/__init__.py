@@ -8,6 +8,8 @@ from demb_storage._errors import (
     AdmissionConfigError,
     CounterDataError,
     InsertFailedError,
+    StorageBatchError,
+    StorageClosedError,
     StorageError,
     TableConfigError,
 )
@@ -29,6 +31,7 @@ from demb_storage.counter import (
     MemoryType,
     MultiTableKVCounter,
 )
+from demb_storage.device_storage import DynamicEmbeddingTable
 from demb_storage.initializers import (
     InitializerArgs,
     InitializerMode,
@@ -44,9 +47,19 @@ from demb_storage.options import (
     TableConfig,
     resolve_score_strategy,
 )
+from demb_storage.rocksdb_storage import RocksDBStorage
 from demb_storage.score_function import ScoreFunction, float_rank
 from demb_storage.scored_table import EvictedRows, InsertOutcome, ScoredHashTable, TableExport
 from demb_storage.slot_writes import SlotWrites, clear_slots
+from demb_storage.storage import Storage
+from demb_storage.storage_results import (
+    EvictedEntries,
+    FoundEntries,
+    InsertedEntries,
+    MemoryUsage,
+    RowLayout,
+    StorageExport,
+)
 
 __all__ = [
     "DEFAULT_COUNTER_CAPACITY",
@@ -55,27 +68,38 @@ __all__ = [
     "AdmissionStrategy",
     "Counter",
     "CounterDataError",
+    "DynamicEmbeddingTable",
+    "EvictedEntries",
     "EvictedRows",
+    "FoundEntries",
     "FrequencyAdmissionStrategy",
     "InitializerArgs",
     "InitializerMode",
     "InsertFailedError",
     "InsertOutcome",
+    "InsertedEntries",
     "KVCounter",
     "KeyBuffer",
     "MemoryType",
+    "MemoryUsage",
     "MultiTableAdmitter",
     "MultiTableFrequencyAdmitter",
     "MultiTableKVCounter",
     "MultiTableProbabilisticAdmitter",
     "ProbabilisticAdmissionStrategy",
+    "RocksDBStorage",
+    "RowLayout",
     "SafeCheckMode",
     "ScoreFunction",
     "ScoreLayout",
     "ScoreStrategy",
     "ScoredHashTable",
     "SlotWrites",
+    "Storage",
+    "StorageBatchError",
+    "StorageClosedError",
     "StorageError",
+    "StorageExport",
     "TableConfig",
     "TableConfigError",
     "TableExport",

@@ -8,6 +8,8 @@ __all__ = [
     "AdmissionConfigError",
     "CounterDataError",
     "InsertFailedError",
+    "StorageBatchError",
+    "StorageClosedError",
     "StorageError",
     "TableConfigError",
 ]
@@ -59,3 +61,17 @@ class CounterDataError(StorageError, ValueError):
     def __init__(self, source: str, reason: str) -> None:
         super().__init__(f"{source}: {reason}")
         self.source = source
+
+
+class StorageBatchError(StorageError, ValueError):
+    """A batch handed to a :class:`Storage` is malformed (shape, dtype, table id, duplicate
+    key, tables of different row layouts); the message names the argument and the table."""
+
+    def __init__(self, argument: str, reason: str) -> None:
+        super().__init__(f"{argument}: {reason}")
+        self.argument = argument
+        self.reason = reason
+
+
+class StorageClosedError(StorageError, RuntimeError):
+    """A :class:`Storage` was used after :meth:`Storage.close`."""

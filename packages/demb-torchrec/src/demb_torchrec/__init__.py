@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING
 from demb_storage import (
     AdmissionStrategy,
     Counter,
+    DynamicEmbeddingTable,
     FrequencyAdmissionStrategy,
     KVCounter,
     MemoryType,
     MultiTableAdmitter,
     MultiTableKVCounter,
     ProbabilisticAdmissionStrategy,
+    Storage,
 )
 
 from demb_torchrec import errors
@@ -93,6 +95,7 @@ __all__ = [
     "DynamicEmbeddingCollectionSharder",
     "DynamicEmbeddingEnumerator",
     "DynamicEmbeddingShardingPlanner",
+    "DynamicEmbeddingTable",
     "DynamicEmbeddingTables",
     "EvictedItemMode",
     "FormatError",
@@ -112,6 +115,7 @@ __all__ = [
     "ProbabilisticAdmissionStrategy",
     "ReplayContent",
     "ReplayStats",
+    "Storage",
     "StorageError",
     "TableConfigError",
     "TableStats",

@@ -12,7 +12,11 @@ the specification (``except ValueError``) keeps working::
     ├── OptimizerConfigError (ValueError)    an optimizer hyper-parameter
     ├── StorageError                         demb-storage
     │   ├── TableConfigError (ValueError)    a table option
-    │   └── InsertFailedError (RuntimeError) keys that found no slot (safe-check ERROR)
+    │   │   └── AdmissionConfigError         an admission strategy or counter option
+    │   ├── InsertFailedError (RuntimeError) keys that found no slot (safe-check ERROR)
+    │   ├── CounterDataError (ValueError)    counter keys and counts that do not fit together
+    │   ├── StorageBatchError (ValueError)   a malformed batch for an external Storage
+    │   └── StorageClosedError (RuntimeError) a Storage used after close()
     ├── InputError (ValueError)              a bad value given to a module or model API
     ├── ConfigError (ValueError)             a model, plan, sharding or checkpoint setting
     ├── CheckpointError (RuntimeError)       a dump that failed on some rank (nothing committed)
