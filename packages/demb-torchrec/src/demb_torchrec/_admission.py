@@ -185,6 +185,21 @@ class ModuleAdmission:
         status = rejected.to(torch.int64) * int(InsertStatus.INSERTED)  # others: HIT, skipped
         init_new_rows(rows, local, keys, tables, status, self._fill_rows)
 
+    def fill_rejected_occurrences(
+        self, keys: torch.Tensor, tables: torch.Tensor, rejected: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """Write the rows of the rejected keys' occurrences into ``out`` from their tables'
+        fill initializers, in one launch (no sync).
+
+        Args:
+            keys: ``(N,)`` int64 each occurrence's key; tables: its ``(N,)`` int64 table.
+            rejected: ``(N,)`` bool the occurrences of keys the admitters rejected.
+            out: ``(N, >= D)`` contiguous float32 one row per occurrence (mutated).
+        """
+        status = rejected.to(torch.int64) * int(InsertStatus.INSERTED)  # others: HIT, skipped
+        slots = torch.arange(keys.numel(), device=keys.device)
+        init_new_rows([out] * self.num_tables, slots, keys, tables, status, self._fill_rows)
+
     def read_counts(self, reset: bool = True) -> dict[str, torch.Tensor]:
         """``(T,)`` int64 CPU tensors since the last reset: keys ``admitted`` and ``rejected``
         per table, and ``counter_evictions`` (keys the admission counters evicted); zeroed

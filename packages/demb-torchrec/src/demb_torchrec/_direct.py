@@ -29,7 +29,9 @@ class DirectRows(TrainRows):
     """Training, NONE pooling over tables of one dim and dtype (<= 64 tables: one-launch
     gathers). Each occurrence's row is read straight from its table (one launch, or the rows
     find_or_insert read when every key was found), and in backward each key's occurrence
-    gradients are summed in the dedup's sorted order (``demb::summed_update``)."""
+    gradients are summed in the dedup's sorted order (``demb::summed_update``). With admission,
+    a rejected key's occurrences read its fill initializer's row (and train nothing: slot
+    -1)."""
 
     __slots__ = ()
 
@@ -40,6 +42,11 @@ class DirectRows(TrainRows):
         if out is None:
             out = gather_table_rows(
                 s.tables.values, slots, batch.tables, batch.inverse, s.dim, check=False
+            )
+        if s.admission is not None and s.rejected[0] is not None:
+            occurrences = batch.inverse  # the rejected keys' rows (slot -1: zeros so far)
+            s.admission.fill_rejected_occurrences(
+                batch.keys[occurrences], batch.tables[occurrences], s.rejected[0][occurrences], out
             )
         if grad:
             out = summed_per_key(s, s.trigger, batch, slots, out, s.dim)

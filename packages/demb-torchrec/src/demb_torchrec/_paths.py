@@ -46,16 +46,16 @@ def train_path(state: ForwardState) -> TrainPath:
       dim;
     - :class:`~demb_torchrec._unique_rows.MixedRows`: tables of several dims.
 
-    A module with admission takes the last two (they fill the rejected keys' rows). Each
-    starts with the same :class:`~demb_torchrec._find_or_insert.FindOrInsert` (on CUDA the
-    one-sync lookup while no table can grow).
+    A module with admission takes DirectRows or the last two (they fill the rejected keys'
+    rows). Each starts with the same :class:`~demb_torchrec._find_or_insert.FindOrInsert` (on
+    CUDA the one-sync lookup while no table can grow).
     """
     configs = state.tables.configs
     pooled = state.pooling_mode is not DynamicEmbPoolingMode.NONE
+    if state.gathers_none_rows:  # with admission too: it fills the rejected keys' rows
+        return DirectRows(state)
     if state.admission is not None:  # rejected keys' rows come from an initializer
         return UniformRows(state) if state.one_dim else MixedRows(state)
-    if state.gathers_none_rows:
-        return DirectRows(state)
     if (
         pooled
         and state.one_dim

@@ -290,10 +290,10 @@ def _admission(
         unit="s/step",
     )
     fig["note"] = (
-        f"with admission the training forward takes the unique-rows path ({paths['admission']}:"
-        " a find of the step's unique keys, the counter's add and erase of the missing ones, "
-        f"then find_or_insert of the admitted); without it, {paths['no admission']} (one "
-        "find_or_insert)"
+        f"both take {paths['admission']} / {paths['no admission']}; with admission the "
+        "forward first finds the step's unique keys, adds the missing ones to the counter "
+        "(erasing those admitted), runs find_or_insert of the others and writes the rejected "
+        "keys' rows from their initializer; without it, one find_or_insert"
     )
     checks = {**counts, "new_keys_asked": asked, "keys_added": added, "train_path": paths}
     return fig, checks
