@@ -56,3 +56,36 @@ def test_off_by_default_and_switched_off() -> None:
     count_insert_outcomes(model, enabled=False)
     step(model, torch.arange(15, 20), torch.arange(5))
     assert table_stats(model)["sparse"]["user"].inserted == 0
+
+
+def test_table_memory_counts_index_rows_and_counter():
+    """Per table: its slots' key, digest and score words, its value rows and its share of the
+    admission counter; on the CPU all of it host memory."""
+    from demb_torchrec import (
+        DynamicEmbeddingTables,
+        DynamicEmbTableOptions,
+        FrequencyAdmissionStrategy,
+        KVCounter,
+        table_memory,
+    )
+
+    strategy = FrequencyAdmissionStrategy(2, KVCounter(1024, bucket_capacity=128))
+    m = DynamicEmbeddingTables(
+        [
+            DynamicEmbTableOptions(dim=8, max_capacity=256, admit_strategy=strategy),
+            DynamicEmbTableOptions(dim=4, max_capacity=512),
+        ],
+        table_names=["a", "b"],
+        optimizer="adam",
+    )
+    memory = (
+        table_memory(m)["model"]
+        if "model" in table_memory(m)
+        else next(iter(table_memory(m).values()))
+    )
+    index = 8 + 1 + 8  # key, digest, one score word
+    counter = 1024 * index + 64  # its slots, and a few words of per-table state
+    assert memory["a"].device == memory["b"].device == 0
+    assert memory["b"].host == 512 * (index + 4 * (4 + 8))
+    table_a = 256 * (index + 4 * (8 + 16))
+    assert table_a + 1024 * index <= memory["a"].host <= table_a + counter + 64

@@ -67,7 +67,7 @@ from demb_torchrec.options import (
 from demb_torchrec.replay import ReplayContent, ReplayStats, replay_increment
 from demb_torchrec.retained import erase_keys, pop_erased_keys, pop_evicted_keys
 from demb_torchrec.scores import get_score, set_score
-from demb_torchrec.stats import TableStats, count_insert_outcomes, table_stats
+from demb_torchrec.stats import TableStats, count_insert_outcomes, table_memory, table_stats
 
 __all__ = [
     "BUCKET_ALIGNMENT",
@@ -133,6 +133,7 @@ __all__ = [
     "pop_evicted_keys",
     "replay_increment",
     "set_score",
+    "table_memory",
     "table_stats",
 ]
 

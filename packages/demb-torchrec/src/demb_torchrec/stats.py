@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import torch
+from demb_storage import MemoryType, MemoryUsage, MultiTableKVCounter
 from torch import nn
 
 from demb_torchrec.model_tables import dynamic_tables
 
-__all__ = ["TableStats", "count_insert_outcomes", "table_stats"]
+__all__ = ["TableStats", "count_insert_outcomes", "table_memory", "table_stats"]
 
 
 @dataclass(frozen=True)
@@ -91,4 +93,37 @@ def table_stats(model: nn.Module, reset: bool = True) -> dict[str, dict[str, Tab
             failed=counts["failed"],
             **{name: v[t.index] for name, v in admission.get(key, {}).items()},
         )
+    return out
+
+
+def _bytes(tensors: list[torch.Tensor]) -> MemoryUsage:
+    device = sum(x.nbytes for x in tensors if x.device.type != "cpu")
+    return MemoryUsage(device=device, host=sum(x.nbytes for x in tensors) - device)
+
+
+def table_memory(model: nn.Module) -> dict[str, dict[str, MemoryUsage]]:
+    """``{collection: {table: MemoryUsage}}``: the bytes each dynamic table of ``model`` holds on
+    this rank, by kind of memory (``device``: GPU memory; ``host``: host memory, which is where
+    a CPU table lives; ``external``: files), now (a table that grew holds more): its slots' keys,
+    digests and scores, its value rows (embedding and optimizer state) and its admission
+    counter (frequency admission). No sync."""
+    out: dict[str, dict[str, MemoryUsage]] = {}
+    for t in dynamic_tables(model):
+        tables = t.module.tables
+        index = tables.index
+        lo, hi = index.slot_range(t.index)
+        slots = [index.keys[lo:hi], index.digests[lo:hi], index.scores[:, lo:hi]]
+        used = _bytes(slots) + _bytes([tables.values[t.index]])
+        admission = t.module.admission
+        found = None if admission is None else admission.counter_of(t.index)
+        if found is not None:
+            counter, local = found
+            share = 1.0  # a custom counter's memory is counted whole, with each of its tables
+            if isinstance(counter, MultiTableKVCounter):  # its slots' share of the fused one
+                share = counter.capacities[local] / sum(counter.capacities)
+            used = used + MemoryUsage(
+                device=round(counter.memory_usage(MemoryType.DEVICE) * share),
+                host=round(counter.memory_usage(MemoryType.HOST) * share),
+            )
+        out.setdefault(t.collection, {})[t.name] = used
     return out
