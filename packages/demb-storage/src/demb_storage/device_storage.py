@@ -104,7 +104,7 @@ class DynamicEmbeddingTable(Storage):
         )
         keys, ids = batch.keys[order], batch.table_ids[order]
         rows, scores = rows[order], scores[:, order]
-        table._grow_for(keys, ids)  # the growth ScoredHashTable.insert_or_assign does first
+        table.grow_for(keys, ids)  # the growth ScoredHashTable.insert_or_assign does first
         table.rank_victims(table.next_score_args())  # nothing unless a table has score_function
         result = ops.insert_or_assign(table.index, keys, ids, scores)
         status = result.status

@@ -275,7 +275,7 @@ class ScoredHashTable:
             InsertFailedError: keys failed in a table whose safe-check mode is ERROR.
         """
         keys, table_ids = ops.as_batch(self.index, keys, table_ids)
-        self._grow_for(keys, table_ids)
+        self.grow_for(keys, table_ids)
         if score_args is None:
             args = self._score_args()
         else:
@@ -333,7 +333,7 @@ class ScoredHashTable:
                 None.
         """
         keys, table_ids = ops.as_batch(self.index, keys, table_ids)
-        self._grow_for(keys, table_ids)
+        self.grow_for(keys, table_ids)
         if self._ranker is not None:
             self.rank_victims(self.next_score_args())
         result = ops.insert_or_assign(self.index, keys, table_ids, scores)
@@ -489,8 +489,10 @@ class ScoredHashTable:
         no_eviction = self.index.policy_list[t] is ScorePolicy.NO_EVICTION
         return no_eviction or self.index.capacities[t] < self.configs[t].max_capacity
 
-    def _grow_for(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
-        """Double the tables the batch's missing keys could take above their load factor."""
+    def grow_for(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
+        """Double the tables the ``(N,)`` int64 ``keys`` of ``table_ids``, where missing, could
+        take above their load factor (what find_or_insert and insert_or_assign do first; a
+        caller inserting through the index itself calls it before)."""
         if not self._any_growable:
             return
         growable = [t for t in range(self.num_tables) if self._growable(t)]
