@@ -36,16 +36,8 @@ TARGETS_H200 = {"train_ms": 1.0, "eval_ms": 0.35}
 _BASELINE_OPTIMIZERS = {"sgd", "adagrad", "rowwise_adagrad"}  # what FBGEMM's CPU TBE runs
 
 
-def _capacity(rows: int, bucket: int = 128) -> int:
-    """Slots for ``rows`` keys at load factor <= 0.5: a power of two, >= one bucket."""
-    cap = bucket
-    while cap < 2 * rows:
-        cap *= 2
-    return cap
-
-
 def build(w: Workload, device: torch.device) -> DynamicEmbeddingTables:
-    cap = _capacity(w.rows)
+    cap = w.spare_capacity
     options = [
         DynamicEmbTableOptions(dim=w.dim, max_capacity=cap, bucket_capacity=128)
         for _ in range(w.tables)

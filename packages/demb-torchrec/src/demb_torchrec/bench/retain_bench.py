@@ -57,12 +57,8 @@ class RetainWorkload:
 
     @property
     def capacity(self) -> int:
-        """Slots per table: a power of two, at least half a step's ids of a table (fewer than
-        the distinct ids of a step or two: every step evicts)."""
-        cap = 128
-        while cap < self.reference.samples // 2:
-            cap *= 2
-        return cap
+        """Slots per table: every step evicts (:attr:`Workload.evicting_capacity`)."""
+        return self.reference.evicting_capacity
 
 
 def _build(

@@ -39,8 +39,29 @@ class Workload:
             samples=max(1, round(self.samples * scale)),
         )
 
+    @property
+    def spare_capacity(self) -> int:
+        """Slots a table of ``rows`` keys gets at load factor <= 0.5: a power of two, at least
+        one bucket of 128."""
+        return _power_of_two(2 * self.rows)
+
+    @property
+    def evicting_capacity(self) -> int:
+        """Slots a table gets that every step evicts from: a power of two (at least one bucket
+        of 128) of at least half a step's ids of a table, fewer than the distinct ids of a step
+        or two."""
+        return _power_of_two(self.samples // 2)
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _power_of_two(at_least: int, bucket: int = 128) -> int:
+    """The smallest power of two ``>= at_least`` and ``>= bucket``."""
+    cap = bucket
+    while cap < at_least:
+        cap *= 2
+    return cap
 
 
 def power_law_ids(gen: torch.Generator, n: int, rows: int, alpha: float) -> torch.Tensor:
