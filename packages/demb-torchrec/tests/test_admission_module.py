@@ -285,3 +285,29 @@ def test_score_function_reaches_the_tables_and_bad_ones_name_the_table():
         build(_decay, DynamicEmbScoreStrategy.LFU)
     with pytest.raises(TableConfigError, match=r"table 'items': numba cannot compile"):
         build(lambda scores, now: float(object() is None))
+
+
+@pytest.mark.parametrize("dims", [(4, 4), (4, 8)])  # the unique-rows paths of one and two dims
+def test_pooled_bags_read_rejected_rows_from_the_strategy_initializer(dims):
+    """SUM pooling: a bag of rejected keys sums their initializer rows; a bag holding an
+    admitted key sums its table row; the rejected keys stay out of the tables."""
+    strategy = FrequencyAdmissionStrategy(2, KVCounter(128), initializer_args=MINUS)
+    options = [
+        DynamicEmbTableOptions(dim=d, max_capacity=256, initializer_args=UNIFORM,
+                               admit_strategy=strategy)
+        for d in dims
+    ]  # fmt: skip
+    m = DynamicEmbeddingTables(options, pooling_mode=DynamicEmbPoolingMode.SUM, learning_rate=0.1)
+    # feature 0: bags [1, 2], [3, 3]; feature 1: bags [5], [6, 7]
+    indices = torch.tensor([1, 2, 3, 3, 5, 6, 7])
+    offsets = torch.tensor([0, 2, 4, 5, 7])
+    out = m(indices, offsets)
+    assert keys_of(m, 0) == {3}
+    assert keys_of(m, 1) == set()
+    row3 = m.tables.export(0).values[0, : dims[0]]
+    torch.testing.assert_close(out[0, : dims[0]], torch.full((dims[0],), -6.0))
+    torch.testing.assert_close(out[1, : dims[0]], 2 * row3)
+    torch.testing.assert_close(out[0, dims[0] :], torch.full((dims[1],), -3.0))
+    torch.testing.assert_close(out[1, dims[0] :], torch.full((dims[1],), -6.0))
+    type_name = type(m._train_path).__name__
+    assert type_name == ("UniformRows" if dims[0] == dims[1] else "MixedRows")

@@ -165,40 +165,25 @@ class ModuleAdmission:
 
     def fill_rejected(
         self,
+        rows: list[torch.Tensor],
+        slots: torch.Tensor,
         keys: torch.Tensor,
         tables: torch.Tensor,
-        bounds: list[int],
         rejected: torch.Tensor,
-        rows: list[torch.Tensor],
     ) -> None:
-        """Write the rows of the rejected keys from their tables' fill initializers, every
-        table in one launch (no sync).
+        """Write the rows of rejected keys from their tables' fill initializers, every table in
+        one launch (no sync): entry ``i``, where ``rejected[i]``, gets the row of ``keys[i]``
+        at ``rows[tables[i]][slots[i]]``.
 
         Args:
-            keys: ``(U,)`` int64 a batch's unique keys, grouped by table; tables: their
-                ``(U,)`` int64 tables; bounds: the ``T + 1`` host offsets of the groups.
-            rejected: ``(U,)`` bool the keys the admitters rejected.
-            rows: per table, its keys' ``(U_t, >= D_t)`` contiguous float32 rows (mutated).
-        """
-        starts = torch.tensor(bounds[:-1], dtype=torch.int64, device=keys.device)
-        local = torch.arange(keys.numel(), device=keys.device) - starts[tables]
-        status = rejected.to(torch.int64) * int(InsertStatus.INSERTED)  # others: HIT, skipped
-        init_new_rows(rows, local, keys, tables, status, self._fill_rows)
-
-    def fill_rejected_occurrences(
-        self, keys: torch.Tensor, tables: torch.Tensor, rejected: torch.Tensor, out: torch.Tensor
-    ) -> None:
-        """Write the rows of the rejected keys' occurrences into ``out`` from their tables'
-        fill initializers, in one launch (no sync).
-
-        Args:
-            keys: ``(N,)`` int64 each occurrence's key; tables: its ``(N,)`` int64 table.
-            rejected: ``(N,)`` bool the occurrences of keys the admitters rejected.
-            out: ``(N, >= D)`` contiguous float32 one row per occurrence (mutated).
+            rows: per table, a contiguous float32 buffer of rows ``(R_t, >= D_t)`` (mutated;
+                the same tensor may serve several tables).
+            slots: ``(N,)`` int64 each entry's row in its table's buffer.
+            keys: ``(N,)`` int64; tables: each entry's ``(N,)`` int64 table.
+            rejected: ``(N,)`` bool the entries whose key the admitters rejected.
         """
         status = rejected.to(torch.int64) * int(InsertStatus.INSERTED)  # others: HIT, skipped
-        slots = torch.arange(keys.numel(), device=keys.device)
-        init_new_rows([out] * self.num_tables, slots, keys, tables, status, self._fill_rows)
+        init_new_rows(rows, slots, keys, tables, status, self._fill_rows)
 
     def read_counts(self, reset: bool = True) -> dict[str, torch.Tensor]:
         """``(T,)`` int64 CPU tensors since the last reset: keys ``admitted`` and ``rejected``

@@ -45,8 +45,12 @@ class DirectRows(TrainRows):
             )
         if s.admission is not None and s.rejected[0] is not None:
             occurrences = batch.inverse  # the rejected keys' rows (slot -1: zeros so far)
-            s.admission.fill_rejected_occurrences(
-                batch.keys[occurrences], batch.tables[occurrences], s.rejected[0][occurrences], out
+            s.admission.fill_rejected(
+                [out] * s.num_tables,
+                torch.arange(occurrences.numel(), device=s.device),
+                batch.keys[occurrences],
+                batch.tables[occurrences],
+                s.rejected[0][occurrences],
             )
         if grad:
             out = summed_per_key(s, s.trigger, batch, slots, out, s.dim)

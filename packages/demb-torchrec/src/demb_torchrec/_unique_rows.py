@@ -67,8 +67,9 @@ class UniformRows(TrainRows):
         batch, slots, _, _ = found
         s = self._state
         whole = whole_rows(s, batch, slots, None, None)
-        if s.admission is not None:
-            fill_rejected(s, batch, batch.per_table(whole))
+        if s.admission is not None:  # one buffer, a row per unique key
+            slots_in_whole = torch.arange(batch.keys.numel(), device=s.device)
+            fill_rejected(s, batch, [whole] * s.num_tables, slots_in_whole)
         if grad:
             return self._trained(s, batch, slots, whole, bags)
         return pool_uniform(whole, batch.inverse, bags, s.num_features, s.pooling_mode)
@@ -93,8 +94,10 @@ class MixedRows(TrainRows):
         batch, slots, _, _ = found
         s = self._state
         rows = rows_per_table(s, batch, slots, None, None, None)
-        if s.admission is not None:
-            fill_rejected(s, batch, rows)
+        if s.admission is not None:  # a buffer per table, its keys' rows
+            starts = torch.tensor(batch.table_bounds[:-1], device=s.device)
+            in_table = torch.arange(batch.keys.numel(), device=s.device) - starts[batch.tables]
+            fill_rejected(s, batch, rows, in_table)
         local = feature_index(s, batch)
         if grad:
             sources, local = self._trained(s, batch, slots, rows, local)
@@ -256,13 +259,13 @@ def _fill_missing(
     rows.copy_(torch.where(missing[:, None], fill, rows))
 
 
-def fill_rejected(s: ForwardState, batch: DedupedBatch, rows: Rows) -> None:
-    """Per table, the rows (``rows[t]``: ``(U_t, D_t)`` float32, in place) of the keys the
-    admitters rejected in this batch (:attr:`ForwardState.rejected`) from their fill
-    initializers."""
+def fill_rejected(s: ForwardState, batch: DedupedBatch, rows: Rows, slots: torch.Tensor) -> None:
+    """The rows of the unique keys the admitters rejected in this batch
+    (:attr:`ForwardState.rejected`) from their fill initializers, each at ``rows[t][slots[u]]``
+    (``rows``: per table, float32 rows, in place; ``slots``: ``(U,)`` int64)."""
     rejected, admission = s.rejected[0], s.admission
     if rejected is not None and admission is not None:
-        admission.fill_rejected(batch.keys, batch.tables, batch.table_bounds, rejected, rows)
+        admission.fill_rejected(rows, slots, batch.keys, batch.tables, rejected)
 
 
 def feature_index(s: ForwardState, batch: DedupedBatch) -> list[torch.Tensor]:
