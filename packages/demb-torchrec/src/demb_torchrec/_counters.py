@@ -94,12 +94,7 @@ def load_counter(t: ModelTable, metas: list[ShardMeta], found: list[CounterRows]
     for keys, counts in found:
         mine = owner_rank(keys, t.world_size, t.dist_type, t.block_size()) == t.rank
         if mine.any():
-            device = counter.device
-            counter.import_(
-                local,
-                torch.from_numpy(keys[mine]).to(device),
-                torch.from_numpy(counts[mine]).to(device),
-            )
+            _import(counter, local, (keys[mine], counts[mine]))
 
 
 def restore_counter(t: ModelTable, rows: CounterRows | None) -> None:
@@ -109,7 +104,11 @@ def restore_counter(t: ModelTable, rows: CounterRows | None) -> None:
         return
     counter, local = target
     counter.clear(local)
+    _import(counter, local, rows)
+
+
+def _import(counter: MultiTableKVCounter, local: int, rows: CounterRows) -> None:
+    """Host counter ``rows`` inserted into table ``local`` of ``counter``."""
     device = counter.device
-    counter.import_(
-        local, torch.from_numpy(rows[0]).to(device), torch.from_numpy(rows[1]).to(device)
-    )
+    keys, counts = (torch.from_numpy(a).to(device) for a in rows)
+    counter.import_(local, keys, counts)
