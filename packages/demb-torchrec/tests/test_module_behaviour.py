@@ -260,7 +260,7 @@ def test_bad_configurations_are_named():
         DynamicEmbeddingTables(one, device="cpu", beta1=0.9)
     with pytest.raises(ValueError, match="learning_rate"):
         DynamicEmbeddingTables(one, device="cpu", learning_rate=-1.0)
-    with pytest.raises(NotImplementedError, match="caching"):
+    with pytest.raises(ValueError, match="caching=True sizes its device cache"):
         tables(caching=True)
     with pytest.raises(ValueError, match="score_function"):  # only with (TIMESTAMP, LFU)
         tables(score_function=lambda s, now: 0.0)

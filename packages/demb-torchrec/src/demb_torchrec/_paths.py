@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 
 from demb_torchrec._direct import DirectRows, EvalDirectRows, EvalPooledFromTables, PooledFromTables
-from demb_torchrec._find_or_insert import TrainOutput
+from demb_torchrec._find_or_insert import Found, TrainOutput
 from demb_torchrec._state import Bags, ForwardState, is_zero
 from demb_torchrec._unique_rows import EvalMixedRows, EvalUniformRows, MixedRows, UniformRows
 from demb_torchrec.options import DynamicEmbPoolingMode
@@ -24,6 +24,10 @@ class TrainPath(Protocol):
     def forward(self, bags: Bags, grad: bool) -> TrainOutput:
         """A checked, non-empty batch's output, statuses and table bounds (``grad``: the
         output takes part in backward)."""
+        ...
+
+    def output(self, found: Found, bags: Bags, grad: bool) -> torch.Tensor:
+        """The output of ``bags`` whose keys are ``found`` (a caching module's lookup)."""
         ...
 
 

@@ -35,8 +35,10 @@ from demb_torchrec._args import (
     resolve_device,
 )
 from demb_torchrec._autograd import TrainStep, trained_rows
+from demb_torchrec._cache import CacheTier
 from demb_torchrec._paths import eval_path, train_path
 from demb_torchrec._state import Bags, ForwardState
+from demb_torchrec._tiers import place_tables
 from demb_torchrec.errors import TrainingStateError
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions, table_config
 
@@ -122,7 +124,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
             raise TableConfigError(
                 "pooling_mode", self.pooling_mode, "NONE needs every feature's table of one dim"
             )
-        self.tables = ScoredHashTable(configs, self.device, names=names)
+        placement = place_tables(options, configs, names, self.device)
+        self.tables = ScoredHashTable(placement.configs, self.device, names=names)
+        """The module's tables; for a caching table, its device cache."""
         pairs = list(zip(options, configs, strict=True))
         self.init_args = [o.initializer_args.complete(c.max_capacity) for o, c in pairs]
         self.eval_args = [o.eval_initializer_args.complete(c.max_capacity) for o, c in pairs]
@@ -173,6 +177,19 @@ class DynamicEmbeddingTables(torch.nn.Module):
             admission=self.admission,
         )
         self.features_of_table = self._state.features_of_table
+        self.cache: CacheTier | None = None
+        """The storage tier under the caching tables (:mod:`demb_torchrec._cache`), or None
+        when no table caches."""
+        if any(b is not None for b in placement.below):
+            eval_specs = [
+                new_rows_spec(a, s) for a, s in zip(self.eval_args, self.seeds, strict=True)
+            ]
+            self.cache = CacheTier(
+                self._state,
+                placement.below,
+                new_rows_args(self.dims, eval_specs, [None] * len(configs)),
+                placement.retains,
+            )
         # The forward's paths, picked now (docs/architecture.md, "The table module's paths").
         self._train_path = train_path(self._state)
         self._eval_path = eval_path(self._state)
@@ -239,10 +256,14 @@ class DynamicEmbeddingTables(torch.nn.Module):
                 "built with training=False (no optimizer state): use module.eval() or "
                 "torch.no_grad() to look them up",
             )
+        if self.cache is not None:  # the trigger of this forward, not an earlier one's
+            self._state.trigger = self.cache.base_trigger
         if indices.numel() == 0 or batch_size == 0:
             return self._empty(batch_size, grad)
         bags = Bags(indices, offsets, batch_size, pooling_weights, frequency_counters)
         try:
+            if self.cache is not None:
+                return self._cached_forward(bags, grad)
             if not self.training:
                 return self._eval_path.forward(bags)
             out, status, bounds = self._train_path.forward(bags, grad)
@@ -257,7 +278,37 @@ class DynamicEmbeddingTables(torch.nn.Module):
         """Per table, the ``(capacity, dim + state)`` value rows."""
         return self.tables.values
 
+    def flush(self) -> None:
+        """Write every row of the caching tables' caches back to their storage and empty the
+        caches (the storage then holds every key); nothing for a module without caching."""
+        if self.cache is not None:
+            self.cache.flush()
+
+    def cache_stats(self, reset: bool = True) -> dict[str, dict[str, int]]:
+        """Per caching table, since the last read: ``cache_hits``, ``storage_hits``,
+        ``misses`` (new keys), ``write_backs`` (rows written to the storage), ``overflows``
+        (keys trained outside a full cache bucket) and ``evictions`` (keys the storage
+        dropped). Empty for a module without caching."""
+        if self.cache is None:
+            return {}
+        stats = self.cache.read_stats(reset)
+        below = self.cache.below
+        return {n: st for n, st, b in zip(self.table_names, stats, below, strict=True) if b}
+
     # ------------------------------------------------------------------------------ internals
+    def _cached_forward(self, bags: Bags, grad: bool) -> torch.Tensor:
+        """A forward of a module with caching tables: the tier's lookup, then the training
+        path's output (without gradient in eval)."""
+        assert self.cache is not None
+        if not self.training:
+            out = self._train_path.output(self.cache.eval_lookup(bags), bags, False)
+        else:
+            batch, slots, status, _ = self.cache.train_lookup(bags, grad)
+            out = self._train_path.output((batch, slots, status, None), bags, grad)
+            counts = status_count_tensor(status, batch.table_bounds)
+            self.tables.record_failures(counts[1], int(status.numel()))
+        return out if out.dtype == self.output_dtype else out.to(self.output_dtype)
+
     def _empty(self, batch_size: int, grad: bool) -> torch.Tensor:
         """The output of a batch without indices; in training it still takes part in
         backward (a step with no rows: Adam's step count advances, as in FBGEMM)."""

@@ -42,6 +42,7 @@ from demb_torchrec.model_tables import (
     dynamic_tables,
     gather_errors,
     process_group,
+    refuse_caching,
     select_tables,
     to_numpy,
 )
@@ -274,6 +275,7 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
     """
     group = process_group(pg)
     tables = select_tables(dynamic_tables(model), table_names)
+    refuse_caching(tables, "DynamicEmbDump")
     check_group(group, tables)
     target = Path(path)
     rank = 0 if group is None else dist.get_rank(group)

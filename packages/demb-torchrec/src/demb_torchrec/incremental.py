@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from demb_torchrec.errors import ConfigError, InputTypeError, NotSupportedError
-from demb_torchrec.model_tables import ModelTable, dynamic_tables
+from demb_torchrec.model_tables import ModelTable, dynamic_tables, refuse_caching
 from demb_torchrec.scores import current_scores
 
 __all__ = ["TIMESTAMP", "DeltaDumpResult", "age_columns", "incremental_dump"]
@@ -238,6 +238,7 @@ def incremental_dump(
     if pg is not None and not (dist.is_available() and dist.is_initialized()):
         raise ConfigError("incremental_dump: pg given, but torch.distributed is not initialized")
     picked = _thresholds(dynamic_tables(model), score_threshold)
+    refuse_caching([t for t, _ in picked], "incremental_dump")
     for t, _ in picked:
         _check_dist(t)
     if pg is not None:  # every rank's last forward is done before any rank reads its clock

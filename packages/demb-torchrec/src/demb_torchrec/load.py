@@ -29,6 +29,7 @@ from demb_torchrec.model_tables import (
     from_numpy,
     index_words,
     process_group,
+    refuse_caching,
     select_tables,
 )
 
@@ -221,6 +222,7 @@ def DynamicEmbLoad(  # noqa: N802 (the spec's name)
     """
     group = process_group(pg)
     tables = select_tables(dynamic_tables(model), table_names)
+    refuse_caching(tables, "DynamicEmbLoad")
     check_group(group, tables)
     ckpt = Checkpoint(path)
     shards = [ckpt.shards(t.collection, t.name) for t in tables]

@@ -21,7 +21,7 @@ from demb_planner import continuous_block_size
 from torch import nn
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
-from demb_torchrec.errors import ConfigError
+from demb_torchrec.errors import ConfigError, NotSupportedError
 
 __all__ = [
     "ModelTable",
@@ -33,6 +33,7 @@ __all__ = [
     "gather_errors",
     "index_words",
     "process_group",
+    "refuse_caching",
     "select_tables",
     "to_numpy",
 ]
@@ -100,6 +101,19 @@ def dynamic_tables(model: nn.Module) -> list[ModelTable]:
         elif isinstance(m, DynamicEmbeddingTables):
             found += [ModelTable(name, m, t, 0, 1, None) for t in range(m.num_tables)]
     return found
+
+
+def refuse_caching(tables: Sequence[ModelTable], api: str) -> None:
+    """Raise :class:`~demb_torchrec.errors.NotSupportedError` naming the first table with
+    ``caching=True``: ``api`` does not read or write a cache's storage tier yet."""
+    for t in tables:
+        if t.module.options[t.index].caching:
+            raise NotSupportedError(
+                "DynamicEmbTableOptions.caching",
+                f"{api} does not cover the storage tier under a cache yet (the rows there would "
+                "be missed); it supports tables with caching=False",
+                table=f"{t.collection}/{t.name}",
+            )
 
 
 def select_tables(tables: list[ModelTable], table_names: TableNames) -> list[ModelTable]:

@@ -132,13 +132,6 @@ _NOT_YET: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v != DynamicEmbEvictStrategy.LRU,
         "demb evicts by score_strategy; evict_strategy takes only its default",
     ),
-    "local_hbm_for_values": (lambda v: v != 0, "value placement budgets come with storage tiers"),
-    "global_hbm_for_values": (
-        lambda v: v != 0,
-        "value placement budgets come with storage tiers",
-    ),
-    "caching": (lambda v: bool(v), "the GPU cache over a host table is not built yet"),
-    "external_storage": (lambda v: v is not None, "external storage is not built yet"),
 }
 
 
@@ -152,6 +145,24 @@ def check_supported(options: DynamicEmbTableOptions, table: str) -> None:
                 f"{getattr(options, name)!r} is not supported yet ({why})",
                 table=table,
             )
+    if options.global_hbm_for_values and not options.local_hbm_for_values:
+        raise TableConfigError(
+            "global_hbm_for_values",
+            options.global_hbm_for_values,
+            f"table {table!r}: the planner splits it into local_hbm_for_values per rank; a "
+            "table module built without the planner takes local_hbm_for_values",
+        )
+    for name in ("local_hbm_for_values", "global_hbm_for_values"):
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise TableConfigError(name, value, f"table {table!r}: must be an int >= 0 (bytes)")
+    if options.caching and not options.local_hbm_for_values:
+        raise TableConfigError(
+            "local_hbm_for_values",
+            0,
+            f"table {table!r}: caching=True sizes its device cache from this budget (bytes of "
+            "value rows); 0 leaves no room for one",
+        )
     if options.index_type not in (None, torch.int64, torch.int32):
         raise TableConfigError("index_type", options.index_type, "must be torch.int64 or int32")
     if options.evicted_item_mode not in list(EvictedItemMode):

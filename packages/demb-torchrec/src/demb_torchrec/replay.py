@@ -24,7 +24,7 @@ from torch import nn
 
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.incremental import DeltaDumpResult, _check_dist, age_columns
-from demb_torchrec.model_tables import ModelTable, dynamic_tables, index_words
+from demb_torchrec.model_tables import ModelTable, dynamic_tables, index_words, refuse_caching
 from demb_torchrec.scores import current_scores
 
 __all__ = ["ReplayContent", "ReplayStats", "replay_increment"]
@@ -286,6 +286,7 @@ def replay_increment(
         NotImplementedError: a table sharded with ``dist_type="continuous"``.
     """
     tables = {(t.collection, t.name): t for t in dynamic_tables(model)}
+    refuse_caching(list(tables.values()), "replay_increment")
     plans: list[_Plan] = []
     for collection, delta in deltas.items():
         lengths = {

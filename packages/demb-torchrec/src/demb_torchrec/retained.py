@@ -16,7 +16,7 @@ from demb_storage import KeyBuffer, ScoredHashTable
 from torch import nn
 
 from demb_torchrec.errors import ConfigError, InputTypeError
-from demb_torchrec.model_tables import ModelTable, dynamic_tables, select_tables
+from demb_torchrec.model_tables import ModelTable, dynamic_tables, refuse_caching, select_tables
 from demb_torchrec.options import EvictedItemMode
 
 __all__ = ["erase_keys", "pop_erased_keys", "pop_evicted_keys"]
@@ -64,8 +64,9 @@ def pop_evicted_keys(
         ascending; ``{}`` when no table retains evictions.
     """
 
-    def retains(t: ModelTable) -> bool:
-        return t.module.tables.configs[t.index].retain_evicted
+    def retains(t: ModelTable) -> bool:  # the option: a cache's own config retains nothing
+        mode = EvictedItemMode(t.module.options[t.index].evicted_item_mode)
+        return mode is EvictedItemMode.RETAIN_KEY
 
     return _pop(model, table_names, pg, retains, lambda s: s.evicted_keys)
 
@@ -104,6 +105,7 @@ def erase_keys(
     record = EvictedItemMode(mode) is EvictedItemMode.RETAIN_KEY
     names = {c: list(per_table) for c, per_table in keys.items()}
     tables = {(t.collection, t.name): t for t in select_tables(dynamic_tables(model), names)}
+    refuse_caching(list(tables.values()), "erase")
     for collection, per_table in keys.items():
         for name, k in per_table.items():
             if not isinstance(k, torch.Tensor) or k.dtype != torch.int64 or k.dim() != 1:

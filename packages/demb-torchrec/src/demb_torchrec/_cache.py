@@ -1,0 +1,402 @@
+"""Caching tables (``caching=True``): the module's table is a cache sized by the table's device
+budget over a :class:`~demb_storage.Storage` that holds every other row (docs/tiers.md).
+
+The tiers are exclusive: a key is in the cache or in the storage, never both. A training
+forward finds its unique keys in the cache; the missing ones are looked up in the storage, then
+every key goes through the cache's ``find_or_insert``. A key found in the storage moves into the
+cache with its row, optimizer state and scores (LFU counts add up); what the cache evicts for
+it is written back to the storage, and what the storage evicts is gone (recorded under
+``RETAIN_KEY``). A key whose cache bucket is full of this batch's keys *overflows*: it is trained
+in a scratch row past the cache's slots and written back to the storage after its backward.
+An eval forward reads both tiers and inserts nowhere. :class:`CacheTier` does all of it for the
+module's caching tables; the module's other tables run as before in the same batch.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from demb_kernels.init_rows import NewRowsArgs, init_new_rows
+from demb_kernels.rows import gather_rows, scatter_rows
+from demb_kernels.table import InsertStatus, ScorePolicy
+from demb_storage import InsertOutcome, Storage
+from torch.autograd.function import FunctionCtx
+
+from demb_torchrec._dedup import DedupedBatch, dedup_bags
+from demb_torchrec._state import Bags, ForwardState
+
+__all__ = ["STAT_NAMES", "CacheTier", "StorageSlot"]
+
+STAT_NAMES = ("cache_hits", "storage_hits", "misses", "write_backs", "overflows", "evictions")
+"""Per caching table, what :meth:`CacheTier.read_stats` counts: keys found in the cache, keys
+found in the storage, new keys, rows written back to the storage, keys trained outside the
+cache (their bucket was full of the batch's keys) and keys the storage evicted."""
+
+_FREQUENCY_WORD = {ScorePolicy.LFU: 0, ScorePolicy.TIMESTAMP_LFU: 0}
+"""The index score word that counts accesses, per policy that has one."""
+
+
+@dataclass(frozen=True)
+class StorageSlot:
+    """Where a caching table's rows live below the cache: ``storage``, as its table
+    ``table_id``."""
+
+    storage: Storage
+    table_id: int
+
+
+Fetched = dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""Per caching table, the storage's entries of some of a batch's keys: their positions in the
+batch ``(n,)``, rows ``(n, width)`` and index score words ``(W, n)``."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A forward's overflow rows, to write back to the storage: per caching table the keys,
+    their scratch rows (rows of ``buffers[t]``, the buffers of that forward) and score words."""
+
+    buffers: list[torch.Tensor]
+    keys: dict[int, torch.Tensor] = field(default_factory=dict)
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    words: dict[int, torch.Tensor] = field(default_factory=dict)
+    graph_alive: bool = False
+    """A backward may still update the rows (its autograd graph exists)."""
+
+
+class _GraphToken:
+    """Held by a step's autograd graph only: when the graph goes, so does the token."""
+
+
+class _WriteBackAfter(torch.autograd.Function):
+    """Identity on the trigger; its backward, which runs after the step's update, writes the
+    step's overflow rows back to the storage."""
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx, trigger: torch.Tensor, tier: CacheTier, pending: _Pending
+    ) -> torch.Tensor:
+        token = _GraphToken()
+        ctx.tier, ctx.pending, ctx.token = tier, pending, token  # type: ignore[attr-defined]
+        pending.graph_alive = True
+        weakref.finalize(token, tier.graph_freed, pending)
+        return trigger.view_as(trigger)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        ctx.tier.write_back(ctx.pending, release=True)  # type: ignore[attr-defined]
+        return grad, None, None
+
+
+class CacheTier:
+    """The storage tier of a module's caching tables and the lookups that use it.
+
+    Args:
+        state: the module's forward state (its ``tables`` are the caches).
+        below: per table, its :class:`StorageSlot`, or None for a table without caching.
+        eval_rows: :func:`~demb_kernels.init_rows.new_rows_args` of the tables' eval
+            initializers (the rows an eval forward reads for keys in neither tier).
+        retains: per table, whether it records the keys its last tier evicts.
+    """
+
+    def __init__(
+        self,
+        state: ForwardState,
+        below: Sequence[StorageSlot | None],
+        eval_rows: NewRowsArgs,
+        retains: Sequence[bool],
+    ) -> None:
+        self._state = state
+        self.below = list(below)
+        self._cached = torch.tensor([b is not None for b in below], device=state.device)
+        self._eval_rows = eval_rows
+        self._policies = [c.score_layout.policy for c in state.tables.configs]
+        self._retains = list(retains)
+        self._ends = [0] * state.num_tables
+        self._live: list[_Pending] = []
+        self.stats = torch.zeros((state.num_tables, len(STAT_NAMES)), dtype=torch.int64)
+        """``(T, 6)`` int64 :data:`STAT_NAMES` counts since the last :meth:`read_stats`."""
+        self.base_trigger = state.trigger
+
+    # ----------------------------------------------------------------------------- lookups
+    def train_lookup(
+        self, bags: Bags, grad: bool
+    ) -> tuple[DedupedBatch, torch.Tensor, torch.Tensor, None]:
+        """A training forward's lookup (the ``Found`` of
+        :class:`~demb_torchrec._find_or_insert.FindOrInsert`): every caching key ends with a
+        cache slot or a scratch row and a status of HIT (its row is set) or INSERTED (its row
+        was initialized); the other tables' keys as a plain ``find_or_insert`` leaves them."""
+        s = self._state
+        tables = s.tables
+        s.trigger = self.base_trigger
+        self._write_live()
+        scores = tables.next_score_args()
+        batch = dedup_bags(s, bags)
+        keys, ids = batch.keys, batch.tables
+        counts = batch.occurrence_counts()
+        cached = self._cached[ids]
+        missing = (cached & (tables.find(keys, ids, check=False) < 0)).nonzero().squeeze(1)
+        fetched = self._fetch(keys, ids, missing)
+        outcome = tables.find_or_insert(
+            keys, ids, counts=counts, return_evicted=True, zero_new_rows=False, check=False,
+            count_failures=False, score_args=scores,
+        )  # fmt: skip
+        slots, status = outcome.slots.clone(), outcome.status
+        self._move_up(keys, slots, fetched)
+        overflow = (cached & (status == InsertStatus.FAILED)).nonzero().squeeze(1)
+        self._spill(outcome, keys[overflow], ids[overflow])
+        pending = _Pending(list(tables.values))
+        self._reserve(ids, slots, overflow, pending)
+        found = torch.zeros_like(cached)
+        for p, _, _ in fetched.values():
+            found[p] = True
+        hit = status == InsertStatus.HIT
+        new = cached & ~found & ~hit
+        code = torch.where(new, int(InsertStatus.INSERTED), int(InsertStatus.HIT))
+        status = torch.where(cached, code, status)
+        init_new_rows(tables.values, slots, keys, ids, status, s.new_rows)
+        self._place(slots, fetched)
+        self._count(ids, [cached & hit, found, new], overflow)
+        if overflow.numel():
+            self._pend(pending, batch, slots, overflow, counts, scores, fetched)
+            if grad:
+                s.trigger = _WriteBackAfter.apply(self.base_trigger, self, pending)  # type: ignore[no-untyped-call]
+            else:
+                self.write_back(pending, release=True)
+        else:
+            self._release(pending)
+        return batch, slots, status, None
+
+    def eval_lookup(self, bags: Bags) -> tuple[DedupedBatch, torch.Tensor, None, None]:
+        """An eval forward's lookup: keys missing in the cache read their storage row, or the
+        eval initializer's, from scratch rows; nothing is inserted and no score changes."""
+        s = self._state
+        tables = s.tables
+        self._write_live()
+        batch = dedup_bags(s, bags)
+        keys, ids = batch.keys, batch.tables
+        slots = tables.find(keys, ids, check=False)
+        missing = (slots < 0).nonzero().squeeze(1)
+        pending = _Pending(list(tables.values))
+        self._reserve(ids, slots, missing, pending)
+        status = torch.full_like(keys, int(InsertStatus.HIT))
+        status[missing] = int(InsertStatus.INSERTED)
+        init_new_rows(tables.values, slots, keys, ids, status, self._eval_rows)
+        cached = missing[self._cached[ids[missing]]]
+        for t, (p, rows, _) in self._fetch(keys, ids, cached).items():
+            buf = tables.values[t]
+            scatter_rows(buf, slots[p], rows.to(buf.device, buf.dtype), check=False)
+        self._release(pending)
+        return batch, slots, None, None
+
+    # ----------------------------------------------------------------------------- flushing
+    def write_back(self, pending: _Pending, *, release: bool = False) -> None:
+        """Write a forward's overflow rows (read from that forward's buffers) to the storage;
+        keys the cache holds by now (a later forward moved them up) are skipped. ``release``:
+        its scratch rows are free again (its backward has run, or it has none)."""
+        tables = self._state.tables
+        for t, keys in pending.keys.items():
+            rows = gather_rows(pending.buffers[t], pending.rows[t], check=False)
+            outside = tables.find(keys, torch.full_like(keys, t), check=False) < 0
+            self._insert(t, keys[outside], rows[outside], pending.words[t][:, outside])
+            self.stats[t, 3] += int(outside.sum())
+        if release:
+            self._release(pending)
+
+    def graph_freed(self, pending: _Pending) -> None:
+        """A step's autograd graph is gone: no backward will update its rows any more."""
+        pending.graph_alive = False
+
+    def flush(self) -> None:
+        """Write every cached row (and every pending overflow row) to the storage and empty
+        the caches: the storage then holds each key of the caching tables."""
+        self._write_live()
+        tables = self._state.tables
+        for t, below in enumerate(self.below):
+            if below is None:
+                continue
+            ex = tables.export(t)
+            lo = tables.index.slot_range(t)[0]
+            self._insert(t, ex.keys, ex.values, tables.index.scores[:, lo + ex.slots])
+            self.stats[t, 3] += int(ex.keys.numel())
+            tables.clear(t)
+
+    def read_stats(self, reset: bool = True) -> list[dict[str, int]]:
+        """Per table, the :data:`STAT_NAMES` counts since the last read (zeros for a table
+        without caching)."""
+        rows: list[list[int]] = self.stats.tolist()
+        if reset:
+            self.stats.zero_()
+        return [dict(zip(STAT_NAMES, r, strict=True)) for r in rows]
+
+    # ----------------------------------------------------------------------------- internals
+    def _fetch(self, keys: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> Fetched:
+        """The storage's entries of the keys at ``positions`` (of caching tables)."""
+        out: Fetched = {}
+        sub = ids[positions]
+        for t, below in enumerate(self.below):
+            mine = positions[sub == t]
+            if below is None or mine.numel() == 0:
+                continue
+            got = below.storage.find(keys[mine].to(below.storage.device), below.table_id)
+            hit = got.found.to(keys.device)
+            if bool(hit.any()):
+                words = _fit(got.scores[:, got.found], self._state.tables.index.score_words)
+                out[t] = (mine[hit], got.values[got.found], words)
+        return out
+
+    def _move_up(self, keys: torch.Tensor, slots: torch.Tensor, fetched: Fetched) -> None:
+        """Erase from the storage the found keys that got a cache slot: they moved up."""
+        for t, (p, _, _) in fetched.items():
+            below = self.below[t]
+            assert below is not None
+            up = p[slots[p] >= 0]
+            if up.numel():
+                below.storage.erase(keys[up].to(below.storage.device), below.table_id)
+
+    def _spill(self, outcome: InsertOutcome, alive: torch.Tensor, alive_ids: torch.Tensor) -> None:
+        """Write what the cache evicted back to the storage (caching tables only). ``alive``:
+        the batch's overflow keys (of tables ``alive_ids``), trained from scratch rows and
+        written back after the step, so not gone if the storage evicts their old copy."""
+        ev = outcome.evicted
+        if ev is None or ev.keys.numel() == 0:
+            return
+        for t, below in enumerate(self.below):
+            mine = (ev.table_ids == t).nonzero().squeeze(1)
+            if below is not None and mine.numel():
+                kept = alive[alive_ids == t]
+                self._insert(t, ev.keys[mine], ev.values[t], ev.scores[mine].t(), kept)
+                self.stats[t, 3] += int(mine.numel())
+
+    def _insert(
+        self,
+        t: int,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        words: torch.Tensor,
+        alive: torch.Tensor | None = None,
+    ) -> None:
+        """Insert entries of caching table ``t`` into its storage; count (and, under
+        ``RETAIN_KEY``, record) what the storage evicts for them, and those it has no room for
+        (dropped like an eviction)."""
+        below = self.below[t]
+        assert below is not None
+        if keys.numel() == 0:
+            return
+        storage = below.storage
+        device = storage.device
+        words = _fit(words, storage.score_words)
+        done = storage.insert(keys.to(device), below.table_id, rows.to(device), words.to(device))
+        # what it evicted, and what it had no room for, leave the last tier
+        gone = torch.cat([done.evicted.keys, keys.to(device)[~done.stored]])
+        if alive is not None and alive.numel():
+            gone = gone[~torch.isin(gone, alive.to(device))]
+        self.stats[t, 5] += int(gone.numel())
+        if self._retains[t] and gone.numel():
+            tables = self._state.tables
+            gone = gone.to(tables.device)
+            tables.evicted_keys.add(gone, torch.full_like(gone, t))
+
+    def _reserve(
+        self, ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, pending: _Pending
+    ) -> None:
+        """Give the keys at ``positions`` scratch rows past their table's slots (in place in
+        ``slots``); a buffer too short grows (the forward's ``pending.buffers`` follow)."""
+        self._live.append(pending)
+        if positions.numel() == 0:
+            return
+        tables = self._state.tables
+        sub = ids[positions]
+        for t in torch.unique(sub).tolist():
+            mine = positions[sub == t]
+            n, start, cap = int(mine.numel()), self._ends[t], tables.capacity(t)
+            buf = tables.values[t]
+            if buf.shape[0] < cap + start + n:
+                grown = torch.zeros(
+                    (cap + 2 * (start + n), buf.shape[1]), dtype=buf.dtype, device=buf.device
+                )
+                grown[: buf.shape[0]] = buf
+                tables.values[t] = pending.buffers[t] = grown
+            self._ends[t] = start + n
+            slots[mine] = torch.arange(cap + start, cap + start + n, device=slots.device)
+
+    def _release(self, pending: _Pending) -> None:
+        if pending in self._live:
+            self._live.remove(pending)
+        if not self._live:
+            self._ends = [0] * len(self._ends)
+
+    def _write_live(self) -> None:
+        """Write the rows of earlier forwards still pending (their backward has not run, or
+        never will); those whose graph is gone free their scratch rows."""
+        for pending in list(self._live):
+            self.write_back(pending, release=not pending.graph_alive)
+
+    def _place(self, slots: torch.Tensor, fetched: Fetched) -> None:
+        """Write the found keys' storage rows at their slots; add their stored access counts
+        to the cache's (a key that moves up keeps its count)."""
+        tables = self._state.tables
+        index = tables.index
+        for t, (p, rows, words) in fetched.items():
+            buf = tables.values[t]
+            scatter_rows(buf, slots[p], rows.to(buf.device, buf.dtype), check=False)
+            word = _FREQUENCY_WORD.get(self._policies[t])
+            up = slots[p] < tables.capacity(t)
+            if word is not None and bool(up.any()):
+                g = index.slot_range(t)[0] + slots[p][up]
+                index.scores[word, g] += words[word][up].to(index.scores.device)
+
+    def _pend(
+        self,
+        pending: _Pending,
+        batch: DedupedBatch,
+        slots: torch.Tensor,
+        overflow: torch.Tensor,
+        counts: torch.Tensor,
+        scores: torch.Tensor,
+        fetched: Fetched,
+    ) -> None:
+        """Record the overflow keys, their scratch rows and the score words the cache would
+        have given them (the batch's score; LFU counts on top of the stored ones)."""
+        index = self._state.tables.index
+        stored = torch.zeros((index.score_words, batch.keys.shape[0]), dtype=torch.int64)
+        stored = stored.to(batch.keys.device)
+        for p, _, words in fetched.values():
+            stored[:, p] = words.to(stored.device)
+        sub = batch.tables[overflow]
+        for t in torch.unique(sub).tolist():
+            mine = overflow[sub == t]
+            words = torch.zeros((index.score_words, mine.numel()), dtype=torch.int64)
+            words = words.to(stored.device)
+            policy = self._policies[t]
+            now = scores[t].to(stored.device)
+            frequency = counts[mine].to(stored.device) + stored[0, mine]
+            if policy is ScorePolicy.LFU:
+                words[0] = frequency
+            elif policy is ScorePolicy.TIMESTAMP_LFU:
+                words[0], words[1] = frequency, now
+            else:
+                words[0] = now
+            pending.keys[t] = batch.keys[mine]
+            pending.rows[t] = slots[mine]
+            pending.words[t] = words
+
+    def _count(self, ids: torch.Tensor, masks: list[torch.Tensor], overflow: torch.Tensor) -> None:
+        """Add the batch's cache hits, storage hits and new keys (``masks``) and overflows to
+        :attr:`stats`."""
+        n = self._state.num_tables
+        for column, mask in enumerate(masks):
+            self.stats[:, column] += torch.bincount(ids[mask], minlength=n).cpu()
+        self.stats[:, 4] += torch.bincount(ids[overflow], minlength=n).cpu()
+
+
+def _fit(words: torch.Tensor, width: int) -> torch.Tensor:
+    """``(W, n)`` score words cut or zero-padded to ``width`` words."""
+    if words.shape[0] == width:
+        return words
+    if words.shape[0] > width:
+        return words[:width]
+    pad = torch.zeros((width - words.shape[0], words.shape[1]), dtype=words.dtype)
+    return torch.cat([words, pad.to(words.device)])

@@ -1,0 +1,206 @@
+"""Where a table's values live, decided once when the table module is built (docs/tiers.md).
+
+A table with ``caching=True`` becomes a cache of ``local_hbm_for_values`` bytes of value rows
+(buckets of :data:`CACHE_BUCKET` slots) over a storage holding the rest: its
+``external_storage``, or by default a :class:`~demb_storage.DynamicEmbeddingTable` of the
+table's full capacity whose rows are in host memory (pinned, on a CUDA module; the index stays
+on the module's device). Every other table keeps all its values in the module's device memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+
+import torch
+from demb_storage import (
+    DynamicEmbeddingTable,
+    RowLayout,
+    ScoreStrategy,
+    Storage,
+    TableConfig,
+    TableConfigError,
+)
+
+from demb_torchrec._cache import StorageSlot
+from demb_torchrec.errors import NotSupportedError
+from demb_torchrec.options import DynamicEmbTableOptions
+
+__all__ = ["CACHE_BUCKET", "Placement", "cache_config", "memory_limit", "place_tables"]
+
+CACHE_BUCKET = 1024
+"""Slots per bucket of a cache (the spec's default for a table that serves as a cache), or the
+table's whole capacity when that is smaller."""
+
+_log = logging.getLogger("demb_torchrec")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """What :func:`place_tables` decided for a module's tables."""
+
+    configs: list[TableConfig]
+    """Per table, the config of the module's own table: the cache of a caching table."""
+    below: list[StorageSlot | None]
+    """Per table, the storage under its cache, or None (no caching)."""
+    retains: list[bool]
+    """Per table, whether it records what its last tier evicts (``RETAIN_KEY``)."""
+
+
+def memory_limit(device: torch.device) -> int:
+    """Bytes of memory a budget on ``device`` can ask for: the GPU's total memory, or the
+    host's physical memory for the CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def cache_config(config: TableConfig, budget: int, table: str, device: torch.device) -> TableConfig:
+    """The cache of a caching table: as many rows as ``budget`` bytes hold, in whole buckets of
+    :data:`CACHE_BUCKET` slots (or the table's capacity when that is smaller), never more than
+    the table's ``max_capacity``. It never grows; a NO_EVICTION table's cache evicts by
+    timestamp (its evictions go to the storage, which never evicts).
+
+    Raises:
+        TableConfigError: a budget below one bucket of rows, or above the device's memory.
+    """
+    limit = memory_limit(device)
+    if budget > limit:
+        raise TableConfigError(
+            f"{table}.local_hbm_for_values",
+            budget,
+            f"more than the {limit} bytes of memory of {device}",
+        )
+    row_bytes = RowLayout.of(config).row_bytes
+    bucket = min(CACHE_BUCKET, config.max_capacity)
+    rows = budget // row_bytes
+    if rows < bucket:
+        raise TableConfigError(
+            f"{table}.local_hbm_for_values",
+            budget,
+            f"a cache needs at least one bucket: {bucket} rows of {row_bytes} bytes "
+            f"({bucket * row_bytes} bytes)",
+        )
+    capacity = min(rows // bucket * bucket, config.max_capacity // bucket * bucket)
+    strategy = config.score_strategy
+    if strategy == ScoreStrategy.NO_EVICTION:
+        strategy = ScoreStrategy.TIMESTAMP
+    return dataclasses.replace(
+        config,
+        max_capacity=capacity,
+        init_capacity=capacity,
+        bucket_capacity=bucket,
+        score_strategy=strategy,
+        retain_evicted=False,
+    )
+
+
+def place_tables(
+    options: Sequence[DynamicEmbTableOptions],
+    configs: Sequence[TableConfig],
+    names: Sequence[str],
+    device: torch.device,
+) -> Placement:
+    """Each table's cache and storage (see the module docstring); logs where each table's
+    values live.
+
+    Raises:
+        TableConfigError: a bad budget (:func:`cache_config`), an ``external_storage`` that is
+            not a :class:`~demb_storage.Storage` or whose rows disagree with its tables'.
+        NotSupportedError: a budget without ``caching`` (hybrid tables), ``external_storage``
+            without ``caching``, or ``caching`` with an admission strategy.
+    """
+    own: list[TableConfig] = []
+    below: list[StorageSlot | None] = [None] * len(configs)
+    host: list[int] = []
+    for t, (o, c, name) in enumerate(zip(options, configs, names, strict=True)):
+        if not o.caching:
+            _check_uncached(o, name)
+            own.append(c)
+            _log.info("table %s: all values in %s memory (caching=False)", name, device.type)
+            continue
+        if o.admit_strategy is not None:
+            raise NotSupportedError(
+                "DynamicEmbTableOptions.admit_strategy",
+                "admission on a caching table is not supported yet",
+                table=name,
+            )
+        own.append(cache_config(c, o.local_hbm_for_values, name, device))
+        if o.external_storage is None:
+            host.append(t)
+    if host:
+        shared = DynamicEmbeddingTable.create(
+            [dataclasses.replace(configs[t], retain_evicted=False) for t in host],
+            device,
+            value_device="cpu",
+            names=[names[t] for t in host],
+        )
+        for i, t in enumerate(host):
+            below[t] = StorageSlot(shared, i)
+    _attach_external(options, configs, names, below)
+    for t, slot in enumerate(below):
+        if slot is not None:
+            _log.info(
+                "table %s: %d of %d rows cached in %s memory (local_hbm_for_values=%d bytes), "
+                "the rest in %s",
+                names[t], own[t].max_capacity, configs[t].max_capacity, device.type,
+                options[t].local_hbm_for_values, type(slot.storage).__name__,
+            )  # fmt: skip
+    retains = [c.retain_evicted for c in configs]
+    return Placement(own, below, retains)
+
+
+def _check_uncached(o: DynamicEmbTableOptions, name: str) -> None:
+    if o.external_storage is not None:
+        raise NotSupportedError(
+            "DynamicEmbTableOptions.external_storage",
+            "an external storage is the tier under a cache: set caching=True and "
+            "local_hbm_for_values (or global_hbm_for_values with the planner)",
+            table=name,
+        )
+    if o.local_hbm_for_values:
+        raise NotSupportedError(
+            "DynamicEmbTableOptions.local_hbm_for_values",
+            f"{o.local_hbm_for_values} bytes without caching asks for a hybrid table (device "
+            "and host rows under one index), which is not supported yet; set caching=True "
+            "for a device cache over a host table, or 0 to keep every value on the device",
+            table=name,
+        )
+
+
+def _attach_external(
+    options: Sequence[DynamicEmbTableOptions],
+    configs: Sequence[TableConfig],
+    names: Sequence[str],
+    below: list[StorageSlot | None],
+) -> None:
+    """The tables sharing one ``external_storage`` object are its tables ``0, 1, ...`` in the
+    module's table order; its rows and score words must fit theirs."""
+    groups: dict[int, list[int]] = {}
+    for t, o in enumerate(options):
+        if o.caching and o.external_storage is not None:
+            storage = o.external_storage
+            if not isinstance(storage, Storage):
+                raise TableConfigError(
+                    f"{names[t]}.external_storage",
+                    type(storage).__name__,
+                    "must be a demb_storage.Storage (demb_torchrec.types.Storage)",
+                )
+            groups.setdefault(id(storage), []).append(t)
+    for members in groups.values():
+        storage = options[members[0]].external_storage
+        storage.check_layouts(
+            [RowLayout.of(configs[t]) for t in members], names=[names[t] for t in members]
+        )
+        for i, t in enumerate(members):
+            words = len(configs[t].score_layout.columns)
+            if storage.score_words < words:
+                raise TableConfigError(
+                    f"{names[t]}.external_storage",
+                    type(storage).__name__,
+                    f"stores {storage.score_words} score word(s) per key; the table's "
+                    f"score_strategy needs {words}",
+                )
+            below[t] = StorageSlot(storage, i)

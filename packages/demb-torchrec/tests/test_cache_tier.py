@@ -1,0 +1,270 @@
+"""Caching tables (``caching=True``): a device cache over a storage tier, trained step for step
+against an all-device twin of the same capacity on the same stream, with the default host
+storage, the dict-backed demo storage and RocksDB."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from demb_storage import RocksDBStorage, RowLayout, Storage, TableConfigError
+from demb_torchrec import (
+    DynamicEmbDump,
+    DynamicEmbeddingTables,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+    EvictedItemMode,
+    incremental_dump,
+    pop_evicted_keys,
+)
+from demb_torchrec.errors import NotSupportedError
+
+
+def _dict_storage_class() -> type[Storage]:
+    path = Path(__file__).parents[2] / "demb-storage" / "tests" / "_dict_storage.py"
+    spec = importlib.util.spec_from_file_location("_demb_cache_dict_storage", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cls: type[Storage] = module.PyDictStorage
+    return cls
+
+
+PyDictStorage = _dict_storage_class()
+HAS_ROCKSDICT = importlib.util.find_spec("rocksdict") is not None
+
+DIM = 4
+CAPACITY = 16384
+KEYS = 6000
+"""Keys drawn per table: under 40% of the twin's slots, so the twin never evicts."""
+NAMES = ["user", "item"]
+
+
+def _row_bytes(optimizer: str) -> int:
+    """Bytes of a value row (embedding and optimizer state) of a float32 table."""
+    probe = DynamicEmbeddingTables(
+        [DynamicEmbTableOptions(dim=DIM, max_capacity=128)], device="cpu", optimizer=optimizer
+    )
+    return int(probe.tables.values[0].shape[1]) * 4
+
+
+def _options(
+    ratio: float | None,
+    optimizer: str,
+    strategy: Any = DynamicEmbScoreStrategy.STEP,
+    storage: Storage | None = None,
+    **extra: Any,
+) -> list[DynamicEmbTableOptions]:
+    row_bytes = _row_bytes(optimizer)
+    out = []
+    for _ in NAMES:
+        o = DynamicEmbTableOptions(
+            dim=DIM, max_capacity=CAPACITY, init_capacity=CAPACITY, score_strategy=strategy,
+            **extra,
+        )  # fmt: skip
+        if ratio is not None:
+            o.caching = True
+            o.local_hbm_for_values = int(ratio * CAPACITY) * row_bytes
+            o.external_storage = storage
+        out.append(o)
+    return out
+
+
+def _modules(
+    ratio: float,
+    optimizer: str = "adam",
+    pooling: DynamicEmbPoolingMode = DynamicEmbPoolingMode.NONE,
+    strategy: Any = DynamicEmbScoreStrategy.STEP,
+    storage: Storage | None = None,
+) -> tuple[DynamicEmbeddingTables, DynamicEmbeddingTables]:
+    kw: dict[str, Any] = {
+        "table_names": NAMES, "pooling_mode": pooling, "device": "cpu",
+        "optimizer": optimizer, "learning_rate": 0.05,
+    }  # fmt: skip
+    twin = DynamicEmbeddingTables(_options(None, optimizer, strategy), **kw)
+    cached = DynamicEmbeddingTables(_options(ratio, optimizer, strategy, storage), **kw)
+    return twin, cached
+
+
+def _batch(gen: torch.Generator, n: int, pooled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    indices = torch.randint(0, KEYS, (2 * n,), generator=gen)
+    step = 2 if pooled else 1
+    return indices, torch.arange(0, 2 * n + 1, step)
+
+
+def _train_both(
+    twin: DynamicEmbeddingTables, cached: DynamicEmbeddingTables, steps: int, n: int, seed: int = 0
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    pooled = twin.pooling_mode is not DynamicEmbPoolingMode.NONE
+    for step in range(steps):
+        indices, offsets = _batch(gen, n, pooled)
+        a, b = twin(indices, offsets), cached(indices, offsets)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}: outputs differ")
+        grad = torch.randn(a.shape, generator=gen)
+        a.backward(grad)
+        b.backward(grad)
+
+
+def _storage_rows(cached: DynamicEmbeddingTables, t: int) -> tuple[torch.Tensor, ...]:
+    """Table ``t``'s keys, rows and first score word in its storage, by key."""
+    assert cached.cache is not None
+    below = cached.cache.below[t]
+    assert below is not None
+    ex = below.storage.export(below.table_id)
+    order = torch.argsort(ex.keys.cpu())
+    return ex.keys.cpu()[order], ex.values.cpu().float()[order], ex.scores.cpu()[0][order]
+
+
+def _assert_union_equals_twin(twin: DynamicEmbeddingTables, cached: DynamicEmbeddingTables) -> None:
+    cached.flush()  # the cache's rows go down: the storage then holds every key
+    for t in range(len(NAMES)):
+        assert cached.tables.size(t) == 0
+        ex = twin.tables.export(t)
+        order = torch.argsort(ex.keys)
+        keys, rows, scores = _storage_rows(cached, t)
+        assert torch.equal(keys, ex.keys[order]), f"table {t}: key sets differ"
+        torch.testing.assert_close(rows, ex.values[order].float(), rtol=0, atol=1e-6)
+        assert torch.equal(scores, ex.scores[order][:, 0]), f"table {t}: scores differ"
+
+
+@pytest.mark.parametrize("ratio", [0.1, 0.5, 1.0])
+@pytest.mark.parametrize("kind", ["host", "dict", "rocksdb"])
+def test_cached_training_equals_the_all_device_table(ratio: float, kind: str, tmp_path: Path):
+    if kind == "rocksdb" and not HAS_ROCKSDICT:
+        pytest.skip("rocksdict (extra 'ssd') missing")
+    layouts = [RowLayout(DIM, _row_bytes("adam") // 4 - DIM)] * len(NAMES)
+    storage: Storage | None = None
+    if kind == "dict":
+        storage = PyDictStorage(layouts, names=NAMES)
+    elif kind == "rocksdb":
+        storage = RocksDBStorage(tmp_path / "rows", layouts, names=NAMES)
+    twin, cached = _modules(ratio, storage=storage)
+    _train_both(twin, cached, steps=12, n=1500)
+    stats = cached.cache_stats()
+    if ratio == 0.1:  # a 1024-row cache, ~1300 unique keys a batch: buckets overflow
+        assert sum(s["storage_hits"] for s in stats.values()) > 0
+        assert sum(s["overflows"] for s in stats.values()) > 0
+    twin.eval()
+    cached.eval()
+    gen = torch.Generator().manual_seed(7)
+    indices, offsets = _batch(gen, 800, pooled=False)
+    indices = indices + 3000  # half of them in neither tier: the eval initializer's rows
+    torch.testing.assert_close(cached(indices, offsets), twin(indices, offsets), rtol=0, atol=0)
+    _assert_union_equals_twin(twin, cached)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "rowwise_adagrad"])
+@pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
+def test_optimizers_and_pooling(optimizer: str, pooling: DynamicEmbPoolingMode):
+    twin, cached = _modules(0.1, optimizer, pooling)
+    _train_both(twin, cached, steps=8, n=1400)
+    _assert_union_equals_twin(twin, cached)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        DynamicEmbScoreStrategy.LFU,
+        (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU),
+    ],
+)
+def test_access_counts_follow_a_key_between_tiers(strategy: Any):
+    twin, cached = _modules(0.1, strategy=strategy)
+    _train_both(twin, cached, steps=10, n=1400)
+    cached.flush()
+    for t in range(len(NAMES)):
+        ex = twin.tables.export(t)
+        order = torch.argsort(ex.keys)
+        keys, rows, frequency = _storage_rows(cached, t)
+        assert torch.equal(keys, ex.keys[order])
+        torch.testing.assert_close(rows, ex.values[order].float(), rtol=0, atol=1e-6)
+        lfu = [
+            i for i, c in enumerate(twin.tables.configs[t].score_layout.columns) if c.name == "LFU"
+        ]
+        assert torch.equal(frequency, ex.scores[order][:, lfu[0]])
+
+
+def test_a_forward_without_gradient_writes_its_overflow_back():
+    twin, cached = _modules(0.1)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for _ in range(3):
+            indices, offsets = _batch(gen, 1500, pooled=False)
+            torch.testing.assert_close(cached(indices, offsets), twin(indices, offsets))
+    assert sum(s["overflows"] for s in cached.cache_stats().values()) > 0
+    _assert_union_equals_twin(twin, cached)
+
+
+def test_a_full_storage_evicts_each_key_once_and_never_holds_one_twice():
+    options = _options(0.1, "adam", evicted_item_mode=EvictedItemMode.RETAIN_KEY)
+    for o in options:
+        o.max_capacity = o.init_capacity = 2048  # the storage holds 2048; the cache 1024
+        o.local_hbm_for_values = 1024 * _row_bytes("adam")
+    cached = DynamicEmbeddingTables(
+        options, table_names=NAMES, device="cpu", optimizer="adam",
+        pooling_mode=DynamicEmbPoolingMode.NONE,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(5)
+    seen: list[set[int]] = [set(), set()]
+    popped: list[set[int]] = [set(), set()]
+    for _ in range(8):
+        indices, offsets = _batch(gen, 1500, pooled=False)
+        cached(indices, offsets).sum().backward()
+        for t, part in enumerate(indices.split(1500)):
+            seen[t] |= set(part.tolist())
+        out = pop_evicted_keys(cached)
+        for t, name in enumerate(NAMES):
+            keys = set(out["model"][name].tolist()) if name in out.get("model", {}) else set()
+            held = set(cached.tables.export(t).keys.tolist()) | set(
+                _storage_rows(cached, t)[0].tolist()
+            )
+            assert not keys & held, "a key recorded as evicted is still held"
+            popped[t] |= keys
+    assert cached.cache is not None
+    for t in range(len(NAMES)):
+        in_cache = set(cached.tables.export(t).keys.tolist())
+        below = set(_storage_rows(cached, t)[0].tolist())
+        assert not in_cache & below, "a key in both tiers"
+        assert in_cache | below | popped[t] >= seen[t], "a key lost without being recorded"
+        assert sum(cached.cache_stats(reset=False)[NAMES[t]].values()) > 0
+
+
+def test_bad_tier_settings_are_named():
+    one = DynamicEmbTableOptions(dim=DIM, max_capacity=CAPACITY, caching=True)
+    with pytest.raises(TableConfigError, match=r"user.*caching=True sizes its device cache"):
+        DynamicEmbeddingTables([one], table_names=["user"], device="cpu")
+    one.local_hbm_for_values = 100 * DIM * 4
+    with pytest.raises(TableConfigError, match=r"user\.local_hbm_for_values.*one bucket"):
+        DynamicEmbeddingTables([one], table_names=["user"], device="cpu")
+    one.local_hbm_for_values = 1 << 62
+    with pytest.raises(TableConfigError, match=r"user\.local_hbm_for_values.*bytes of memory"):
+        DynamicEmbeddingTables([one], table_names=["user"], device="cpu")
+    one.local_hbm_for_values = 2048 * DIM * 4
+    one.external_storage = PyDictStorage([RowLayout(DIM + 1)], names=["user"])
+    with pytest.raises(TableConfigError, match=r"user\.external_storage.*5 x float32"):
+        DynamicEmbeddingTables([one], table_names=["user"], device="cpu")
+    one.external_storage = {"not": "a storage"}
+    with pytest.raises(TableConfigError, match=r"user\.external_storage.*must be a"):
+        DynamicEmbeddingTables([one], table_names=["user"], device="cpu")
+    hybrid = DynamicEmbTableOptions(dim=DIM, max_capacity=CAPACITY, local_hbm_for_values=4096)
+    with pytest.raises(NotSupportedError, match=r"user.*local_hbm_for_values.*hybrid"):
+        DynamicEmbeddingTables([hybrid], table_names=["user"], device="cpu")
+    outside = DynamicEmbTableOptions(
+        dim=DIM, max_capacity=CAPACITY, external_storage=PyDictStorage([RowLayout(DIM)])
+    )
+    with pytest.raises(NotSupportedError, match=r"user.*external_storage.*caching=True"):
+        DynamicEmbeddingTables([outside], table_names=["user"], device="cpu")
+
+
+def test_checkpoints_refuse_a_caching_table_instead_of_missing_its_storage(tmp_path: Path):
+    _, cached = _modules(0.5)
+    with pytest.raises(NotSupportedError, match=r"user.*DynamicEmbDump"):
+        DynamicEmbDump(str(tmp_path / "ckpt"), cached)
+    with pytest.raises(NotSupportedError, match=r"user.*incremental_dump"):
+        incremental_dump(cached, 0)
