@@ -168,6 +168,8 @@ def held_rows(kernels: Iterable[DynamicEmbeddingKernel]) -> dict[str, TableExpor
     optimizer state, scores)."""
     return {
         name: kernel.tables.tables.export(t)
+        if kernel.tables.cache is None or kernel.tables.cache.below[t] is None
+        else kernel.tables.cache.export(t)  # a caching table: the cache's rows and the storage's
         for kernel in kernels
         for t, name in enumerate(kernel.tables.table_names)
     }

@@ -1,11 +1,11 @@
 """One rank of test_sharded_collection.py: an EmbeddingCollection (KIND ``ec``; ``ec-admit``:
-with frequency admission, threshold 2) or an EmbeddingBagCollection (``ebc-sum``, ``ebc-mean``)
-of dynamic tables planned by DynamicEmbeddingShardingPlanner, sharded row-wise by the
-dynamic-table sharder under DistributedModelParallel over gloo, trained a few steps on this
-rank's batches; writes each step's outputs to OUT (per feature rows for ``ec``, the
-``(B, sum of dims)`` bags otherwise), the ids each step's lookup received, and every table's
-keys and scores at the end (``ec`` tables score LFU: deduplicated ids must still count every
-occurrence).
+with frequency admission, threshold 2; ``ec-cache``: caching tables of 16 rows a rank) or an
+EmbeddingBagCollection (``ebc-sum``, ``ebc-mean``) of dynamic tables planned by
+DynamicEmbeddingShardingPlanner, sharded row-wise by the dynamic-table sharder under
+DistributedModelParallel over gloo, trained a few steps on this rank's batches; writes each
+step's outputs to OUT (per feature rows for ``ec``, the ``(B, sum of dims)`` bags otherwise),
+the ids each step's lookup received, and every table's keys and scores at the end (``ec``
+tables score LFU: deduplicated ids must still count every occurrence).
 
 Usage: ``python _sharded_ec_rank.py RANK WORLD STORE OUT DIST_TYPE OPTIMIZER KIND [DEVICE]``
 (DEVICE ``cuda``: rank ``r`` on GPU ``r`` over NCCL; outputs and tables saved on the CPU).
@@ -53,7 +53,7 @@ def gradient(step: int, rank: int, feature: int, n: int, dim: int) -> torch.Tens
 def main() -> None:
     from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
-    rank, _, out_path, device, (dist_type, optimizer, kind) = join(3)
+    rank, world, out_path, device, (dist_type, optimizer, kind) = join(3)
     import _rank_common as common
     from demb_torchrec import (
         DynamicEmbInitializerArgs,
@@ -67,7 +67,8 @@ def main() -> None:
 
     model: torch.nn.Module
     admit = kind == "ec-admit"  # ec with frequency admission on every table
-    kind = "ec" if admit else kind
+    cache = kind == "ec-cache"  # ec with a small device cache over a host table, every table
+    kind = "ec" if admit or cache else kind
     if kind == "ec":
         model = common.sequence_collection(TABLES)
         # sgd-clip: clipping knobs given through the sharder's fused params
@@ -87,6 +88,14 @@ def main() -> None:
         from demb_torchrec import FrequencyAdmissionStrategy, KVCounter
 
         extra["admit_strategy"] = FrequencyAdmissionStrategy(2, KVCounter(4096))
+    if cache:  # one bucket of 16 rows a rank
+        from demb_torchrec import DynamicEmbeddingTables, DynamicEmbTableOptions
+
+        probe = DynamicEmbeddingTables(
+            [DynamicEmbTableOptions(dim=8, max_capacity=128)], device="cpu", optimizer=optimizer
+        )
+        row_bytes = probe.tables.values[0].shape[1] * 4
+        extra.update(caching=True, global_hbm_for_values=16 * row_bytes * world)
     constraints = {
         n: common.dynamic(
             initializer_args=init, dist_type=dist_type, score_strategy=strategy, **extra
@@ -110,6 +119,7 @@ def main() -> None:
             gradient(step, rank, i, r.shape[0], r.shape[1]).to(device) for i, r in enumerate(rows)
         ]
         torch.autograd.backward(rows, grads)
+    cache_stats = [k.tables.cache_stats() for k in kernels]
     tables = {
         name: (ex.keys.cpu(), ex.scores.cpu()) for name, ex in common.held_rows(kernels).items()
     }
@@ -119,6 +129,7 @@ def main() -> None:
             "options": [constraints[n].dynamicemb_options for n, *_ in TABLES],
             "received": received,
             "tables": tables,
+            "cache_stats": cache_stats,
         },
         out_path,
     )

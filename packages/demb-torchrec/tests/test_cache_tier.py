@@ -14,11 +14,14 @@ from demb_storage import RocksDBStorage, RowLayout, Storage, TableConfigError
 from demb_torchrec import (
     DynamicEmbDump,
     DynamicEmbeddingTables,
+    DynamicEmbLoad,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
     EvictedItemMode,
+    erase_keys,
     incremental_dump,
+    pop_erased_keys,
     pop_evicted_keys,
 )
 from demb_torchrec.errors import NotSupportedError
@@ -239,7 +242,7 @@ def test_bad_tier_settings_are_named():
     one = DynamicEmbTableOptions(dim=DIM, max_capacity=CAPACITY, caching=True)
     with pytest.raises(TableConfigError, match=r"user.*caching=True sizes its device cache"):
         DynamicEmbeddingTables([one], table_names=["user"], device="cpu")
-    one.local_hbm_for_values = 100 * DIM * 4
+    one.local_hbm_for_values = 10 * DIM * 4
     with pytest.raises(TableConfigError, match=r"user\.local_hbm_for_values.*one bucket"):
         DynamicEmbeddingTables([one], table_names=["user"], device="cpu")
     one.local_hbm_for_values = 1 << 62
@@ -262,9 +265,54 @@ def test_bad_tier_settings_are_named():
         DynamicEmbeddingTables([outside], table_names=["user"], device="cpu")
 
 
-def test_checkpoints_refuse_a_caching_table_instead_of_missing_its_storage(tmp_path: Path):
+def _exports(module: DynamicEmbeddingTables, t: int) -> tuple[torch.Tensor, ...]:
+    """Table ``t``'s keys, rows and score columns across its tiers, by key."""
+    if module.cache is None:
+        ex = module.tables.export(t)
+        order = torch.argsort(ex.keys)
+        return ex.keys[order], ex.values[order].float(), ex.scores[order]
+    module.flush()
+    keys, rows, _ = _storage_rows(module, t)
+    below = module.cache.below[t]
+    assert below is not None
+    scores = below.storage.find(keys, below.table_id).scores.t()
+    return keys, rows, scores
+
+
+@pytest.mark.parametrize("direction", ["cached->device", "device->cached"])
+def test_checkpoints_move_between_a_cached_and_an_all_device_table(direction: str, tmp_path: Path):
+    twin, cached = _modules(0.1)
+    _train_both(twin, cached, steps=6, n=1400)
+    source, _ = (cached, twin) if direction == "cached->device" else (twin, cached)
+    DynamicEmbDump(str(tmp_path / "ckpt"), source, optim=True)
+    fresh_twin, fresh_cached = _modules(0.1)
+    target = fresh_twin if direction == "cached->device" else fresh_cached
+    DynamicEmbLoad(str(tmp_path / "ckpt"), target, optim=True)
+    for t in range(len(NAMES)):
+        want, got = _exports(twin, t), _exports(target, t)
+        assert torch.equal(got[0], want[0]), f"table {t}: key sets differ"
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+        assert torch.equal(got[2], want[2]), f"table {t}: scores differ"
+
+
+def test_what_does_not_cover_the_storage_tier_yet_refuses(tmp_path: Path):
     _, cached = _modules(0.5)
-    with pytest.raises(NotSupportedError, match=r"user.*DynamicEmbDump"):
-        DynamicEmbDump(str(tmp_path / "ckpt"), cached)
+    with pytest.raises(NotSupportedError, match=r"user.*blocking=False"):
+        DynamicEmbDump(str(tmp_path / "ckpt"), cached, blocking=False)
     with pytest.raises(NotSupportedError, match=r"user.*incremental_dump"):
         incremental_dump(cached, 0)
+
+
+def test_erase_removes_keys_from_both_tiers():
+    twin, cached = _modules(0.1)
+    _train_both(twin, cached, steps=4, n=1400)
+    assert cached.cache is not None
+    in_cache = cached.tables.export(0).keys[:50]
+    below = _storage_rows(cached, 0)[0][:50]
+    keys = torch.cat([in_cache, below, torch.tensor([10**12])])
+    removed = erase_keys(cached, {"model": {"user": keys}})
+    assert removed == {"model": {"user": 100}}
+    want = erase_keys(twin, {"model": {"user": keys}})
+    assert want == removed
+    _assert_union_equals_twin(twin, cached)
+    assert set(pop_erased_keys(cached)["model"]["user"].tolist()) == set(keys[:100].tolist())

@@ -137,6 +137,36 @@ def test_sharded_admission_equals_one_unsharded_module(run_ranks, world, optimiz
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
+    ("world", "optimizer"),
+    [
+        pytest.param(1, "sgd", marks=pytest.mark.slow),
+        (2, "adam"),
+        pytest.param(4, "rowwise_adagrad", marks=pytest.mark.slow),
+    ],
+)
+def test_sharded_caching_equals_one_unsharded_module(run_ranks, world, optimizer):
+    """Every table a cache of 16 rows per rank over its host table: the keys move
+    between the tiers (and overflow the cache), yet each step's rows and the keys, rows and
+    scores across both tiers equal one all-device unsharded module's."""
+    results = run_ranks(RANK_SCRIPT, world, "roundrobin", optimizer, "ec-cache")
+    assert results[0]["options"][0].caching
+    row = results[0]["options"][0].local_hbm_for_values // 16
+    assert row in (8 * 4, 8 * 4 * 3, (8 + 4) * 4), row  # 16 rows of SGD, Adam, row-wise Adagrad
+    moved = [
+        (st["write_backs"], st["storage_hits"], st["overflows"])
+        for res in results
+        for per_kernel in res["cache_stats"]
+        for st in per_kernel.values()
+    ]
+    assert sum(m[0] for m in moved) > 0, moved  # the caches wrote rows back
+    if world <= 2:  # (over 4 ranks, 3 steps bring no evicted key back)
+        assert sum(m[1] for m in moved) > 0, moved  # and read some back
+    exact = {"rtol": 0.0, "atol": 0.0} if world == 1 else {"rtol": 1e-6, "atol": 1e-7}
+    check_rows(results, world, optimizer, exact)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(
     ("world", "kind", "optimizer"),
     [
         pytest.param(1, "ebc-sum", "sgd", marks=pytest.mark.slow),  # 1 rank: the train job test
@@ -178,8 +208,10 @@ def test_sharded_on_gpus_equals_one_unsharded_module(run_ranks, world, kind, opt
 
 
 def _unsharded(results: list) -> list:
+    """The tables' options for one all-device module (no cache tier)."""
+    flat = {"caching": False, "global_hbm_for_values": 0, "local_hbm_for_values": 0}
     return [
-        type(o)(**{**o.__dict__, "max_capacity": 2048, "init_capacity": None})
+        type(o)(**{**o.__dict__, "max_capacity": 2048, "init_capacity": None, **flat})
         for o in results[0]["options"]
     ]
 

@@ -15,14 +15,21 @@ module's caching tables; the module's other tables run as before in the same bat
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from demb_kernels.init_rows import NewRowsArgs, init_new_rows
 from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus, ScorePolicy
-from demb_storage import InsertOutcome, Storage
+from demb_storage import (
+    DynamicEmbeddingTable,
+    InsertOutcome,
+    MemoryUsage,
+    Storage,
+    StorageExport,
+    TableExport,
+)
 from torch.autograd.function import FunctionCtx
 
 from demb_torchrec._dedup import DedupedBatch, dedup_bags
@@ -222,6 +229,96 @@ class CacheTier:
             self._insert(t, ex.keys, ex.values, tables.index.scores[:, lo + ex.slots])
             self.stats[t, 3] += int(ex.keys.numel())
             tables.clear(t)
+
+    def settle(self) -> None:
+        """Write the overflow rows of forwards still pending to the storage (before anything
+        reads the storage whole: a dump, a load, a flush)."""
+        self._write_live()
+
+    def assign(self, t: int, keys: torch.Tensor, words: torch.Tensor, rows: torch.Tensor) -> None:
+        """Insert or overwrite ``(n,)`` keys of caching table ``t`` in its storage with their
+        ``(W, n)`` index score words and ``(n, width)`` rows; the cache's copies of them are
+        erased first (the tiers stay exclusive)."""
+        tables = self._state.tables
+        keys = keys.to(tables.device)
+        tables.erase(keys, torch.full_like(keys, t))
+        self._insert(t, keys, rows, words)
+
+    def erase(self, t: int, keys: torch.Tensor, record: bool) -> int:
+        """Remove ``(n,)`` keys of caching table ``t`` from both tiers; with ``record``, keep
+        those the storage held in the table's erased keys (the cache records its own).
+        Returns how many the storage held."""
+        self._write_live()
+        below = self.below[t]
+        assert below is not None
+        storage = below.storage
+        keys = keys.to(storage.device)
+        held = storage.find(keys, below.table_id).found
+        removed = storage.erase(keys, below.table_id)
+        if record and removed:
+            tables = self._state.tables
+            gone = keys[held].to(tables.device)
+            tables.erased_keys.add(gone, torch.full_like(gone, t))
+        return removed
+
+    def storage_chunks(self, t: int, chunk_rows: int) -> Iterator[StorageExport]:
+        """The entries of caching table ``t`` in its storage, with the module index's score
+        words (``(W, n)``), in chunks of at most ``chunk_rows``."""
+        below = self.below[t]
+        assert below is not None
+        width = self._state.tables.index.score_words
+        for chunk in below.storage.export_chunks(below.table_id, chunk_rows):
+            yield StorageExport(chunk.keys, chunk.values, _fit(chunk.scores, width))
+
+    def export(self, t: int) -> TableExport:
+        """Every entry of caching table ``t`` in both tiers (the cache's first): keys, score
+        columns in its ``score_strategy`` order, slots (the cache's; -1 for the storage's)
+        and rows."""
+        self._write_live()
+        tables = self._state.tables
+        parts = [tables.export(t)]
+        columns = list(tables.configs[t].score_layout.index_words)
+        for chunk in self.storage_chunks(t, 1 << 20):
+            keys = chunk.keys.to(tables.device)
+            scores = chunk.scores.to(tables.device)[columns].t()
+            rows = chunk.values.to(parts[0].values.device)
+            parts.append(TableExport(keys, scores, torch.full_like(keys, -1), rows))
+        return TableExport(
+            torch.cat([p.keys for p in parts]),
+            torch.cat([p.scores for p in parts]),
+            torch.cat([p.slots for p in parts]),
+            torch.cat([p.values for p in parts]),
+        )
+
+    def clear_storage(self, t: int) -> None:
+        """Remove every entry of caching table ``t`` from its storage."""
+        below = self.below[t]
+        assert below is not None
+        keys = [c.keys for c in below.storage.export_chunks(below.table_id)]
+        if keys:
+            below.storage.erase(torch.cat(keys), below.table_id)
+
+    def storage_memory(self, t: int) -> MemoryUsage:
+        """Bytes caching table ``t``'s rows take in its storage: its slots and rows in a
+        :class:`~demb_storage.DynamicEmbeddingTable`; an equal share of another storage's
+        usage among the module's tables that use it."""
+        below = self.below[t]
+        assert below is not None
+        storage = below.storage
+        if isinstance(storage, DynamicEmbeddingTable):
+            table = storage.table
+            lo, hi = table.index.slot_range(below.table_id)
+            index = table.index
+            parts = [index.keys[lo:hi], index.digests[lo:hi], index.scores[:, lo:hi]]
+            parts.append(table.values[below.table_id])
+            device = sum(x.nbytes for x in parts if x.device.type != "cpu")
+            host = sum(x.nbytes for x in parts) - device
+            return MemoryUsage(device=device, host=host)
+        sharing = sum(1 for b in self.below if b is not None and b.storage is storage)
+        usage = storage.memory_usage()
+        return MemoryUsage(
+            usage.device // sharing, usage.host // sharing, usage.external // sharing
+        )
 
     def read_stats(self, reset: bool = True) -> list[dict[str, int]]:
         """Per table, the :data:`STAT_NAMES` counts since the last read (zeros for a table

@@ -31,8 +31,11 @@ from demb_torchrec.options import DynamicEmbTableOptions
 __all__ = ["CACHE_BUCKET", "Placement", "cache_config", "memory_limit", "place_tables"]
 
 CACHE_BUCKET = 1024
-"""Slots per bucket of a cache (the spec's default for a table that serves as a cache), or the
-table's whole capacity when that is smaller."""
+"""Slots per bucket of a cache (the spec's default for a table that serves as a cache), or
+fewer when the table or the budget is smaller (a multiple of 16 slots)."""
+
+BUCKET_ALIGNMENT = 16
+"""The smallest bucket, and the multiple every bucket width is of."""
 
 _log = logging.getLogger("demb_torchrec")
 
@@ -59,12 +62,12 @@ def memory_limit(device: torch.device) -> int:
 
 def cache_config(config: TableConfig, budget: int, table: str, device: torch.device) -> TableConfig:
     """The cache of a caching table: as many rows as ``budget`` bytes hold, in whole buckets of
-    :data:`CACHE_BUCKET` slots (or the table's capacity when that is smaller), never more than
-    the table's ``max_capacity``. It never grows; a NO_EVICTION table's cache evicts by
-    timestamp (its evictions go to the storage, which never evicts).
+    :data:`CACHE_BUCKET` slots (fewer, a multiple of 16, when the table or the budget is
+    smaller), never more than the table's ``max_capacity``. It never grows; a NO_EVICTION
+    table's cache evicts by timestamp (its evictions go to the storage, which never evicts).
 
     Raises:
-        TableConfigError: a budget below one bucket of rows, or above the device's memory.
+        TableConfigError: a budget below one bucket of 16 rows, or above the device's memory.
     """
     limit = memory_limit(device)
     if budget > limit:
@@ -74,16 +77,16 @@ def cache_config(config: TableConfig, budget: int, table: str, device: torch.dev
             f"more than the {limit} bytes of memory of {device}",
         )
     row_bytes = RowLayout.of(config).row_bytes
-    bucket = min(CACHE_BUCKET, config.max_capacity)
     rows = budget // row_bytes
-    if rows < bucket:
+    if rows < BUCKET_ALIGNMENT:
         raise TableConfigError(
             f"{table}.local_hbm_for_values",
             budget,
-            f"a cache needs at least one bucket: {bucket} rows of {row_bytes} bytes "
-            f"({bucket * row_bytes} bytes)",
+            f"a cache needs at least one bucket: {BUCKET_ALIGNMENT} rows of {row_bytes} bytes "
+            f"({BUCKET_ALIGNMENT * row_bytes} bytes)",
         )
-    capacity = min(rows // bucket * bucket, config.max_capacity // bucket * bucket)
+    bucket = min(CACHE_BUCKET, config.max_capacity, rows // BUCKET_ALIGNMENT * BUCKET_ALIGNMENT)
+    capacity = min(rows, config.max_capacity) // bucket * bucket
     strategy = config.score_strategy
     if strategy == ScoreStrategy.NO_EVICTION:
         strategy = ScoreStrategy.TIMESTAMP

@@ -41,6 +41,7 @@ from demb_torchrec.model_tables import (
     dtype_name,
     dynamic_tables,
     gather_errors,
+    is_caching,
     process_group,
     refuse_caching,
     select_tables,
@@ -59,7 +60,8 @@ _CHUNK_SLOTS = 1 << 20
 
 
 def _meta(t: ModelTable, optim: bool, capacity: int) -> ShardMeta:
-    """The shard meta of table ``t`` with ``capacity`` slots (its rows carry their slots)."""
+    """The shard meta of table ``t`` with ``capacity`` slots (its rows carry their slots; a
+    caching table's do not: its rows come from two tiers)."""
     config = t.module.tables.configs[t.index]
     layout = config.score_layout
     spec = t.module.optimizer
@@ -78,7 +80,9 @@ def _meta(t: ModelTable, optim: bool, capacity: int) -> ShardMeta:
         state_width=config.state_dim if optim else 0,
         hyper_parameters=spec.hyper_parameters(),
         num_embeddings=t.num_embeddings,
-        slot_layout=(capacity, t.module.tables.index.bucket_width_list[t.index]),
+        slot_layout=None
+        if is_caching(t)
+        else (capacity, t.module.tables.index.bucket_width_list[t.index]),
     )
 
 
@@ -102,16 +106,16 @@ def _on_host(ex: TableExport) -> TableExport:
     return host
 
 
-def _shard_data(ex: TableExport, dim: int, optim: bool) -> ShardData:
-    """One chunk of a shard: an export's keys, embeddings, scores (and optimizer state), read
-    on the host (:func:`_on_host`)."""
+def _shard_data(ex: TableExport, dim: int, optim: bool, slots: bool = True) -> ShardData:
+    """One chunk of a shard: an export's keys, embeddings, scores (and optimizer state, and
+    with ``slots`` its slots), read on the host (:func:`_on_host`)."""
     ex = _on_host(ex)
     return ShardData(
         keys=to_numpy(ex.keys).astype(np.int64, copy=False),
         values=to_numpy(ex.values[:, :dim]),
         scores=to_numpy(ex.scores).astype(np.int64, copy=False),
         state=to_numpy(ex.values[:, dim:]) if optim and ex.values.shape[1] > dim else None,
-        slots=to_numpy(ex.slots).astype(np.int64, copy=False),
+        slots=to_numpy(ex.slots).astype(np.int64, copy=False) if slots else None,
     )
 
 
@@ -119,10 +123,30 @@ def _chunks(t: ModelTable, optim: bool) -> Iterator[ShardData]:
     """The table's rows, a slot range at a time."""
     tables = t.module.tables
     dim = tables.configs[t.index].dim
+    if is_caching(t):
+        yield from _tier_chunks(t, optim)
+        return
     capacity = tables.capacity(t.index)
     for begin in range(0, capacity, _CHUNK_SLOTS):
         ex = tables.export(t.index, begin, min(capacity, begin + _CHUNK_SLOTS))
         yield _shard_data(ex, dim, optim)
+
+
+def _tier_chunks(t: ModelTable, optim: bool) -> Iterator[ShardData]:
+    """The rows of caching table ``t``: its cache's, then its storage's (without slots)."""
+    cache = t.module.cache
+    assert cache is not None
+    cache.settle()
+    tables = t.module.tables
+    config = tables.configs[t.index]
+    ex = tables.export(t.index)
+    if ex.keys.numel():
+        yield _shard_data(ex, config.dim, optim, slots=False)
+    columns = list(config.score_layout.index_words)
+    for chunk in cache.storage_chunks(t.index, _CHUNK_SLOTS):
+        scores = chunk.scores[columns].t().contiguous()
+        ex = TableExport(chunk.keys, scores, chunk.keys, chunk.values)
+        yield _shard_data(ex, config.dim, optim, slots=False)
 
 
 def _snapshot_chunks(snap: TableSnapshot, t: ModelTable, optim: bool) -> Iterator[ShardData]:
@@ -275,7 +299,8 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
     """
     group = process_group(pg)
     tables = select_tables(dynamic_tables(model), table_names)
-    refuse_caching(tables, "DynamicEmbDump")
+    if not blocking:
+        refuse_caching(tables, "DynamicEmbDump(blocking=False)")
     check_group(group, tables)
     target = Path(path)
     rank = 0 if group is None else dist.get_rank(group)

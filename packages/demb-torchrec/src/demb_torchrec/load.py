@@ -28,8 +28,8 @@ from demb_torchrec.model_tables import (
     dynamic_tables,
     from_numpy,
     index_words,
+    is_caching,
     process_group,
-    refuse_caching,
     select_tables,
 )
 
@@ -93,7 +93,7 @@ def _load_table(
     folder = ckpt.path / t.collection
     block = t.block_size()
     initial = t.module.initial_states[t.index]
-    own = _same_slots(t, metas)
+    own = None if is_caching(t) else _same_slots(t, metas)
     counters: list[CounterRows] = []
     for meta in [own] if own is not None else metas:
         for chunk in _iter(folder, meta, chunk_rows, dtype_name(config.dtype), config.dim):
@@ -149,6 +149,9 @@ def assign_rows(
     table's ``score_strategy`` order) and full rows (embedding and optimizer state)."""
     tables = t.module.tables
     words = index_words(t, scores)
+    if t.module.cache is not None and is_caching(t):  # into the storage tier
+        t.module.cache.assign(t.index, keys, words, rows)
+        return
     values: list[torch.Tensor | None] = [None] * tables.num_tables
     values[t.index] = rows.to(tables.values[t.index].device)
     tables.insert_or_assign(keys, torch.full_like(keys, t.index), words, values)
@@ -161,6 +164,8 @@ class _Kept:
     def __init__(self, t: ModelTable, counter: bool) -> None:
         self.table = t
         held = t.module.tables.export(t.index)
+        if t.module.cache is not None and is_caching(t):  # and the rows below the cache
+            held = t.module.cache.export(t.index)
         self.rows = held if held.keys.numel() else None
         self.counter = counter_rows(t) if counter else None
 
@@ -169,6 +174,8 @@ class _Kept:
         admission counter as it was."""
         t = self.table
         t.module.tables.clear(t.index)
+        if t.module.cache is not None and is_caching(t):
+            t.module.cache.clear_storage(t.index)
         if self.rows is not None:
             assign_rows(t, self.rows.keys, self.rows.scores, self.rows.values)
         restore_counter(t, self.counter)
@@ -222,7 +229,6 @@ def DynamicEmbLoad(  # noqa: N802 (the spec's name)
     """
     group = process_group(pg)
     tables = select_tables(dynamic_tables(model), table_names)
-    refuse_caching(tables, "DynamicEmbLoad")
     check_group(group, tables)
     ckpt = Checkpoint(path)
     shards = [ckpt.shards(t.collection, t.name) for t in tables]

@@ -103,11 +103,17 @@ def dynamic_tables(model: nn.Module) -> list[ModelTable]:
     return found
 
 
+def is_caching(t: ModelTable) -> bool:
+    """Whether table ``t`` is a cache over a storage tier (``caching=True``)."""
+    cache = t.module.cache
+    return cache is not None and cache.below[t.index] is not None
+
+
 def refuse_caching(tables: Sequence[ModelTable], api: str) -> None:
     """Raise :class:`~demb_torchrec.errors.NotSupportedError` naming the first table with
     ``caching=True``: ``api`` does not read or write a cache's storage tier yet."""
     for t in tables:
-        if t.module.options[t.index].caching:
+        if is_caching(t):
             raise NotSupportedError(
                 "DynamicEmbTableOptions.caching",
                 f"{api} does not cover the storage tier under a cache yet (the rows there would "

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from demb_optim import optimizer_state_bytes
-from demb_planner import dtype_bytes
+from demb_planner import dtype_bytes, local_hbm_for_values
 from demb_storage import FrequencyAdmissionStrategy
 from torch import nn
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -203,20 +203,38 @@ class DynamicEmbStorageEstimator(ShardEstimator):  # type: ignore[misc]
         for option, options in found:
             if options is None:
                 continue
-            per_shard = shard_bytes(option.name, option.tensor, options, self._topology.world_size)
+            world = self._topology.world_size
+            per_shard = shard_bytes(option.name, option.tensor, options, world)
             on_gpu = self._topology.compute_device == "cuda"
+            hbm, ddr = (per_shard, 0) if on_gpu else (0, per_shard)
+            if on_gpu and options.caching:  # the cache's rows on the GPU, the others on the host
+                values = shard_value_bytes(option.name, option.tensor, options, world)
+                cache = min(values, local_hbm_for_values(options.global_hbm_for_values, world))
+                hbm, ddr = per_shard - values + cache, values
+                if options.external_storage is not None:  # rows outside the host's memory
+                    ddr = 0
             for shard in option.shards:
-                shard.storage = Storage(
-                    hbm=per_shard if on_gpu else 0, ddr=0 if on_gpu else per_shard
-                )
+                shard.storage = Storage(hbm=hbm, ddr=ddr)
+
+
+def shard_value_bytes(
+    table: str, param: torch.Tensor, options: DynamicEmbTableOptions, world_size: int
+) -> int:
+    """Bytes of the value rows (embedding and optimizer state) of one rank's shard of
+    dynamic table ``table``: :func:`shard_bytes` without the index and the counter."""
+    return shard_bytes(table, param, options, world_size, values_only=True)
 
 
 def shard_bytes(
-    table: str, param: torch.Tensor, options: DynamicEmbTableOptions, world_size: int
+    table: str,
+    param: torch.Tensor,
+    options: DynamicEmbTableOptions,
+    world_size: int,
+    values_only: bool = False,
 ) -> int:
     """Bytes one rank's shard of dynamic table ``table`` takes (see
     :class:`DynamicEmbStorageEstimator`); ``param`` is the table's (unsharded) weight, carrying
-    its in-backward optimizer class."""
+    its in-backward optimizer class. ``values_only``: the value rows' bytes alone."""
     dim = options.dim if options.dim is not None else int(param.shape[1])
     capacity = options.max_capacity
     if capacity is None:
@@ -231,6 +249,8 @@ def shard_bytes(
         raise ConfigError(f"table {table!r}: {e}") from None
     state = optimizer_state_bytes(kind, dim, elem) if kind is not None and options.training else 0
     score_words = len(options.score_strategy) if isinstance(options.score_strategy, tuple) else 1
+    if values_only:
+        return capacity * (dim * elem + state)
     index = _INDEX_BYTES_PER_SLOT + 8 * score_words
     return capacity * (dim * elem + state + index) + counter_bytes(options)
 

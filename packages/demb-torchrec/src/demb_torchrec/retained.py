@@ -16,7 +16,7 @@ from demb_storage import KeyBuffer, ScoredHashTable
 from torch import nn
 
 from demb_torchrec.errors import ConfigError, InputTypeError
-from demb_torchrec.model_tables import ModelTable, dynamic_tables, refuse_caching, select_tables
+from demb_torchrec.model_tables import ModelTable, dynamic_tables, is_caching, select_tables
 from demb_torchrec.options import EvictedItemMode
 
 __all__ = ["erase_keys", "pop_erased_keys", "pop_evicted_keys"]
@@ -105,7 +105,6 @@ def erase_keys(
     record = EvictedItemMode(mode) is EvictedItemMode.RETAIN_KEY
     names = {c: list(per_table) for c, per_table in keys.items()}
     tables = {(t.collection, t.name): t for t in select_tables(dynamic_tables(model), names)}
-    refuse_caching(list(tables.values()), "erase")
     for collection, per_table in keys.items():
         for name, k in per_table.items():
             if not isinstance(k, torch.Tensor) or k.dtype != torch.int64 or k.dim() != 1:
@@ -119,5 +118,8 @@ def erase_keys(
                 device_keys = k.to(s.device)
                 ids = torch.full_like(device_keys, t.index)
                 freed = s.erase(device_keys, ids, record=record)
-                out.setdefault(collection, {})[name] = int((freed >= 0).sum())
+                removed = int((freed >= 0).sum())
+                if t.module.cache is not None and is_caching(t):  # and from its storage
+                    removed += t.module.cache.erase(t.index, device_keys, record)
+                out.setdefault(collection, {})[name] = removed
     return out

@@ -11,7 +11,7 @@ import torch
 from demb_storage import MemoryType, MemoryUsage, MultiTableKVCounter
 from torch import nn
 
-from demb_torchrec.model_tables import dynamic_tables
+from demb_torchrec.model_tables import dynamic_tables, is_caching
 
 __all__ = ["TableStats", "count_insert_outcomes", "table_memory", "table_stats"]
 
@@ -106,7 +106,8 @@ def table_memory(model: nn.Module) -> dict[str, dict[str, MemoryUsage]]:
     this rank, by kind of memory (``device``: GPU memory; ``host``: host memory, which is where
     a CPU table lives; ``external``: files), now (a table that grew holds more): its slots' keys,
     digests and scores, its value rows (embedding and optimizer state) and its admission
-    counter (frequency admission). No sync."""
+    counter (frequency admission); for a caching table, its cache and its share of the storage
+    under it. No sync."""
     out: dict[str, dict[str, MemoryUsage]] = {}
     for t in dynamic_tables(model):
         tables = t.module.tables
@@ -125,5 +126,7 @@ def table_memory(model: nn.Module) -> dict[str, dict[str, MemoryUsage]]:
                 device=round(counter.memory_usage(MemoryType.DEVICE) * share),
                 host=round(counter.memory_usage(MemoryType.HOST) * share),
             )
+        if t.module.cache is not None and is_caching(t):  # and its rows below the cache
+            used = used + t.module.cache.storage_memory(t.index)
         out.setdefault(t.collection, {})[t.name] = used
     return out
