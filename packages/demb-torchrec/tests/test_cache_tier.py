@@ -84,9 +84,10 @@ def _modules(
     pooling: DynamicEmbPoolingMode = DynamicEmbPoolingMode.NONE,
     strategy: Any = DynamicEmbScoreStrategy.STEP,
     storage: Storage | None = None,
+    device: str = "cpu",
 ) -> tuple[DynamicEmbeddingTables, DynamicEmbeddingTables]:
     kw: dict[str, Any] = {
-        "table_names": NAMES, "pooling_mode": pooling, "device": "cpu",
+        "table_names": NAMES, "pooling_mode": pooling, "device": device,
         "optimizer": optimizer, "learning_rate": 0.05,
     }  # fmt: skip
     twin = DynamicEmbeddingTables(_options(None, optimizer, strategy), **kw)
@@ -94,10 +95,12 @@ def _modules(
     return twin, cached
 
 
-def _batch(gen: torch.Generator, n: int, pooled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(
+    gen: torch.Generator, n: int, pooled: bool, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     indices = torch.randint(0, KEYS, (2 * n,), generator=gen)
     step = 2 if pooled else 1
-    return indices, torch.arange(0, 2 * n + 1, step)
+    return indices.to(device), torch.arange(0, 2 * n + 1, step, device=device)
 
 
 def _train_both(
@@ -106,10 +109,10 @@ def _train_both(
     gen = torch.Generator().manual_seed(seed)
     pooled = twin.pooling_mode is not DynamicEmbPoolingMode.NONE
     for step in range(steps):
-        indices, offsets = _batch(gen, n, pooled)
+        indices, offsets = _batch(gen, n, pooled, twin.device)
         a, b = twin(indices, offsets), cached(indices, offsets)
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}: outputs differ")
-        grad = torch.randn(a.shape, generator=gen)
+        grad = torch.randn(a.shape, generator=gen).to(a.device)
         a.backward(grad)
         b.backward(grad)
 
@@ -131,9 +134,9 @@ def _assert_union_equals_twin(twin: DynamicEmbeddingTables, cached: DynamicEmbed
         ex = twin.tables.export(t)
         order = torch.argsort(ex.keys)
         keys, rows, scores = _storage_rows(cached, t)
-        assert torch.equal(keys, ex.keys[order]), f"table {t}: key sets differ"
-        torch.testing.assert_close(rows, ex.values[order].float(), rtol=0, atol=1e-6)
-        assert torch.equal(scores, ex.scores[order][:, 0]), f"table {t}: scores differ"
+        assert torch.equal(keys, ex.keys[order].cpu()), f"table {t}: key sets differ"
+        torch.testing.assert_close(rows, ex.values[order].float().cpu(), rtol=0, atol=1e-6)
+        assert torch.equal(scores, ex.scores[order][:, 0].cpu()), f"table {t}: scores differ"
 
 
 @pytest.mark.parametrize("ratio", [0.1, 0.5, 1.0])
@@ -167,6 +170,23 @@ def test_cached_training_equals_the_all_device_table(ratio: float, kind: str, tm
 def test_optimizers_and_pooling(optimizer: str, pooling: DynamicEmbPoolingMode):
     twin, cached = _modules(0.1, optimizer, pooling)
     _train_both(twin, cached, steps=8, n=1400)
+    _assert_union_equals_twin(twin, cached)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
+def test_cached_training_on_cuda(pooling: DynamicEmbPoolingMode):
+    """On a GPU: the cache in device memory, the host table's index on the device and its rows
+    in pinned host memory."""
+    twin, cached = _modules(0.1, "adam", pooling, device="cuda")
+    assert cached.cache is not None
+    below = cached.cache.below[0]
+    assert below is not None
+    assert all(v.is_pinned() for v in below.storage.table.values)  # type: ignore[attr-defined]
+    _train_both(twin, cached, steps=8, n=1400)
+    stats = cached.cache_stats()
+    assert sum(s["storage_hits"] for s in stats.values()) > 0
+    assert sum(s["overflows"] for s in stats.values()) > 0
     _assert_union_equals_twin(twin, cached)
 
 
