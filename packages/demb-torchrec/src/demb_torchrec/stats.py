@@ -1,6 +1,7 @@
 """Per-table statistics of a model's dynamic tables on this rank: size, capacity, load factor,
 and what the inserts since the last read did (keys inserted, keys evicted, keys that found no
-slot). Insert outcomes are counted only once :func:`count_insert_outcomes` switched them on
+slot); with admission what it let in and kept out, and for a caching table what moved between
+its tiers. Insert outcomes are counted only once :func:`count_insert_outcomes` switched them on
 (a few small device ops per insert batch; nothing when off)."""
 
 from __future__ import annotations
@@ -11,9 +12,15 @@ import torch
 from demb_storage import MemoryType, MemoryUsage, MultiTableKVCounter
 from torch import nn
 
-from demb_torchrec.model_tables import dynamic_tables, is_caching
+from demb_torchrec.model_tables import ModelTable, dynamic_tables, is_caching
 
-__all__ = ["TableStats", "count_insert_outcomes", "table_memory", "table_stats"]
+__all__ = [
+    "TableStats",
+    "count_insert_outcomes",
+    "table_memory",
+    "table_placement",
+    "table_stats",
+]
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,14 @@ class TableStats:
         rejected: missing keys it kept out since the last read.
         counter_evictions: keys its admission counter evicted since the last read (frequency
             admission).
+        stored: keys in the storage under its cache (``caching=True``; then ``size``,
+            ``capacity`` and ``load_factor`` are the cache's); 0 without caching.
+        cache_hits: keys of training forwards found in its cache since the last read.
+        storage_hits: keys found in the storage instead (moved up into the cache).
+        cache_misses: keys in neither tier (new keys).
+        write_backs: rows written from the cache to the storage.
+        overflows: keys trained outside the cache (their bucket was full of the batch's keys).
+        storage_evictions: keys the storage dropped (evicted, or no room).
     """
 
     size: int
@@ -44,6 +59,13 @@ class TableStats:
     admitted: int = 0
     rejected: int = 0
     counter_evictions: int = 0
+    stored: int = 0
+    cache_hits: int = 0
+    storage_hits: int = 0
+    cache_misses: int = 0
+    write_backs: int = 0
+    overflows: int = 0
+    storage_evictions: int = 0
 
     def as_dict(self) -> dict[str, int | float]:
         return asdict(self)
@@ -71,6 +93,7 @@ def table_stats(model: nn.Module, reset: bool = True) -> dict[str, dict[str, Tab
     outcomes: dict[int, list[dict[str, int]]] = {}
     sizes: dict[int, list[int]] = {}
     admission: dict[int, dict[str, list[int]]] = {}
+    caches: dict[int, list[dict[str, int]]] = {}
     for t in dynamic_tables(model):
         tables = t.module.tables
         key = id(tables)
@@ -81,6 +104,8 @@ def table_stats(model: nn.Module, reset: bool = True) -> dict[str, dict[str, Tab
             if admitters is not None:
                 read = admitters.read_counts(reset=reset)
                 admission[key] = {name: v.tolist() for name, v in read.items()}
+            if t.module.cache is not None:
+                caches[key] = t.module.cache.read_stats(reset=reset)
         size = sizes[key][t.index]
         capacity = tables.capacity(t.index)
         counts = outcomes[key][t.index]
@@ -92,8 +117,31 @@ def table_stats(model: nn.Module, reset: bool = True) -> dict[str, dict[str, Tab
             evicted=counts["evicted"],
             failed=counts["failed"],
             **{name: v[t.index] for name, v in admission.get(key, {}).items()},
+            **_cache_fields(t, caches.get(key)),
         )
     return out
+
+
+_CACHE_FIELDS = {
+    "cache_hits": "cache_hits",
+    "storage_hits": "storage_hits",
+    "cache_misses": "misses",
+    "write_backs": "write_backs",
+    "overflows": "overflows",
+    "storage_evictions": "evictions",
+}
+"""TableStats field -> the cache tier's count (:data:`demb_torchrec._cache.STAT_NAMES`)."""
+
+
+def _cache_fields(t: ModelTable, read: list[dict[str, int]] | None) -> dict[str, int]:
+    cache = t.module.cache
+    if read is None or cache is None or not is_caching(t):
+        return {}
+    below = cache.below[t.index]
+    assert below is not None
+    counts = read[t.index]
+    stored = below.storage.size(below.table_id)
+    return {"stored": stored, **{f: counts[c] for f, c in _CACHE_FIELDS.items()}}
 
 
 def _bytes(tensors: list[torch.Tensor]) -> MemoryUsage:
@@ -129,4 +177,27 @@ def table_memory(model: nn.Module) -> dict[str, dict[str, MemoryUsage]]:
         if t.module.cache is not None and is_caching(t):  # and its rows below the cache
             used = used + t.module.cache.storage_memory(t.index)
         out.setdefault(t.collection, {})[t.name] = used
+    return out
+
+
+def table_placement(model: nn.Module) -> dict[str, dict[str, str]]:
+    """``{collection: {table: where its values live}}`` on this rank, in words: all its slots
+    in the module's device memory, or a cache of so many rows there over its storage."""
+    out: dict[str, dict[str, str]] = {}
+    for t in dynamic_tables(model):
+        tables = t.module.tables
+        device = tables.device.type
+        capacity = tables.capacity(t.index)
+        cache = t.module.cache
+        if cache is None or not is_caching(t):
+            text = f"all values in {device} memory ({capacity} slots now)"
+        else:
+            below = cache.below[t.index]
+            assert below is not None
+            storage = type(below.storage).__name__
+            if storage == "DynamicEmbeddingTable":
+                storage = "a host-memory table"
+            rows = t.module.options[t.index].max_capacity
+            text = f"a cache of {capacity} of its {rows} rows in {device} memory over {storage}"
+        out.setdefault(t.collection, {})[t.name] = text
     return out

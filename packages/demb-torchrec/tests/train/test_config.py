@@ -58,10 +58,39 @@ def test_a_bad_setting_is_named(override: str, named: str) -> None:
 
 
 @pytest.mark.parametrize("key", sorted(NOT_BUILT))
-def test_options_demb_does_not_have_yet_fail_naming_them(key: str) -> None:
-    with pytest.raises(ConfigError, match=rf"tables\.cat_1\.{key}=.*not built yet"):
+def test_options_demb_train_does_not_take_fail_naming_them(key: str) -> None:
+    with pytest.raises(ConfigError, match=rf"tables\.cat_1\.{key}=.*global_hbm_for_values"):
         load_settings(None, [parse_override(f"tables.cat_1.{key}=1")])
     load_settings(None, [parse_override(f"tables.{key}=0")])  # unset values pass
+
+
+CACHED = ["online.delta_every=0", "online.blocking_ckpt=true"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["tables.caching=true", *CACHED], r"tables\.caching=true: set one of"),
+        (
+            ["tables.caching=true", "tables.hbm_fraction=0.5", "tables.global_hbm_for_values=8"],
+            r"tables\.caching=true: set one of",
+        ),
+        (["tables.cat_3.hbm_fraction=0.5"], r"tables\.cat_3\.hbm_fraction=0\.5: set .*caching"),
+        (["tables.external_storage='/tmp/x'"], r"tables\.external_storage=.*caching=true"),
+        (["tables.caching=true", "tables.hbm_fraction=0.5"], r"online\.delta_every=0"),
+        (["tables.hbm_fraction=1.5", "tables.caching=true"], r"hbm_fraction=1\.5"),
+    ],
+)
+def test_caching_settings_agree(overrides: list[str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        load_settings(None, [parse_override(o) for o in overrides])
+
+
+def test_caching_settings_load() -> None:
+    overrides = ["tables.caching=true", "tables.hbm_fraction=0.25", *CACHED]
+    s = load_settings(None, [parse_override(o) for o in overrides])
+    assert s.table("cat_7")["caching"] is True
+    assert s.table("cat_7")["hbm_fraction"] == 0.25
 
 
 def test_a_bad_file_and_a_bad_override_are_named(tmp_path: Path) -> None:
@@ -80,7 +109,7 @@ def test_the_command_line_fails_before_training(
     assert code == 2
     err = capsys.readouterr().err
     assert "tables.caching" in err
-    assert "not built yet" in err
+    assert "global_hbm_for_values" in err
     assert not (tmp_path / "train.jsonl").exists()
     with pytest.raises(SystemExit) as exited:
         main_train(["--help"])

@@ -45,7 +45,7 @@ def _settings_help() -> str:
         "learning_rate_power/ftrl_beta/initial_accumulator_value; all gradient_clipping/"
         "max_gradient"
     )
-    lines.append(f"  not built yet (fail when set): tables.{', tables.'.join(NOT_BUILT)}")
+    lines.append(f"  set by the planner (fail when set): tables.{', tables.'.join(NOT_BUILT)}")
     return "\n".join(lines)
 
 

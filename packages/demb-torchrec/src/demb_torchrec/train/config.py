@@ -17,9 +17,12 @@ Sections and keys (defaults in :data:`DEFAULTS`)::
                 probabilistic) with admit_threshold (frequency), admit_probability
                 (probabilistic) and counter_capacity (the frequency counter's keys per
                 table and rank); score_function ("module:function", TIMESTAMP+LFU
-                only); and the options whose feature demb does not have yet (caching,
-                global_hbm_for_values, local_hbm_for_values, external_storage) or that the
-                specification deprecates (admission_counter): setting one fails naming it
+                only); caching (a device cache over a host table) with its device budget,
+                global_hbm_for_values (bytes, all ranks) or hbm_fraction (of the table's
+                value bytes), and external_storage (a directory: the rows below the cache
+                in RocksDB, the ``ssd`` extra); the option the planner sets
+                (local_hbm_for_values) or that the specification deprecates
+                (admission_counter): setting one fails naming it
     [tables.cat_N]  the same keys for one table (cat_0 ... cat_25)
     [online]    delta_every, ckpt_every, blocking_ckpt
     [output]    dir (logs, plots, deltas, checkpoints), tensorboard
@@ -85,6 +88,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "admit_probability": 0.5,
         "counter_capacity": 65536,
         "score_function": "",
+        "caching": False,
+        "global_hbm_for_values": 0,
+        "hbm_fraction": 0.0,
+        "external_storage": "",
     },
     "online": {"delta_every": 500, "ckpt_every": 2000, "blocking_ckpt": False},
     "output": {"dir": "demb-train-out", "tensorboard": True},
@@ -100,13 +107,12 @@ DEPRECATED: dict[str, str] = {
 """Table options the specification deprecates: setting one fails, saying what to set."""
 
 NOT_BUILT: dict[str, str] = {
-    "caching": "memory tiers (a GPU cache over a host table) are not built yet",
-    "global_hbm_for_values": "memory tiers (value placement budgets) are not built yet",
-    "local_hbm_for_values": "memory tiers (value placement budgets) are not built yet",
-    "external_storage": "memory tiers (external storage) are not built yet",
+    "local_hbm_for_values": (
+        "the planner sets it per rank from global_hbm_for_values: set that, or tables.hbm_fraction"
+    ),
 }
-"""Table options of the specification whose feature demb does not have yet: setting one fails
-before training, naming it."""
+"""Table options of the specification ``demb train`` does not take: setting one fails before
+training, naming it and what to set instead."""
 
 _CLIP = {"gradient_clipping", "max_gradient"}
 _OPTIMIZER_KNOBS = {
@@ -132,7 +138,13 @@ _POSITIVE = {
     "tables.admit_threshold",
     "tables.counter_capacity",
 }
-_NON_NEGATIVE = {"data.seed", "tables.init_capacity", "online.delta_every", "online.ckpt_every"}
+_NON_NEGATIVE = {
+    "data.seed",
+    "tables.init_capacity",
+    "tables.global_hbm_for_values",
+    "online.delta_every",
+    "online.ckpt_every",
+}
 
 
 class Settings:
@@ -247,12 +259,45 @@ def _check(values: dict[str, dict[str, Any]]) -> None:
             f"optimizer.{sorted(unknown)[0]}: not a setting of {kind} "
             f"(it takes lr, {', '.join(sorted(_OPTIMIZER_KNOBS[kind])) or 'nothing else'})"
         )
+    _check_tiers(values)
     if values["train"]["top_mlp"][-1] != 1:
         raise ConfigError("train.top_mlp: the last layer must have 1 output (the click logit)")
     if values["train"]["bottom_mlp"][-1] != values["train"]["dim"]:
         raise ConfigError(
             f"train.bottom_mlp: the last layer must have train.dim={values['train']['dim']} "
             "outputs (DLRM interacts it with the embeddings)"
+        )
+
+
+def _check_tiers(values: dict[str, dict[str, Any]]) -> None:
+    """Each table's caching settings agree, and the online outputs cover caching tables."""
+    base = {k: v for k, v in values["tables"].items() if not isinstance(v, dict)}
+    names = ["tables"] + [f"tables.{k}" for k, v in values["tables"].items() if isinstance(v, dict)]
+    caching = False
+    for where in names:
+        own = values["tables"].get(where.removeprefix("tables."), {}) if "." in where else {}
+        s = {**base, **own}
+        budgets = [k for k in ("global_hbm_for_values", "hbm_fraction") if s[k]]
+        if not s["caching"]:
+            if budgets or s["external_storage"]:
+                key = (budgets or ["external_storage"])[0]
+                raise ConfigError(
+                    f"{where}.{key}={s[key]!r}: set {where}.caching=true (a device budget "
+                    "without caching asks for a hybrid table, which demb does not have yet; an "
+                    "external storage is the tier under a cache)"
+                )
+            continue
+        caching = True
+        if len(budgets) != 1:
+            raise ConfigError(
+                f"{where}.caching=true: set one of {where}.global_hbm_for_values (bytes) or "
+                f"{where}.hbm_fraction (of the table's value bytes) for the device cache"
+            )
+    online = values["online"]
+    if caching and (online["delta_every"] or not online["blocking_ckpt"]):
+        raise ConfigError(
+            "tables.caching=true: incremental deltas and non-blocking checkpoints do not cover "
+            "the rows below a cache yet; set online.delta_every=0 and online.blocking_ckpt=true"
         )
 
 
@@ -268,7 +313,7 @@ def _check_value(where: str, section: str, key: str, value: Any) -> None:  # noq
     if section == "tables" and key in NOT_BUILT:
         if value in (None, False, 0, ""):
             return
-        raise ConfigError(f"{where}={value!r}: {NOT_BUILT[key]} in demb")
+        raise ConfigError(f"{where}={value!r}: {NOT_BUILT[key]}")
     if section == "optimizer" and key != "kind":
         if key == "gradient_clipping":
             if not isinstance(value, bool):
@@ -346,6 +391,8 @@ def _check_special(where: str, name: str, value: Any) -> None:  # noqa: ANN401 (
         resolve_function(where, value)
     if name == "tables.admit_probability" and not 0 < value <= 1:
         raise ConfigError(f"{where}={value!r}: must be in (0, 1] (0 would admit no key)")
+    if name == "tables.hbm_fraction" and not 0 <= value <= 1:
+        raise ConfigError(f"{where}={value!r}: must be in [0, 1] (0: unset)")
     if name == "tables.max_load_factor" and not 0 < value <= 1:
         raise ConfigError(f"{where}={value!r}: must be in (0, 1]")
     if name in ("data.eval_fraction",) and not 0 < value < 1:

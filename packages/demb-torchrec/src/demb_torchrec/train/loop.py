@@ -24,7 +24,7 @@ from tqdm import tqdm
 from demb_torchrec.dump import DumpHandle, DynamicEmbDump
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.incremental import incremental_dump
-from demb_torchrec.stats import count_insert_outcomes
+from demb_torchrec.stats import count_insert_outcomes, table_placement
 from demb_torchrec.train.batch import ClickBatch
 from demb_torchrec.train.config import Settings
 from demb_torchrec.train.metrics import Window, auc_logloss, gather, tables_record
@@ -151,6 +151,7 @@ def train(
         dist.barrier(group=rank.group)
     log: MetricsLog | None = None
     if rank.first:
+        _print_placement(tm.dmp)
         paths.root.mkdir(parents=True, exist_ok=True)
         (paths.root / DONE).unlink(missing_ok=True)
         logdir = paths.root / "tensorboard" if settings["output"]["tensorboard"] else None
@@ -237,6 +238,17 @@ def _with_replica(records: list[dict[str, Any]], root: Path) -> list[dict[str, A
         seen = by_step.get(r["step"])
         out.append({**r, "replica": seen} if seen else r)
     return out
+
+
+def _print_placement(model: torch.nn.Module) -> None:
+    """Where each table's values live (rank 0's shards), one line per kind of placement."""
+    groups: dict[str, list[str]] = {}
+    for per in table_placement(model).values():
+        for name, text in per.items():
+            groups.setdefault(text, []).append(name)
+    for text, names in groups.items():
+        shown = ", ".join(names) if len(names) <= 3 else f"{names[0]} ... {names[-1]}"
+        print(f"demb train: {len(names)} tables ({shown}): {text}", flush=True)
 
 
 def _write_delta(

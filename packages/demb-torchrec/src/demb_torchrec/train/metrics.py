@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 
-from demb_torchrec.stats import TableStats, table_stats
+from demb_torchrec.stats import table_stats
 from demb_torchrec.train.model import Rank
 
 __all__ = ["Window", "auc_logloss", "gather", "tables_record"]
@@ -64,22 +64,36 @@ class Window:
         return out
 
 
-def _admission(s: TableStats) -> list[int]:
-    return [s.admitted, s.rejected, s.counter_evictions]
+_EXTRA = [
+    "admitted",
+    "rejected",
+    "counter_evictions",
+    "stored",
+    "cache_hits",
+    "storage_hits",
+    "cache_misses",
+    "write_backs",
+    "overflows",
+    "storage_evictions",
+]
+"""The admission and cache-tier counts of :class:`~demb_torchrec.stats.TableStats` a record
+carries (zeros for a table without them)."""
 
 
 def tables_record(model: torch.nn.Module, rank: Rank) -> dict[str, dict[str, Any]]:
     """Per table: size, capacity, load factor, and since the last call the keys inserted
     (``inserts``, into free or evicted slots), the keys evicted, the keys that found no slot,
     and with admission the missing keys admitted and rejected and the keys its counter
-    evicted, summed over ranks (collective)."""
+    evicted, and for a caching table the keys in its storage and what moved between its tiers
+    (:class:`~demb_torchrec.stats.TableStats`), summed over ranks (collective)."""
     stats = {n: s for per in table_stats(model).values() for n, s in per.items()}
     names = sorted(stats)
     fields = ["size", "capacity", "inserts", "evictions", "failed"]
-    fields += ["admitted", "rejected", "counter_evictions"]
+    fields += _EXTRA
     counts = torch.tensor(
         [
-            [s.size, s.capacity, s.inserted + s.evicted, s.evicted, s.failed, *_admission(s)]
+            [s.size, s.capacity, s.inserted + s.evicted, s.evicted, s.failed]
+            + [getattr(s, f) for f in _EXTRA]
             for s in (stats[n] for n in names)
         ],
         dtype=torch.int64,

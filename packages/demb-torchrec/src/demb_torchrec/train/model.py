@@ -9,9 +9,11 @@ Only public APIs are used: this is also their integration test.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,8 +23,12 @@ from demb_storage import (
     FrequencyAdmissionStrategy,
     KVCounter,
     ProbabilisticAdmissionStrategy,
+    RocksDBStorage,
+    RowLayout,
 )
 
+from demb_torchrec._args import optimizer_spec
+from demb_torchrec.capacity import get_table_value_bytes
 from demb_torchrec.constraints import DynamicEmbParameterConstraints
 from demb_torchrec.errors import ConfigError, DembError
 from demb_torchrec.optimizers import FTRL
@@ -116,13 +122,18 @@ _SCORES: dict[str, DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
 }
 
 
-def table_options(settings: Settings, name: str) -> DynamicEmbTableOptions:
-    """The dynamic-table options of table ``name`` from its settings.
+def table_options(
+    settings: Settings, name: str, rank: Rank | None = None
+) -> DynamicEmbTableOptions:
+    """The dynamic-table options of table ``name`` from its settings; with caching, its device
+    budget (``hbm_fraction`` of the table's value bytes over ``rank``'s world) and its
+    external storage (this rank's RocksDB directory ``<external_storage>/<name>.rank<r>``).
 
     Raises:
         ConfigError: options the table rejects (naming ``tables.<name>``).
     """
     s = settings.table(name)
+    tiers = _tiers(settings, name, rank) if s["caching"] else {}
     mode = DynamicEmbInitializerMode(s["initializer"])
     std = float(s["init_std"])
     init = (
@@ -142,9 +153,45 @@ def table_options(settings: Settings, name: str) -> DynamicEmbTableOptions:
             initializer_args=init,
             admit_strategy=_admission(s),
             score_function=_score_function(s, name),
+            **tiers,
         )
     except (ValueError, TypeError, NotImplementedError) as err:
         raise ConfigError(f"tables.{name}: {err}") from None
+
+
+def _tiers(settings: Settings, name: str, rank: Rank | None) -> dict[str, Any]:
+    """A caching table's options: ``caching``, ``global_hbm_for_values`` (given, or
+    ``hbm_fraction`` of :func:`~demb_torchrec.get_table_value_bytes`) and
+    ``external_storage``."""
+    s = settings.table(name)
+    world, r = (1, 0) if rank is None else (rank.world_size, rank.rank)
+    kind = settings["optimizer"]["kind"]
+    dim = int(settings["train"]["dim"])
+    budget = int(s["global_hbm_for_values"])
+    if not budget:
+        shape = _Shape(int(s["capacity"]), dim)
+        total = get_table_value_bytes(shape, kind, world, int(s["bucket_capacity"]))
+        budget = math.ceil(float(s["hbm_fraction"]) * total)
+    out: dict[str, Any] = {"caching": True, "global_hbm_for_values": budget}
+    if s["external_storage"]:
+        state = optimizer_spec(kind, {}).state_dim(dim, torch.float32)
+        path = Path(s["external_storage"]) / f"{name}.rank{r}"
+        out["external_storage"] = RocksDBStorage(
+            path,
+            [RowLayout(dim, state)],
+            score_words=2 if s["score_strategy"] == "TIMESTAMP+LFU" else 1,
+            names=[name],
+            overwrite=True,
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What :func:`~demb_torchrec.get_table_value_bytes` reads of a table's config."""
+
+    num_embeddings: int
+    embedding_dim: int
 
 
 def _admission(s: dict[str, Any]) -> AdmissionStrategy | None:
@@ -215,7 +262,7 @@ def build_model(settings: Settings, rank: Rank) -> TrainModel:
     ]
     constraints = {
         n: DynamicEmbParameterConstraints(
-            use_dynamicemb=True, dynamicemb_options=table_options(settings, n)
+            use_dynamicemb=True, dynamicemb_options=table_options(settings, n, rank)
         )
         for n in names
     }

@@ -10,6 +10,7 @@ import math
 import numbers
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,12 +19,15 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["ADMISSION_PNG", "QUALITY_PNG", "TABLES_PNG", "plot_run"]
+__all__ = ["ADMISSION_PNG", "QUALITY_PNG", "TABLES_PNG", "TIERS_PNG", "plot_run"]
 
 QUALITY_PNG = "quality.png"
 """File name of the quality plot (losses and AUCs over steps)."""
 TABLES_PNG = "tables.png"
 """File name of the tables plot (load factors, inserts and evictions over steps)."""
+TIERS_PNG = "tiers.png"
+"""File name of the cache-tier plot (cache hit share, keys moved between the tiers), drawn
+when the records have cache counts."""
 ADMISSION_PNG = "admission.png"
 """File name of the admission plot (admitted and rejected keys per table over steps), drawn
 when the records have admission counts."""
@@ -273,20 +277,65 @@ def _tables(
     return _save(fig, path)
 
 
-def _has_admission(records: Sequence[tuple[int, Mapping[str, Any]]], names: list[str]) -> bool:
+def _has_counts(
+    records: Sequence[tuple[int, Mapping[str, Any]]], names: list[str], keys: Sequence[str]
+) -> bool:
     return any(
-        (_number(_get(r, "tables", n, "admitted")) or 0)
-        + (_number(_get(r, "tables", n, "rejected")) or 0)
-        > 0
-        for _, r in records
-        for n in names
+        (_number(_get(r, "tables", n, k)) or 0) > 0 for _, r in records for n in names for k in keys
     )
 
 
-def _admission(
+@dataclass(frozen=True)
+class _Counts:
+    """A two-panel figure of per-table counts: the share ``part / sum(whole)`` per table and
+    record, then the ``lines`` (key, label, colour) summed over tables."""
+
+    part: str
+    whole: tuple[str, ...]
+    share_label: str
+    share_title: str
+    lines: tuple[tuple[str, str, str], ...]
+    count_title: str
+    empty: str
+    title: str
+
+
+_ADMISSION = _Counts(
+    part="rejected",
+    whole=("admitted", "rejected"),
+    share_label="rejected / missing keys",
+    share_title="Share of each table's missing keys its admission rejected, per interval",
+    lines=(
+        ("admitted", "admitted", "tab:green"),
+        ("rejected", "rejected", "tab:orange"),
+        ("counter_evictions", "counter evictions", "tab:purple"),
+    ),
+    count_title="Keys admitted, rejected and evicted from the counters, summed over tables",
+    empty="no admission counts in the records",
+    title="Admission",
+)
+_TIERS = _Counts(
+    part="cache_hits",
+    whole=("cache_hits", "storage_hits", "cache_misses"),
+    share_label="cache hits / keys looked up",
+    share_title="Share of each caching table's keys found in its device cache, per interval",
+    lines=(
+        ("storage_hits", "read from the storage", "tab:blue"),
+        ("cache_misses", "new (in neither tier)", "tab:green"),
+        ("write_backs", "written back", "tab:red"),
+        ("storage_evictions", "dropped by the storage", "tab:purple"),
+    ),
+    count_title="Keys moved between the tiers, summed over caching tables",
+    empty="no cache counts in the records",
+    title="Cache tiers",
+)
+
+
+def _counts(
     records: Sequence[tuple[int, Mapping[str, Any]]],
     path: Path,
     counters: Literal["interval", "cumulative"],
+    spec: _Counts,
 ) -> Path:
     fig = Figure(figsize=_TABLES_SIZE, dpi=_DPI, layout="constrained")
     share_ax, count_ax = fig.subplots(2, 1, sharex=True)
@@ -294,42 +343,35 @@ def _admission(
     cmap = colormaps["turbo"]
     drawn = False
     for index, name in enumerate(names):
-        admitted = dict(zip(*_counter_sums(records, [name], "admitted", counters), strict=True))
-        rejected = dict(zip(*_counter_sums(records, [name], "rejected", counters), strict=True))
-        steps = [s for s in sorted(admitted) if admitted[s] + rejected.get(s, 0.0) > 0]
+        sums = [
+            dict(zip(*_counter_sums(records, [name], k, counters), strict=True)) for k in spec.whole
+        ]
+        part = dict(zip(*_counter_sums(records, [name], spec.part, counters), strict=True))
+        steps = sorted({s for d in sums for s, v in d.items() if v > 0})
         if not steps:
             continue
-        share = [rejected.get(s, 0.0) / (admitted[s] + rejected.get(s, 0.0)) for s in steps]
+        share = [part.get(s, 0.0) / sum(d.get(s, 0.0) for d in sums) for s in steps]
         color = cmap(0.05 + 0.9 * index / max(len(names) - 1, 1))
         label = name if len(names) <= _LEGEND_TABLES else None
         share_ax.plot(steps, share, color=color, lw=1.0, alpha=0.85, label=label)
         drawn = True
     share_ax.set_ylim(-0.02, 1.02)
-    share_ax.set_ylabel("rejected / missing keys")
+    share_ax.set_ylabel(spec.share_label)
     share_ax.grid(True, alpha=0.3)
     if drawn and len(names) <= _LEGEND_TABLES:
         share_ax.legend(loc="best", fontsize=8)
     if not drawn:
-        _note(share_ax, "no admission counts in the records")
-    share_ax.set_title("Share of each table's missing keys its admission rejected, per interval")
-    drawn = _plot(
-        count_ax, _counter_sums(records, names, "admitted", counters), "admitted", "tab:green"
-    )
-    drawn |= _plot(
-        count_ax, _counter_sums(records, names, "rejected", counters), "rejected", "tab:orange"
-    )
-    drawn |= _plot(
-        count_ax,
-        _counter_sums(records, names, "counter_evictions", counters),
-        "counter evictions",
-        "tab:purple",
-    )
+        _note(share_ax, spec.empty)
+    share_ax.set_title(spec.share_title)
+    drawn = False
+    for key, label, line_color in spec.lines:
+        drawn |= _plot(count_ax, _counter_sums(records, names, key, counters), label, line_color)
     if drawn:
         count_ax.set_yscale("symlog", linthresh=1.0)
-    _finish(count_ax, drawn, "no admission counts in the records", "keys per interval (symlog)")
-    count_ax.set_title("Keys admitted, rejected and evicted from the counters, summed over tables")
+    _finish(count_ax, drawn, spec.empty, "keys per interval (symlog)")
+    count_ax.set_title(spec.count_title)
     count_ax.set_xlabel("step")
-    fig.suptitle(f"Admission ({_span(records)})")
+    fig.suptitle(f"{spec.title} ({_span(records)})")
     return _save(fig, path)
 
 
@@ -351,6 +393,10 @@ def plot_run(
     - ``admission.png`` (1000 x 800 px), only when some table reports admission counts: per
       table, the share of its missing keys rejected per record; the ``admitted``,
       ``rejected`` and ``counter_evictions`` of all tables summed per record.
+    - ``tiers.png`` (1000 x 800 px), only when some table reports cache counts (caching
+      tables): per table, the share of its keys found in its device cache per record; the
+      keys read from the storage, new keys, rows written back and keys the storage dropped,
+      summed per record.
 
     The first two files are always written: a panel with nothing to draw (no records, no eval,
     no table stats) says so in its middle. Records are taken in step order; those without an integer
@@ -370,6 +416,9 @@ def plot_run(
     stepped = [(step, r) for r in records if (step := _step(r)) is not None]
     stepped.sort(key=lambda item: item[0])
     paths = [_quality(stepped, out / QUALITY_PNG), _tables(stepped, out / TABLES_PNG, counters)]
-    if _has_admission(stepped, _table_names(stepped)):
-        paths.append(_admission(stepped, out / ADMISSION_PNG, counters))
+    names = _table_names(stepped)
+    if _has_counts(stepped, names, _ADMISSION.whole):
+        paths.append(_counts(stepped, out / ADMISSION_PNG, counters, _ADMISSION))
+    if _has_counts(stepped, names, _TIERS.whole):
+        paths.append(_counts(stepped, out / TIERS_PNG, counters, _TIERS))
     return paths

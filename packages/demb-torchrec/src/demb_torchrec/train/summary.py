@@ -43,6 +43,18 @@ def print_summary(summary: RunSummary, settings: Settings) -> None:
     print(f"  inserts         {inserts:,} keys inserted, {evictions:,} evicted (whole run)")
     if admitted or rejected:
         print(f"  admission       {admitted:,} missing keys admitted, {rejected:,} rejected")
+    hits, below, new, backs = (
+        sum(r["tables"][n].get(k, 0) for r in records for n in r.get("tables", {}))
+        for k in ("cache_hits", "storage_hits", "cache_misses", "write_backs")
+    )
+    if hits or below or new:
+        stored = sum(t.get("stored", 0) for t in tables.values())
+        looked = hits + below + new
+        print(
+            f"  caches          {hits / looked:.1%} of keys found in the device caches, "
+            f"{below:,} read from the storage, {backs:,} rows written back; "
+            f"{stored:,} keys below the caches"
+        )
     replica = root / "replica.jsonl"
     if replica.exists():
         seen = [r for r in read_records(replica) if "auc" in r.get("replica", {})]
