@@ -336,3 +336,29 @@ def test_erase_removes_keys_from_both_tiers():
     assert want == removed
     _assert_union_equals_twin(twin, cached)
     assert set(pop_erased_keys(cached)["model"]["user"].tolist()) == set(keys[:100].tolist())
+
+
+def test_admission_on_another_table_of_the_module_still_decides():
+    """A caching table beside a table with frequency admission: the latter admits exactly as
+    in an all-device module (rejected keys read their initial rows and stay out)."""
+    from demb_torchrec import FrequencyAdmissionStrategy, KVCounter
+
+    def options(cache: bool) -> list[DynamicEmbTableOptions]:
+        out = _options(0.1 if cache else None, "adam")
+        out[1].caching, out[1].local_hbm_for_values, out[1].external_storage = False, 0, None
+        out[1].admit_strategy = FrequencyAdmissionStrategy(2, KVCounter(1 << 16))
+        return out
+
+    kw: dict[str, Any] = {"table_names": NAMES, "device": "cpu", "optimizer": "adam"}
+    kw["pooling_mode"] = DynamicEmbPoolingMode.NONE
+    twin = DynamicEmbeddingTables(options(False), **kw)
+    cached = DynamicEmbeddingTables(options(True), **kw)
+    _train_both(twin, cached, steps=6, n=1400)
+    assert twin.tables.size(1) < len(set(range(KEYS)))  # admission kept keys out
+    a, b = twin.tables.export(1), cached.tables.export(1)
+    assert torch.equal(a.keys.sort().values, b.keys.sort().values)
+    cached.eval()
+    twin.eval()
+    gen = torch.Generator().manual_seed(11)
+    indices, offsets = _batch(gen, 500, pooled=False)
+    torch.testing.assert_close(cached(indices, offsets), twin(indices, offsets), rtol=0, atol=0)

@@ -144,13 +144,22 @@ class CacheTier:
         keys, ids = batch.keys, batch.tables
         counts = batch.occurrence_counts()
         cached = self._cached[ids]
-        missing = (cached & (tables.find(keys, ids, check=False) < 0)).nonzero().squeeze(1)
-        fetched = self._fetch(keys, ids, missing)
+        absent = tables.find(keys, ids, check=False) < 0
+        fetched = self._fetch(keys, ids, (cached & absent).nonzero().squeeze(1))
+        kept: torch.Tensor | None = None  # the other tables' admission (a cache admits all)
+        if s.admission is not None:
+            rejected = s.admission.rejected(keys, ids, counts, absent)
+            s.rejected[0] = rejected
+            kept = (~rejected).nonzero().squeeze(1)
+        pick = slice(None) if kept is None else kept
         outcome = tables.find_or_insert(
-            keys, ids, counts=counts, return_evicted=True, zero_new_rows=False, check=False,
-            count_failures=False, score_args=scores,
+            keys[pick], ids[pick], counts=counts[pick], return_evicted=True,
+            zero_new_rows=False, check=False, count_failures=False, score_args=scores,
         )  # fmt: skip
         slots, status = outcome.slots.clone(), outcome.status
+        if kept is not None:  # a rejected key: no slot, nothing to initialize
+            slots = torch.full_like(keys, -1).index_copy_(0, kept, outcome.slots)
+            status = torch.zeros_like(keys).index_copy_(0, kept, outcome.status)
         self._move_up(keys, slots, fetched)
         overflow = (cached & (status == InsertStatus.FAILED)).nonzero().squeeze(1)
         self._spill(outcome, keys[overflow], ids[overflow])
@@ -182,6 +191,7 @@ class CacheTier:
         s = self._state
         tables = s.tables
         self._write_live()
+        s.rejected[0] = None  # eval admits nothing and rejects nothing
         batch = dedup_bags(s, bags)
         keys, ids = batch.keys, batch.tables
         slots = tables.find(keys, ids, check=False)

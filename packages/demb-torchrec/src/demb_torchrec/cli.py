@@ -8,7 +8,8 @@ baseline measured in the same run; ``demb bench fuzz`` reads back mutated checkp
 deltas; ``demb bench soak`` memory over a long evicting training run beside eval forwards;
 ``demb bench readspeed`` checkpoint reads of the current demb-io beside an older one; ``demb
 bench delta`` incremental dumps, their replay and the non-blocking dump beside copies of the
-same bytes."""
+same bytes; ``demb bench tiers`` caching tables beside all-device tables and the copy floor of
+the rows crossing between the tiers."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from demb_torchrec.bench._parsers import (
     add_readspeed_parser,
     add_retain_parser,
     add_soak_parser,
+    add_tiers_parser,
 )
 from demb_torchrec.bench._parsers import bench_parser as _bench_parser
 
@@ -288,6 +290,21 @@ def _bench_admission(args: argparse.Namespace) -> int:
     return _write_report(run(w, device), args)
 
 
+def _bench_tiers(args: argparse.Namespace) -> int:
+    from demb_torchrec.bench.tiers_bench import TiersWorkload, run
+
+    device = _device(args)
+    default = 1.0 if device.type == "cuda" else 0.01
+    w = TiersWorkload(
+        scale=args.scale if args.scale is not None else default,
+        optimizer=args.optimizer,
+        steps=args.steps,
+        warmup=args.warmup,
+        seed=args.seed,
+    )
+    return _write_report(run(w, device), args)
+
+
 def _bench_delta(args: argparse.Namespace) -> int:
     from demb_torchrec.bench.delta_bench import DeltaWorkload, run
 
@@ -386,6 +403,7 @@ def _parser() -> argparse.ArgumentParser:
     add_delta_parser(bench)
     add_retain_parser(bench)
     add_admission_parser(bench)
+    add_tiers_parser(bench)
     return parser
 
 
@@ -472,6 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "delta": _bench_delta,
             "retain": _bench_retain,
             "admission": _bench_admission,
+            "tiers": _bench_tiers,
         }
         return runs[args.bench](args)
     for name, value in environment_report():

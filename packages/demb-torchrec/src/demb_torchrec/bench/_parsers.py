@@ -1,7 +1,6 @@
 """The argument parsers of ``demb bench io``, ``fuzz``, ``soak``, ``readspeed``, ``delta``,
-``retain`` and ``admission`` (and the parser every ``demb bench`` subcommand starts from);
-imported by
-:mod:`demb_torchrec.cli`.
+``retain``, ``admission`` and ``tiers`` (and the parser every ``demb bench`` subcommand starts
+from); imported by :mod:`demb_torchrec.cli`.
 No torch import: ``demb --help`` stays fast."""
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ __all__ = [
     "add_readspeed_parser",
     "add_retain_parser",
     "add_soak_parser",
+    "add_tiers_parser",
     "bench_parser",
 ]
 
@@ -257,3 +257,25 @@ def add_admission_parser(bench: _Subparsers) -> None:
     admission.add_argument("--rounds", type=int, default=5, help="alternating rounds (5)")
     admission.add_argument("--warmup", type=int, default=5, help="untimed steps first (5)")
     admission.add_argument("--seed", type=int, default=0, help="the batches' seed (0)")
+
+
+def add_tiers_parser(bench: _Subparsers) -> None:
+    """``demb bench tiers``."""
+    tiers = bench_parser(
+        bench,
+        "tiers",
+        "the train step and eval forward of caching tables (a device cache of 1.0x and 0.8x a "
+        "step's unique ids over a host table) beside the all-device tables and beside the copy "
+        "floor of the rows that cross between the tiers; lists the modes not built yet (hybrid, "
+        "no device memory); fails if a mode evicted or lost a key",
+        device=True,
+        scale="rows and ids times this (default 1 on a GPU: 10 tables x 3,355,443 rows, "
+        "1,048,576 ids a step, about 16 GB of GPU memory and 16 GB of pinned host memory with "
+        "Adam; 0.01 on the CPU: about 1 GB, under a minute on 2 cores)",
+    )
+    tiers.add_argument(
+        "--optimizer", choices=["adam", "sgd"], default="adam", help="the optimizer (adam)"
+    )
+    tiers.add_argument("--steps", type=int, default=20, help="timed steps a mode (20)")
+    tiers.add_argument("--warmup", type=int, default=5, help="untimed steps first (5)")
+    tiers.add_argument("--seed", type=int, default=0, help="the batches' seed (0)")

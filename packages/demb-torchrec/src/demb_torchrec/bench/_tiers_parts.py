@@ -1,0 +1,172 @@
+"""The parts of ``demb bench tiers`` (:mod:`demb_torchrec.bench.tiers_bench`): the copy floor
+of the rows that cross between the tiers, the modes not built yet (each probed, with its
+reason), the reference system's published figures and the printed report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from demb_torchrec.batched_tables import DynamicEmbeddingTables
+from demb_torchrec.bench.compare import seconds_of
+from demb_torchrec.errors import NotSupportedError
+from demb_torchrec.options import DynamicEmbTableOptions
+
+__all__ = ["NOT_BUILT_REASON", "PUBLISHED", "copy_floor", "not_built", "print_report"]
+
+NOT_BUILT_REASON = (
+    "not built: caching=False with a device budget (hybrid tables) raises NotSupportedError"
+)
+
+NOT_BUILT_MODES = ("hybrid (10% of value bytes on the device)", "no device memory for values")
+"""The issue's modes this package does not build yet."""
+
+PUBLISHED: dict[str, Any] = {
+    "what": "published figures of another system (the reference system) on another machine "
+    "(an H100), for its 256M-row version of this workload with Adam: not measured here, for "
+    "context only",
+    "unit": "ms",
+    "figures": {
+        "caching 0.8": {"train_ms": 24.3, "eval_ms": 3.5},
+        "caching 1.0": {"train_ms": 12.3, "eval_ms": 1.19},
+        NOT_BUILT_MODES[0]: {"train_ms": 33.3, "eval_ms": 20.5},
+        NOT_BUILT_MODES[1]: {"train_ms": 43.5, "eval_ms": 28.5},
+    },
+}
+
+
+def _copy_seconds(nbytes: int, device: torch.device, to_device: bool, iters: int) -> list[float]:
+    """``iters`` timings of one copy of ``nbytes``: host (pinned) to device or device to host
+    on CUDA, between CUDA events; a host ``Tensor.copy_`` on the CPU (after a warm-up copy)."""
+    if nbytes == 0:
+        return [0.0] * iters
+    cuda = device.type == "cuda"
+    host = torch.ones(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    other = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    src, dst = (host, other) if to_device else (other, host)
+    dst.copy_(src)
+    return [seconds_of(lambda: dst.copy_(src), device) for _ in range(iters)]
+
+
+def copy_floor(h2d_bytes: int, d2h_bytes: int, device: torch.device, iters: int) -> dict[str, Any]:
+    """The floor of a step that moves ``h2d_bytes`` up (storage hits) and ``d2h_bytes`` down
+    (write-backs): the fastest of ``iters`` copies of each direction, added (a floor is what
+    the link does; on a shared host a copy whose thread another process held up is not)."""
+    up = _copy_seconds(h2d_bytes, device, True, iters)
+    down = _copy_seconds(d2h_bytes, device, False, iters)
+    cuda = device.type == "cuda"
+    return {
+        "what": "H2D copy from pinned host memory + D2H copy into pinned host memory"
+        if cuda
+        else "host memcpy (Tensor.copy_) of each direction's bytes",
+        "h2d_bytes": h2d_bytes,
+        "d2h_bytes": d2h_bytes,
+        "h2d_seconds": up,
+        "d2h_seconds": down,
+        "seconds": min(up) + min(down),
+        "h2d_bytes_per_s": h2d_bytes / min(up) if min(up) > 0 else None,
+        "d2h_bytes_per_s": d2h_bytes / min(down) if min(down) > 0 else None,
+    }
+
+
+def not_built(dim: int, optimizer: str, row_bytes: int) -> list[dict[str, Any]]:
+    """The issue's modes not built yet, each with its reason: a tiny hybrid table (caching=False
+    and 10% of its value bytes as a device budget) is built on the CPU and must raise
+    :class:`~demb_torchrec.errors.NotSupportedError`; if it builds, the mode is still listed
+    as not measured by this bench."""
+    capacity = 1024
+    hybrid = DynamicEmbTableOptions(
+        dim=dim, max_capacity=capacity, local_hbm_for_values=capacity * row_bytes // 10
+    )
+    try:
+        DynamicEmbeddingTables([hybrid], device="cpu", optimizer=optimizer)
+    except NotSupportedError as error:
+        reason, message = NOT_BUILT_REASON, str(error)
+    else:
+        reason, message = "a hybrid table builds now, but this bench does not measure it yet", ""
+    out = [
+        {"mode": m, "measured": False, "reason": reason, "error": message} for m in NOT_BUILT_MODES
+    ]
+    out[1]["note"] = (
+        "the reference system's hybrid table with no device budget; here a budget of 0 "
+        "(caching=False) keeps every value on the device"
+    )
+    return out
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g}"
+
+
+def _row(m: dict[str, Any], base: dict[str, Any]) -> tuple[str, ...]:
+    vs = m["step"]["median"] / base["step"]["median"]
+    if not m["caching"]:
+        return (m["mode"], _ms(m["step"]["median"]), _ms(m["eval"]["median"]), "-", "-", "-",
+                "-", "-", _ms(base["step"]["median"]), f"{vs:.3g}x")  # fmt: skip
+    f = m["floor_figure"]
+    met = "yes" if f["meets_target"] else "no"
+    return (
+        m["mode"],
+        _ms(m["step"]["median"]),
+        _ms(m["eval"]["median"]),
+        f"{m['bytes_per_step'] / 1e6:.3g} MB",
+        _ms(f["baseline"]["median"]),
+        f"{f['ratio']:.3g}x",
+        f"<= {f['target']:g}x",
+        met,
+        _ms(base["step"]["median"]),
+        f"{vs:.3g}x",
+    )
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The modes as a table, the modes not built, the rows that crossed and the published
+    figures (labelled)."""
+    w = report["workload"]
+    modes = report["modes"]
+    base = modes[0]
+    print(
+        f"tiers bench on {report['device']} ({report['machine'].get('gpu', 'host')}): "
+        f"{w['tables']} tables x {w['rows']:,} rows ({w['tables'] * w['rows']:,} in all), "
+        f"D={w['dim']}, {w['optimizer']}, NONE pooling; {w['ids_per_step']:,} ids a step "
+        f"({w['samples']:,} a table, {w['unique_keys_per_table_step']:,.0f} unique); "
+        f"max_capacity {w['max_capacity']:,} slots (init {w['init_capacity']:,}), rows of "
+        f"{w['row_bytes']:,} B; medians of {w['steps']} steps after {w['warmup']} warm-up"
+    )
+    head = ("mode", "step ms", "eval ms", "moved/step", "floor ms", "step/floor", "target",
+            "meets", "all-device ms", "vs all-device")  # fmt: skip
+    rows = [head, *(_row(m, base) for m in modes)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        cells = [
+            f"{c:<{widths[i]}}" if i in (0, 6) else f"{c:>{widths[i]}}" for i, c in enumerate(r)
+        ]
+        print("  " + "  ".join(cells).rstrip())
+    for n in report["not_built"]:
+        print(f"  {n['mode']}: not measured ({n['reason']})")
+    print("  caching modes (over the timed steps; moved = (storage hits + write-backs) x row):")
+    for m in modes[1:]:
+        s, per = m["cache_stats"], m["steps"]
+        share = m["cache_rows"][0] / w["unique_keys_per_table_step"]
+        print(
+            f"    {m['mode']}: cache of {m['cache_rows'][0]:,} rows a table "
+            f"({m['budget_bytes']:,} B budget, {share:.3g}x "
+            f"the unique keys of a step); a step: {s['cache_hits'] / per:,.0f} cache hits, "
+            f"{s['storage_hits'] / per:,.0f} storage hits, {s['misses'] / per:,.0f} new, "
+            f"{s['write_backs'] / per:,.0f} write-backs, {s['overflows'] / per:,.0f} overflows"
+        )
+        fl = m["floor"]
+        rates = ", ".join(
+            f"{d.upper()} {fl[d + '_bytes'] / 1e6:.3g} MB at {rate / 1e9:.3g} GB/s"
+            for d in ("h2d", "d2h")
+            if (rate := fl[d + "_bytes_per_s"])
+        )
+        print(f"      floor {_ms(fl['seconds'])} ms: {fl['what']} ({rates}; the fastest of each)")
+    print(f"  {PUBLISHED['what']}; train (eval) ms:")
+    print(
+        "    "
+        + ", ".join(
+            f"{k} {v['train_ms']:g} ({v['eval_ms']:g})" for k, v in PUBLISHED["figures"].items()
+        )
+    )

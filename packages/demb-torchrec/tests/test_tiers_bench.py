@@ -1,0 +1,108 @@
+"""``demb bench tiers`` at a tiny size on the CPU: through the CLI, the report holds every mode
+(the all-device baseline and the caching modes measured, the modes not built yet listed with
+their reason), each caching mode's figures beside their baselines, and rows that crossed
+between the tiers; with SGD, the rows are the embedding alone. No time is checked."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from demb_torchrec.bench._tiers_parts import NOT_BUILT_MODES, NOT_BUILT_REASON, PUBLISHED
+from demb_torchrec.bench.tiers_bench import TiersWorkload, run
+
+MEASURED = ["all-device", "caching 1.0", "caching 0.8"]
+
+
+def _check_figure(f: dict, target: float | None) -> None:
+    for side in (f, f["baseline"]):
+        assert side["min"] <= side["median"] <= side["max"]
+        assert all(s >= 0 and math.isfinite(s) for s in side["seconds"])
+    assert f["baseline_name"]
+    assert f["target"] == target
+    if f["baseline"]["median"] > 0:
+        assert f["ratio"] == pytest.approx(f["median"] / f["baseline"]["median"])
+    if target is not None:
+        assert f["meets_target"] == (f["ratio"] <= target)
+
+
+def _check_report(report: dict, steps: int, row: int) -> None:
+    w = report["workload"]
+    assert (w["tables"], w["dim"], w["row_bytes"]) == (10, 128, row)
+    assert w["max_capacity"] >= 2 * w["rows"]
+    assert w["init_capacity"] >= 2 * max(w["distinct_keys_per_table"])
+    assert w["ids_per_step"] == 10 * w["samples"]
+    modes = {m["mode"]: m for m in report["modes"]}
+    assert list(modes) == MEASURED
+    for m in modes.values():
+        assert len(m["step"]["seconds"]) == len(m["eval"]["seconds"]) == steps
+        assert m["keys_held"] == w["distinct_keys_per_table"]
+    assert not modes["all-device"]["caching"]
+    unique = w["unique_keys_per_table_step"]
+    for name, ratio in (("caching 1.0", 1.0), ("caching 0.8", 0.8)):
+        m = modes[name]
+        assert m["caching"]
+        assert m["budget_bytes"] == math.ceil(ratio * unique) * row
+        assert all(0 < c <= m["budget_bytes"] // row for c in m["cache_rows"])
+        s = m["cache_stats"]
+        crossed = s["storage_hits"] + s["write_backs"]
+        assert crossed > 0
+        assert m["bytes_per_step"] == pytest.approx(crossed * row / steps, abs=2)
+        assert m["bytes_per_step"] > 0
+        assert s["evictions"] == 0
+        floor = m["floor"]
+        assert floor["h2d_bytes"] + floor["d2h_bytes"] == m["bytes_per_step"]
+        assert floor["seconds"] == min(floor["h2d_seconds"]) + min(floor["d2h_seconds"])
+    figures = {f["figure"]: f for f in report["figures"]}
+    for name in MEASURED[1:]:
+        _check_figure(figures[f"{name}: train step"], 2.0)
+        assert figures[f"{name}: train step"]["bytes"] == modes[name]["bytes_per_step"]
+        _check_figure(figures[f"{name}: train step vs all-device"], None)
+        _check_figure(figures[f"{name}: eval forward vs all-device"], None)
+    assert len(figures) == 3 * (len(MEASURED) - 1)
+    not_built = {n["mode"]: n for n in report["not_built"]}
+    assert list(not_built) == list(NOT_BUILT_MODES)
+    for n in not_built.values():
+        assert n["measured"] is False
+        assert n["reason"] == NOT_BUILT_REASON
+        assert "hybrid" in n["error"]
+    assert set(report["published"]["figures"]) == {"caching 0.8", "caching 1.0", *NOT_BUILT_MODES}
+    assert "not measured here" in report["published"]["what"]
+
+
+def test_tiers_cli_reports_every_mode_and_writes_json(tmp_path, capsys):
+    from demb_torchrec.cli import main
+
+    out = tmp_path / "tiers.json"
+    args = ["bench", "tiers", "--device", "cpu", "--scale", "0.001", "--steps", "2"]
+    assert main([*args, "--warmup", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "tiers"
+    assert report["command"].startswith("demb bench tiers")
+    assert report["machine"]["device"] == "cpu"
+    assert report["workload"]["optimizer"] == "adam"
+    assert report["workload"]["rows"] == 3355
+    _check_report(report, steps=2, row=3 * 128 * 4)  # Adam: embedding, m and v
+    printed = capsys.readouterr().out
+    for name in [*MEASURED, *NOT_BUILT_MODES]:
+        assert name in printed
+    assert "not measured here" in printed
+    assert f"{PUBLISHED['figures']['caching 1.0']['train_ms']:g}" in printed
+
+
+def test_sgd_rows_are_the_embedding_alone():
+    w = TiersWorkload(scale=0.001, optimizer="sgd", steps=1, warmup=1, copy_iters=2)
+    report = run(w, torch.device("cpu"))
+    _check_report(report, steps=1, row=128 * 4)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"optimizer": "adagrad"}, {"scale": 0.0}, {"steps": 0}, {"warmup": -1}, {"ratios": ()}],
+)
+def test_bad_workloads_are_refused(bad):
+    (name,) = bad
+    with pytest.raises(ValueError, match=f"^{name}="):
+        TiersWorkload(**bad)
