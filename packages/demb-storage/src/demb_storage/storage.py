@@ -47,6 +47,16 @@ DEFAULT_CHUNK_ROWS = 65536
 """Rows per chunk of :meth:`Storage.export_chunks` unless told."""
 
 
+def _repeats(keys: torch.Tensor, table_ids: torch.Tensor, tables: int) -> bool:
+    """Whether a ``(table, key)`` pair appears twice (one sync): sorted by key, then stably by
+    table, equal pairs are neighbours."""
+    order = torch.argsort(keys, stable=True)
+    if tables > 1:
+        order = order[torch.argsort(table_ids[order], stable=True)]
+    k, t = keys[order], table_ids[order]
+    return bool(((k[1:] == k[:-1]) & (t[1:] == t[:-1])).any())
+
+
 class StorageBatch(NamedTuple):
     """A checked batch of entries (see :meth:`Storage.checked_batch`)."""
 
@@ -357,10 +367,8 @@ class Storage(abc.ABC):
                 "scores",
                 f"expected ({self._score_words}, {n}) score words, got {tuple(scores.shape)}",
             )
-        if n > 1:
-            pairs = torch.stack([batch.table_ids, batch.keys], dim=1)
-            if torch.unique(pairs, dim=0).shape[0] != n:
-                raise StorageBatchError("keys", f"a key appears twice in one insert ({label})")
+        if n > 1 and _repeats(batch.keys, batch.table_ids, len(batch.tables)):
+            raise StorageBatchError("keys", f"a key appears twice in one insert ({label})")
         rows = values.to(self._device, batch.dtype).contiguous()
         return rows, scores.to(self._device).contiguous()
 

@@ -26,12 +26,12 @@ from demb_storage import (
     DynamicEmbeddingTable,
     InsertOutcome,
     MemoryUsage,
-    Storage,
     StorageExport,
     TableExport,
 )
 from torch.autograd.function import FunctionCtx
 
+from demb_torchrec._cache_groups import StorageGroup, StorageSlot, fit_words, storage_groups
 from demb_torchrec._dedup import DedupedBatch, dedup_bags
 from demb_torchrec._state import Bags, ForwardState
 
@@ -42,22 +42,13 @@ STAT_NAMES = ("cache_hits", "storage_hits", "misses", "write_backs", "overflows"
 found in the storage, new keys, rows written back to the storage, keys trained outside the
 cache (their bucket was full of the batch's keys) and keys the storage evicted."""
 
-_FREQUENCY_WORD = {ScorePolicy.LFU: 0, ScorePolicy.TIMESTAMP_LFU: 0}
-"""The index score word that counts accesses, per policy that has one."""
+_COUNTS_WORD = (ScorePolicy.LFU, ScorePolicy.TIMESTAMP_LFU)
+"""The policies whose index score word 0 counts accesses."""
 
-
-@dataclass(frozen=True)
-class StorageSlot:
-    """Where a caching table's rows live below the cache: ``storage``, as its table
-    ``table_id``."""
-
-    storage: Storage
-    table_id: int
-
-
-Fetched = dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-"""Per caching table, the storage's entries of some of a batch's keys: their positions in the
-batch ``(n,)``, rows ``(n, width)`` and index score words ``(W, n)``."""
+Fetched = list[tuple[StorageGroup, torch.Tensor, torch.Tensor, torch.Tensor]]
+"""The storage's entries of some of a batch's keys, per storage group: the group, the found
+keys' positions in the batch ``(n,)``, their rows ``(n, width)`` and index score words
+``(W, n)``."""
 
 
 @dataclass(eq=False)
@@ -116,14 +107,24 @@ class CacheTier:
         retains: Sequence[bool],
     ) -> None:
         self._state = state
+        tables = state.tables
+        device = state.device
         self.below = list(below)
-        self._cached = torch.tensor([b is not None for b in below], device=state.device)
+        self.groups = storage_groups(below, tables.configs, device, tables.index.score_words)
+        self._cached = torch.tensor([b is not None for b in below], device=device)
         self._eval_rows = eval_rows
-        self._policies = [c.score_layout.policy for c in state.tables.configs]
-        self._retains = list(retains)
+        policies = [c.score_layout.policy for c in tables.configs]
+        self._counts = torch.tensor([p in _COUNTS_WORD for p in policies], device=device)
+        self._policies = policies
+        self._caps = torch.tensor(
+            [tables.capacity(t) for t in range(state.num_tables)], device=device
+        )
+        """``(T,)`` each cache's slots (fixed: a cache never grows)."""
+        self._retains = torch.tensor(list(retains), device=device)
         self._ends = [0] * state.num_tables
         self._live: list[_Pending] = []
         self.stats = torch.zeros((state.num_tables, len(STAT_NAMES)), dtype=torch.int64)
+        self.stats = self.stats.to(device)
         """``(T, 6)`` int64 :data:`STAT_NAMES` counts since the last :meth:`read_stats`."""
         self.base_trigger = state.trigger
 
@@ -160,23 +161,28 @@ class CacheTier:
         if kept is not None:  # a rejected key: no slot, nothing to initialize
             slots = torch.full_like(keys, -1).index_copy_(0, kept, outcome.slots)
             status = torch.zeros_like(keys).index_copy_(0, kept, outcome.status)
-        self._move_up(keys, slots, fetched)
+        for group, p, _, _ in fetched:  # found keys that got a cache slot moved up
+            up = p[slots[p] >= 0]
+            group.erase(keys[up], ids[up])
         overflow = (cached & (status == InsertStatus.FAILED)).nonzero().squeeze(1)
         self._spill(outcome, keys[overflow], ids[overflow])
         pending = _Pending(list(tables.values))
         self._reserve(ids, slots, overflow, pending)
         found = torch.zeros_like(cached)
-        for p, _, _ in fetched.values():
+        stored = torch.zeros((tables.index.score_words, keys.shape[0]), dtype=torch.int64)
+        stored = stored.to(keys.device)
+        for _, p, _, words in fetched:
             found[p] = True
+            stored[:, p] = words.to(stored.device)
         hit = status == InsertStatus.HIT
         new = cached & ~found & ~hit
         code = torch.where(new, int(InsertStatus.INSERTED), int(InsertStatus.HIT))
         status = torch.where(cached, code, status)
         init_new_rows(tables.values, slots, keys, ids, status, s.new_rows)
-        self._place(slots, fetched)
+        self._place(ids, slots, fetched)
         self._count(ids, [cached & hit, found, new], overflow)
         if overflow.numel():
-            self._pend(pending, batch, slots, overflow, counts, scores, fetched)
+            self._pend(pending, batch, slots, overflow, counts, scores, stored)
             if grad:
                 s.trigger = _WriteBackAfter.apply(self.base_trigger, self, pending)  # type: ignore[no-untyped-call]
             else:
@@ -201,10 +207,7 @@ class CacheTier:
         status = torch.full_like(keys, int(InsertStatus.HIT))
         status[missing] = int(InsertStatus.INSERTED)
         init_new_rows(tables.values, slots, keys, ids, status, self._eval_rows)
-        cached = missing[self._cached[ids[missing]]]
-        for t, (p, rows, _) in self._fetch(keys, ids, cached).items():
-            buf = tables.values[t]
-            scatter_rows(buf, slots[p], rows.to(buf.device, buf.dtype), check=False)
+        self._place(ids, slots, self._fetch(keys, ids, missing[self._cached[ids[missing]]]))
         self._release(pending)
         return batch, slots, None, None
 
@@ -214,11 +217,18 @@ class CacheTier:
         keys the cache holds by now (a later forward moved them up) are skipped. ``release``:
         its scratch rows are free again (its backward has run, or it has none)."""
         tables = self._state.tables
-        for t, keys in pending.keys.items():
-            rows = gather_rows(pending.buffers[t], pending.rows[t], check=False)
-            outside = tables.find(keys, torch.full_like(keys, t), check=False) < 0
-            self._insert(t, keys[outside], rows[outside], pending.words[t][:, outside])
-            self.stats[t, 3] += int(outside.sum())
+        for group in self.groups:
+            mine = [t for t in group.tables if t in pending.keys]
+            if not mine:
+                continue
+            keys = torch.cat([pending.keys[t] for t in mine])
+            ids = torch.cat([torch.full_like(pending.keys[t], t) for t in mine])
+            rows = torch.cat(
+                [gather_rows(pending.buffers[t], pending.rows[t], check=False) for t in mine]
+            )
+            words = torch.cat([pending.words[t] for t in mine], dim=1)
+            outside = (tables.find(keys, ids, check=False) < 0).nonzero().squeeze(1)
+            self._insert(group, keys[outside], ids[outside], rows[outside], words[:, outside])
         if release:
             self._release(pending)
 
@@ -231,14 +241,12 @@ class CacheTier:
         the caches: the storage then holds each key of the caching tables."""
         self._write_live()
         tables = self._state.tables
-        for t, below in enumerate(self.below):
-            if below is None:
-                continue
-            ex = tables.export(t)
-            lo = tables.index.slot_range(t)[0]
-            self._insert(t, ex.keys, ex.values, tables.index.scores[:, lo + ex.slots])
-            self.stats[t, 3] += int(ex.keys.numel())
-            tables.clear(t)
+        for group in self.groups:
+            for t in group.tables:
+                ex = tables.export(t)
+                words = tables.index.scores[:, tables.index.slot_range(t)[0] + ex.slots]
+                self._insert(group, ex.keys, torch.full_like(ex.keys, t), ex.values, words)
+                tables.clear(t)
 
     def settle(self) -> None:
         """Write the overflow rows of forwards still pending to the storage (before anything
@@ -251,24 +259,23 @@ class CacheTier:
         erased first (the tiers stay exclusive)."""
         tables = self._state.tables
         keys = keys.to(tables.device)
-        tables.erase(keys, torch.full_like(keys, t))
-        self._insert(t, keys, rows, words)
+        ids = torch.full_like(keys, t)
+        tables.erase(keys, ids)
+        self._insert(self._group(t), keys, ids, rows, words, written=False)
 
     def erase(self, t: int, keys: torch.Tensor, record: bool) -> int:
         """Remove ``(n,)`` keys of caching table ``t`` from both tiers; with ``record``, keep
         those the storage held in the table's erased keys (the cache records its own).
         Returns how many the storage held."""
         self._write_live()
-        below = self.below[t]
-        assert below is not None
-        storage = below.storage
-        keys = keys.to(storage.device)
-        held = storage.find(keys, below.table_id).found
-        removed = storage.erase(keys, below.table_id)
+        group = self._group(t)
+        keys = keys.to(self._state.device)
+        ids = torch.full_like(keys, t)
+        held = group.find(keys, ids)[0]
+        removed = group.erase(keys, ids)
         if record and removed:
-            tables = self._state.tables
-            gone = keys[held].to(tables.device)
-            tables.erased_keys.add(gone, torch.full_like(gone, t))
+            gone = keys[held]
+            self._state.tables.erased_keys.add(gone, torch.full_like(gone, t))
         return removed
 
     def storage_chunks(self, t: int, chunk_rows: int) -> Iterator[StorageExport]:
@@ -278,7 +285,7 @@ class CacheTier:
         assert below is not None
         width = self._state.tables.index.score_words
         for chunk in below.storage.export_chunks(below.table_id, chunk_rows):
-            yield StorageExport(chunk.keys, chunk.values, _fit(chunk.scores, width))
+            yield StorageExport(chunk.keys, chunk.values, fit_words(chunk.scores, width))
 
     def export(self, t: int) -> TableExport:
         """Every entry of caching table ``t`` in both tiers (the cache's first): keys, score
@@ -317,13 +324,12 @@ class CacheTier:
         storage = below.storage
         if isinstance(storage, DynamicEmbeddingTable):
             table = storage.table
-            lo, hi = table.index.slot_range(below.table_id)
             index = table.index
+            lo, hi = index.slot_range(below.table_id)
             parts = [index.keys[lo:hi], index.digests[lo:hi], index.scores[:, lo:hi]]
             parts.append(table.values[below.table_id])
             device = sum(x.nbytes for x in parts if x.device.type != "cpu")
-            host = sum(x.nbytes for x in parts) - device
-            return MemoryUsage(device=device, host=host)
+            return MemoryUsage(device=device, host=sum(x.nbytes for x in parts) - device)
         sharing = sum(1 for b in self.below if b is not None and b.storage is storage)
         usage = storage.memory_usage()
         return MemoryUsage(
@@ -339,29 +345,19 @@ class CacheTier:
         return [dict(zip(STAT_NAMES, r, strict=True)) for r in rows]
 
     # ----------------------------------------------------------------------------- internals
+    def _group(self, t: int) -> StorageGroup:
+        return next(g for g in self.groups if t in g.tables)
+
     def _fetch(self, keys: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> Fetched:
         """The storage's entries of the keys at ``positions`` (of caching tables)."""
-        out: Fetched = {}
-        sub = ids[positions]
-        for t, below in enumerate(self.below):
-            mine = positions[sub == t]
-            if below is None or mine.numel() == 0:
+        out: Fetched = []
+        for group in self.groups:
+            mine = positions[group.member[ids[positions]]]
+            if mine.numel() == 0:  # (its shape is known: the indexing synchronized)
                 continue
-            got = below.storage.find(keys[mine].to(below.storage.device), below.table_id)
-            hit = got.found.to(keys.device)
-            if bool(hit.any()):
-                words = _fit(got.scores[:, got.found], self._state.tables.index.score_words)
-                out[t] = (mine[hit], got.values[got.found], words)
+            found, rows, words = group.find(keys[mine], ids[mine])
+            out.append((group, mine[found], rows[found.to(rows.device)], words[:, found]))
         return out
-
-    def _move_up(self, keys: torch.Tensor, slots: torch.Tensor, fetched: Fetched) -> None:
-        """Erase from the storage the found keys that got a cache slot: they moved up."""
-        for t, (p, _, _) in fetched.items():
-            below = self.below[t]
-            assert below is not None
-            up = p[slots[p] >= 0]
-            if up.numel():
-                below.storage.erase(keys[up].to(below.storage.device), below.table_id)
 
     def _spill(self, outcome: InsertOutcome, alive: torch.Tensor, alive_ids: torch.Tensor) -> None:
         """Write what the cache evicted back to the storage (caching tables only). ``alive``:
@@ -370,41 +366,47 @@ class CacheTier:
         ev = outcome.evicted
         if ev is None or ev.keys.numel() == 0:
             return
-        for t, below in enumerate(self.below):
-            mine = (ev.table_ids == t).nonzero().squeeze(1)
-            if below is not None and mine.numel():
-                kept = alive[alive_ids == t]
-                self._insert(t, ev.keys[mine], ev.values[t], ev.scores[mine].t(), kept)
-                self.stats[t, 3] += int(mine.numel())
+        for group in self.groups:
+            mine = group.member[ev.table_ids].nonzero().squeeze(1)
+            ids = ev.table_ids[mine]
+            width = ev.values[group.tables[0]].shape[1]
+            dtype = ev.values[group.tables[0]].dtype
+            rows = torch.empty((mine.shape[0], width), dtype=dtype, device=ev.values[0].device)
+            for t in group.tables:  # each table's victims in the order of its entries
+                rows[(ids == t).to(rows.device)] = ev.values[t]
+            words = ev.scores[mine].t()
+            self._insert(group, ev.keys[mine], ids, rows, words, alive=(alive, alive_ids))
 
     def _insert(
         self,
-        t: int,
+        group: StorageGroup,
         keys: torch.Tensor,
+        ids: torch.Tensor,
         rows: torch.Tensor,
         words: torch.Tensor,
-        alive: torch.Tensor | None = None,
+        alive: tuple[torch.Tensor, torch.Tensor] | None = None,
+        written: bool = True,
     ) -> None:
-        """Insert entries of caching table ``t`` into its storage; count (and, under
-        ``RETAIN_KEY``, record) what the storage evicts for them, and those it has no room for
-        (dropped like an eviction)."""
-        below = self.below[t]
-        assert below is not None
-        if keys.numel() == 0:
-            return
-        storage = below.storage
-        device = storage.device
-        words = _fit(words, storage.score_words)
-        done = storage.insert(keys.to(device), below.table_id, rows.to(device), words.to(device))
-        # what it evicted, and what it had no room for, leave the last tier
-        gone = torch.cat([done.evicted.keys, keys.to(device)[~done.stored]])
-        if alive is not None and alive.numel():
-            gone = gone[~torch.isin(gone, alive.to(device))]
-        self.stats[t, 5] += int(gone.numel())
-        if self._retains[t] and gone.numel():
-            tables = self._state.tables
-            gone = gone.to(tables.device)
-            tables.evicted_keys.add(gone, torch.full_like(gone, t))
+        """Insert entries of caching tables ``ids`` into ``group``'s storage (counted as
+        written back unless ``written=False``); count (and, under ``RETAIN_KEY``, record)
+        what leaves the storage, except keys still ``alive`` in this step's scratch rows."""
+        if written:
+            self._add(3, ids)
+        gone, tables = group.insert(keys, ids, rows, words)
+        if alive is not None and alive[0].numel() and gone.numel():
+            still = torch.zeros_like(gone, dtype=torch.bool)
+            for t in group.tables:
+                theirs = alive[0][alive[1] == t].to(gone.device)
+                still |= (tables == t) & torch.isin(gone, theirs)
+            gone, tables = gone[~still], tables[~still]
+        self._add(5, tables)
+        kept = torch.where(self._retains[tables], gone, -1)
+        self._state.tables.evicted_keys.add(kept, tables)
+
+    def _add(self, column: int, ids: torch.Tensor) -> None:
+        """Count each entry of tables ``ids`` in :attr:`stats`' ``column`` (no sync)."""
+        n = self._state.num_tables
+        self.stats[:, column] += torch.bincount(ids.to(self.stats.device), minlength=n)
 
     def _reserve(
         self, ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, pending: _Pending
@@ -441,19 +443,21 @@ class CacheTier:
         for pending in list(self._live):
             self.write_back(pending, release=not pending.graph_alive)
 
-    def _place(self, slots: torch.Tensor, fetched: Fetched) -> None:
+    def _place(self, ids: torch.Tensor, slots: torch.Tensor, fetched: Fetched) -> None:
         """Write the found keys' storage rows at their slots; add their stored access counts
         to the cache's (a key that moves up keeps its count)."""
         tables = self._state.tables
         index = tables.index
-        for t, (p, rows, words) in fetched.items():
-            buf = tables.values[t]
-            scatter_rows(buf, slots[p], rows.to(buf.device, buf.dtype), check=False)
-            word = _FREQUENCY_WORD.get(self._policies[t])
-            up = slots[p] < tables.capacity(t)
-            if word is not None and bool(up.any()):
-                g = index.slot_range(t)[0] + slots[p][up]
-                index.scores[word, g] += words[word][up].to(index.scores.device)
+        for group, p, rows, words in fetched:
+            sub = ids[p]
+            for t in group.tables:
+                mine = (sub == t).nonzero().squeeze(1)
+                buf = tables.values[t]
+                picked = rows[mine.to(rows.device)].to(buf.device, buf.dtype)
+                scatter_rows(buf, slots[p[mine]], picked, check=False)
+            up = self._counts[sub] & (slots[p] < self._caps[sub])
+            where = index.slot_offsets[sub[up]] + slots[p][up]
+            index.scores[0, where] += words[0][up].to(index.scores.device)
 
     def _pend(
         self,
@@ -463,15 +467,12 @@ class CacheTier:
         overflow: torch.Tensor,
         counts: torch.Tensor,
         scores: torch.Tensor,
-        fetched: Fetched,
+        stored: torch.Tensor,
     ) -> None:
         """Record the overflow keys, their scratch rows and the score words the cache would
-        have given them (the batch's score; LFU counts on top of the stored ones)."""
+        have given them (the batch's score; LFU counts on top of the ``stored`` ones, the
+        ``(W, U)`` words of the batch's keys found in the storage)."""
         index = self._state.tables.index
-        stored = torch.zeros((index.score_words, batch.keys.shape[0]), dtype=torch.int64)
-        stored = stored.to(batch.keys.device)
-        for p, _, words in fetched.values():
-            stored[:, p] = words.to(stored.device)
         sub = batch.tables[overflow]
         for t in torch.unique(sub).tolist():
             mine = overflow[sub == t]
@@ -493,17 +494,6 @@ class CacheTier:
     def _count(self, ids: torch.Tensor, masks: list[torch.Tensor], overflow: torch.Tensor) -> None:
         """Add the batch's cache hits, storage hits and new keys (``masks``) and overflows to
         :attr:`stats`."""
-        n = self._state.num_tables
         for column, mask in enumerate(masks):
-            self.stats[:, column] += torch.bincount(ids[mask], minlength=n).cpu()
-        self.stats[:, 4] += torch.bincount(ids[overflow], minlength=n).cpu()
-
-
-def _fit(words: torch.Tensor, width: int) -> torch.Tensor:
-    """``(W, n)`` score words cut or zero-padded to ``width`` words."""
-    if words.shape[0] == width:
-        return words
-    if words.shape[0] > width:
-        return words[:width]
-    pad = torch.zeros((width - words.shape[0], words.shape[1]), dtype=words.dtype)
-    return torch.cat([words, pad.to(words.device)])
+            self._add(column, ids[mask])
+        self._add(4, ids[overflow])

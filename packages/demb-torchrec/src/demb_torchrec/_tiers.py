@@ -24,7 +24,7 @@ from demb_storage import (
     TableConfigError,
 )
 
-from demb_torchrec._cache import StorageSlot
+from demb_torchrec._cache_groups import StorageSlot
 from demb_torchrec.errors import NotSupportedError
 from demb_torchrec.options import DynamicEmbTableOptions
 

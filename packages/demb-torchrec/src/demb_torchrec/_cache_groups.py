@@ -1,0 +1,124 @@
+"""The storages under a module's caching tables, seen from the module: one
+:class:`StorageGroup` per storage and row layout, so that a step reads and writes every table
+of a storage in one call (docs/tiers.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from demb_storage import Storage, TableConfig
+
+__all__ = ["StorageGroup", "StorageSlot", "fit_words", "storage_groups"]
+
+
+@dataclass(frozen=True)
+class StorageSlot:
+    """Where a caching table's rows live below the cache: ``storage``, as its table
+    ``table_id``."""
+
+    storage: Storage
+    table_id: int
+
+
+def fit_words(words: torch.Tensor, width: int) -> torch.Tensor:
+    """``(W, n)`` score words cut or zero-padded to ``width`` words."""
+    if words.shape[0] == width:
+        return words
+    if words.shape[0] > width:
+        return words[:width]
+    pad = torch.zeros((width - words.shape[0], words.shape[1]), dtype=words.dtype)
+    return torch.cat([words, pad.to(words.device)])
+
+
+class StorageGroup:
+    """Caching tables of a module that share one storage and one row layout.
+
+    Args:
+        storage: the storage.
+        members: ``(module table, storage table)`` pairs.
+        num_tables: the module's ``T``.
+        device: the module's index device (where results go).
+        words: the module index's score words per key.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        members: Sequence[tuple[int, int]],
+        num_tables: int,
+        device: torch.device,
+        words: int,
+    ) -> None:
+        self.storage = storage
+        self.tables = [t for t, _ in members]
+        local = torch.full((num_tables,), -1, dtype=torch.int64)
+        back = torch.full((storage.num_tables,), -1, dtype=torch.int64)
+        for t, s in members:
+            local[t], back[s] = s, t
+        self.local = local.to(device)
+        """``(T,)`` each module table's id in the storage (-1: not in this group)."""
+        self.back = back.to(storage.device)
+        """The module table of each storage table (-1: none of this group's)."""
+        self.member = (local >= 0).to(device)
+        """``(T,)`` bool: the module's tables in this group."""
+        self.device = device
+        self.words = words
+
+    def find(
+        self, keys: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(n,)`` bool found, ``(n, width)`` rows and ``(W, n)`` index score words of keys of
+        the group's module tables ``ids``; found and words on :attr:`device`."""
+        where = self.storage.device
+        got = self.storage.find(keys.to(where), self.local[ids].to(where))
+        return got.found.to(self.device), got.values, fit_words(got.scores, self.words)
+
+    def insert(
+        self, keys: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, words: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Insert or overwrite entries of module tables ``ids`` with their rows and ``(W, n)``
+        index score words. Returns the keys that left the storage, and their module tables,
+        on :attr:`device`: those it evicted and those it had no room for."""
+        if keys.numel() == 0:
+            empty = torch.zeros(0, dtype=torch.int64, device=self.device)
+            return empty, empty
+        s = self.storage
+        where = s.device
+        keys = keys.to(where)
+        ids = ids.to(where)
+        words = fit_words(words, s.score_words).to(where)
+        done = s.insert(keys, self.local.to(where)[ids], rows.to(where), words)
+        unstored = ~done.stored
+        gone = torch.cat([done.evicted.keys, keys[unstored]])
+        tables = torch.cat([self.back[done.evicted.table_ids], ids[unstored]])
+        return gone.to(self.device), tables.to(self.device)
+
+    def erase(self, keys: torch.Tensor, ids: torch.Tensor) -> int:
+        """Remove keys of module tables ``ids``; returns how many were stored."""
+        if keys.numel() == 0:
+            return 0
+        where = self.storage.device
+        return self.storage.erase(keys.to(where), self.local[ids].to(where))
+
+
+def storage_groups(
+    below: Sequence[StorageSlot | None],
+    configs: Sequence[TableConfig],
+    device: torch.device,
+    words: int,
+) -> list[StorageGroup]:
+    """The caching tables' storages, grouped by storage object and row layout."""
+    groups: dict[tuple[int, int, torch.dtype], list[tuple[int, int]]] = {}
+    storages: dict[int, Storage] = {}
+    for t, slot in enumerate(below):
+        if slot is None:
+            continue
+        c = configs[t]
+        storages[id(slot.storage)] = slot.storage
+        groups.setdefault((id(slot.storage), c.width, c.dtype), []).append((t, slot.table_id))
+    return [
+        StorageGroup(storages[key[0]], members, len(below), device, words)
+        for key, members in groups.items()
+    ]
