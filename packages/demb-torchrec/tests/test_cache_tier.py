@@ -315,10 +315,24 @@ def test_checkpoints_move_between_a_cached_and_an_all_device_table(direction: st
         assert torch.equal(got[2], want[2]), f"table {t}: scores differ"
 
 
-def test_what_does_not_cover_the_storage_tier_yet_refuses(tmp_path: Path):
+def test_a_non_blocking_dump_writes_the_caching_tables_at_the_call(tmp_path: Path):
+    twin, cached = _modules(0.1)
+    _train_both(twin, cached, steps=4, n=1400)
+    handle = DynamicEmbDump(str(tmp_path / "ckpt"), cached, optim=True, blocking=False)
+    _train_both(twin, cached, steps=2, n=1400, seed=5)  # training goes on meanwhile
+    handle.wait()
+    back = _modules(0.1)[0]
+    DynamicEmbLoad(str(tmp_path / "ckpt"), back, optim=True)
+    earlier = _modules(0.1)[0]
+    _train_both(earlier, _modules(0.1)[1], steps=4, n=1400)  # the state at the call
+    for t in range(len(NAMES)):
+        want, got = _exports(earlier, t), _exports(back, t)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+
+
+def test_what_does_not_cover_the_storage_tier_yet_refuses():
     _, cached = _modules(0.5)
-    with pytest.raises(NotSupportedError, match=r"user.*blocking=False"):
-        DynamicEmbDump(str(tmp_path / "ckpt"), cached, blocking=False)
     with pytest.raises(NotSupportedError, match=r"user.*incremental_dump"):
         incremental_dump(cached, 0)
 
@@ -362,3 +376,23 @@ def test_admission_on_another_table_of_the_module_still_decides():
     gen = torch.Generator().manual_seed(11)
     indices, offsets = _batch(gen, 500, pooled=False)
     torch.testing.assert_close(cached(indices, offsets), twin(indices, offsets), rtol=0, atol=0)
+
+
+def test_the_storage_grows_while_the_cache_writes_back():
+    """A storage that starts at 2,048 slots doubles as write-backs fill it (to 16,384): no key
+    is lost on the way."""
+    kw: dict[str, Any] = {"table_names": NAMES, "device": "cpu", "optimizer": "adam"}
+    kw["pooling_mode"] = DynamicEmbPoolingMode.NONE
+    twin = DynamicEmbeddingTables(_options(None, "adam"), **kw)
+    options = _options(0.1, "adam")
+    for o in options:
+        o.init_capacity = 2048
+    cached = DynamicEmbeddingTables(options, **kw)
+    assert cached.cache is not None
+    below = cached.cache.below[0]
+    assert below is not None
+    table = below.storage.table  # type: ignore[attr-defined]
+    assert table.capacity(0) == 2048
+    _train_both(twin, cached, steps=8, n=1400)
+    assert table.capacity(0) > 2048
+    _assert_union_equals_twin(twin, cached)

@@ -43,7 +43,6 @@ from demb_torchrec.model_tables import (
     gather_errors,
     is_caching,
     process_group,
-    refuse_caching,
     select_tables,
     to_numpy,
 )
@@ -276,7 +275,8 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
     directory stays behind. The copy costs the tables' memory again until the thread is done
     (without ``optim``, only the embedding columns of the value rows are copied); on the CPU
     that memory is then kept for the next non-blocking dump (the call copies into it instead of
-    into fresh pages) until :func:`release_snapshot_memory`.
+    into fresh pages) until :func:`release_snapshot_memory`. A caching table (its rows in a
+    cache and a storage) is written before the call returns; the others in the background.
 
     Args:
         path: the checkpoint directory (created or replaced).
@@ -299,8 +299,6 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
     """
     group = process_group(pg)
     tables = select_tables(dynamic_tables(model), table_names)
-    if not blocking:
-        refuse_caching(tables, "DynamicEmbDump(blocking=False)")
     check_group(group, tables)
     target = Path(path)
     rank = 0 if group is None else dist.get_rank(group)
@@ -352,6 +350,12 @@ def _dump_in_background(
 
     if error is None:
         try:
+            # A caching table's rows are in two tiers: written now, before the call returns.
+            for t in [t for t in tables if is_caching(t)]:
+                rows = counter_rows(t) if counter else None
+                meta = with_counter(_meta(t, optim, t.module.tables.capacity(t.index)), rows)
+                _write_shard(staged / t.collection, meta, attach_counter(_chunks(t, optim), rows))
+            tables = [t for t in tables if not is_caching(t)]
             metas = [_meta(t, optim, t.module.tables.capacity(t.index)) for t in tables]
             counts = [counter_rows(t) if counter else None for t in tables]
             snaps = snapshots([(t.module.tables, t.index) for t in tables], state=optim)

@@ -64,7 +64,7 @@ def test_options_demb_train_does_not_take_fail_naming_them(key: str) -> None:
     load_settings(None, [parse_override(f"tables.{key}=0")])  # unset values pass
 
 
-CACHED = ["online.delta_every=0", "online.blocking_ckpt=true"]
+CACHED = ["online.delta_every=0"]
 
 
 @pytest.mark.parametrize(

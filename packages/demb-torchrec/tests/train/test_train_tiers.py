@@ -14,13 +14,13 @@ from demb_torchrec.train.config import load_settings, parse_override
 from demb_torchrec.train.model import table_options
 from demb_torchrec.train.plots import TIERS_PNG
 
-CACHED = ["--set", "tables.caching=true", "--set", "online.blocking_ckpt=true"]
+CACHED = ["--set", "tables.caching=true"]  # non-blocking checkpoints: the default
 
 
 def test_caching_settings_build_the_options(tmp_path: Path) -> None:
     overrides = [
         "tables.caching=true", "tables.hbm_fraction=0.25", "online.delta_every=0",
-        "online.blocking_ckpt=true", "tables.cat_2.global_hbm_for_values=65536",
+        "tables.cat_2.global_hbm_for_values=65536",
         "tables.cat_2.hbm_fraction=0.0",
     ]  # fmt: skip
     s = load_settings(None, [parse_override(o) for o in overrides])

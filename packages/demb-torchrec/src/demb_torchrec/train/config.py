@@ -293,11 +293,10 @@ def _check_tiers(values: dict[str, dict[str, Any]]) -> None:
                 f"{where}.caching=true: set one of {where}.global_hbm_for_values (bytes) or "
                 f"{where}.hbm_fraction (of the table's value bytes) for the device cache"
             )
-    online = values["online"]
-    if caching and (online["delta_every"] or not online["blocking_ckpt"]):
+    if caching and values["online"]["delta_every"]:
         raise ConfigError(
-            "tables.caching=true: incremental deltas and non-blocking checkpoints do not cover "
-            "the rows below a cache yet; set online.delta_every=0 and online.blocking_ckpt=true"
+            "tables.caching=true: incremental deltas do not cover the rows below a cache yet; "
+            "set online.delta_every=0"
         )
 
 
