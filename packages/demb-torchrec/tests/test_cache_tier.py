@@ -396,3 +396,36 @@ def test_the_storage_grows_while_the_cache_writes_back():
     _train_both(twin, cached, steps=8, n=1400)
     assert table.capacity(0) > 2048
     _assert_union_equals_twin(twin, cached)
+
+
+@pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
+def test_prefetch_of_the_next_batch_changes_nothing_but_where_rows_come_from(
+    pooling: DynamicEmbPoolingMode,
+):
+    """Each step prefetches the next batch between its forward and its backward (whose
+    overflow write-backs then change some prefetched entries): the outputs, rows and scores
+    stay those of the all-device twin, and most storage hits come from the prefetch."""
+    twin, cached = _modules(0.1, pooling=pooling)
+    pooled = pooling is not DynamicEmbPoolingMode.NONE
+    gen = torch.Generator().manual_seed(4)
+    batches = [_batch(gen, 1400, pooled) for _ in range(9)]
+    grads: list[torch.Tensor] = []
+    for step, (indices, offsets) in enumerate(batches[:-1]):
+        a, b = twin(indices, offsets), cached(indices, offsets)
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"step {step}")
+        cached.prefetch(*batches[step + 1])
+        grads.append(torch.randn(a.shape, generator=gen))
+        a.backward(grads[-1])
+        b.backward(grads[-1])
+    stats = cached.cache_stats()
+    hits = sum(s["storage_hits"] for s in stats.values())
+    assert sum(s["prefetched"] for s in stats.values()) > hits // 2 > 0
+    _assert_union_equals_twin(twin, cached)
+
+
+def test_prefetch_checks_its_batch_and_is_a_no_op_without_caching():
+    twin, cached = _modules(0.1)
+    with pytest.raises(ValueError, match="offsets"):
+        cached.prefetch(torch.tensor([1, 2]), torch.tensor([0, 5]))
+    twin.prefetch(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))  # no cache: nothing to do
+    assert twin.tables.size(0) == 0

@@ -8,14 +8,14 @@ cache with its row, optimizer state and scores (LFU counts add up); what the cac
 it is written back to the storage, and what the storage evicts is gone (recorded under
 ``RETAIN_KEY``). A key whose cache bucket is full of this batch's keys *overflows*: it is trained
 in a scratch row past the cache's slots and written back to the storage after its backward.
-An eval forward reads both tiers and inserts nowhere. :class:`CacheTier` does all of it for the
+An eval forward reads both tiers and inserts nowhere. :class:`CacheLookups` does it for the
 module's caching tables; the module's other tables run as before in the same batch.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -23,24 +23,35 @@ from demb_kernels.init_rows import NewRowsArgs, init_new_rows
 from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus, ScorePolicy
 from demb_storage import (
-    DynamicEmbeddingTable,
     InsertOutcome,
-    MemoryUsage,
-    StorageExport,
-    TableExport,
 )
 from torch.autograd.function import FunctionCtx
 
-from demb_torchrec._cache_groups import StorageGroup, StorageSlot, fit_words, storage_groups
+from demb_torchrec._cache_groups import (
+    Staged,
+    StorageGroup,
+    StorageSlot,
+    match_pairs,
+    storage_groups,
+)
 from demb_torchrec._dedup import DedupedBatch, dedup_bags
 from demb_torchrec._state import Bags, ForwardState
 
-__all__ = ["STAT_NAMES", "CacheTier", "StorageSlot"]
+__all__ = ["STAT_NAMES", "CacheLookups", "StorageSlot"]
 
-STAT_NAMES = ("cache_hits", "storage_hits", "misses", "write_backs", "overflows", "evictions")
-"""Per caching table, what :meth:`CacheTier.read_stats` counts: keys found in the cache, keys
+STAT_NAMES = (
+    "cache_hits",
+    "storage_hits",
+    "misses",
+    "write_backs",
+    "overflows",
+    "evictions",
+    "prefetched",
+)
+"""Per caching table, what ``CacheTier.read_stats`` counts: keys found in the cache, keys
 found in the storage, new keys, rows written back to the storage, keys trained outside the
-cache (their bucket was full of the batch's keys) and keys the storage evicted."""
+cache (their bucket was full of the batch's keys), keys the storage evicted, and the storage
+hits whose rows ``prefetch`` had read ahead."""
 
 _COUNTS_WORD = (ScorePolicy.LFU, ScorePolicy.TIMESTAMP_LFU)
 """The policies whose index score word 0 counts accesses."""
@@ -74,7 +85,7 @@ class _WriteBackAfter(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: FunctionCtx, trigger: torch.Tensor, tier: CacheTier, pending: _Pending
+        ctx: FunctionCtx, trigger: torch.Tensor, tier: CacheLookups, pending: _Pending
     ) -> torch.Tensor:
         token = _GraphToken()
         ctx.tier, ctx.pending, ctx.token = tier, pending, token  # type: ignore[attr-defined]
@@ -88,8 +99,9 @@ class _WriteBackAfter(torch.autograd.Function):
         return grad, None, None
 
 
-class CacheTier:
-    """The storage tier of a module's caching tables and the lookups that use it.
+class CacheLookups:
+    """The lookups of a module's caching tables over their storage tier (the model-level
+    calls are :class:`~demb_torchrec._cache_tier.CacheTier`'s).
 
     Args:
         state: the module's forward state (its ``tables`` are the caches).
@@ -125,8 +137,11 @@ class CacheTier:
         self._live: list[_Pending] = []
         self.stats = torch.zeros((state.num_tables, len(STAT_NAMES)), dtype=torch.int64)
         self.stats = self.stats.to(device)
-        """``(T, 6)`` int64 :data:`STAT_NAMES` counts since the last :meth:`read_stats`."""
+        """``(T, 7)`` int64 :data:`STAT_NAMES` counts since the last read."""
         self.base_trigger = state.trigger
+        self.staged: list[Staged | None] = [None] * len(self.groups)
+        """Per group, the storage entries ``prefetch`` read for the next forward (each dropped
+        when the storage's copy changes), or None."""
 
     # ----------------------------------------------------------------------------- lookups
     def train_lookup(
@@ -163,6 +178,7 @@ class CacheTier:
             status = torch.zeros_like(keys).index_copy_(0, kept, outcome.status)
         for group, p, _, _ in fetched:  # found keys that got a cache slot moved up
             up = p[slots[p] >= 0]
+            self._changed(group, keys[up], ids[up])
             group.erase(keys[up], ids[up])
         overflow = (cached & (status == InsertStatus.FAILED)).nonzero().squeeze(1)
         self._spill(outcome, keys[overflow], ids[overflow])
@@ -236,127 +252,38 @@ class CacheTier:
         """A step's autograd graph is gone: no backward will update its rows any more."""
         pending.graph_alive = False
 
-    def flush(self) -> None:
-        """Write every cached row (and every pending overflow row) to the storage and empty
-        the caches: the storage then holds each key of the caching tables."""
-        self._write_live()
-        tables = self._state.tables
-        for group in self.groups:
-            for t in group.tables:
-                ex = tables.export(t)
-                words = tables.index.scores[:, tables.index.slot_range(t)[0] + ex.slots]
-                self._insert(group, ex.keys, torch.full_like(ex.keys, t), ex.values, words)
-                tables.clear(t)
-
-    def settle(self) -> None:
-        """Write the overflow rows of forwards still pending to the storage (before anything
-        reads the storage whole: a dump, a load, a flush)."""
-        self._write_live()
-
-    def assign(self, t: int, keys: torch.Tensor, words: torch.Tensor, rows: torch.Tensor) -> None:
-        """Insert or overwrite ``(n,)`` keys of caching table ``t`` in its storage with their
-        ``(W, n)`` index score words and ``(n, width)`` rows; the cache's copies of them are
-        erased first (the tiers stay exclusive)."""
-        tables = self._state.tables
-        keys = keys.to(tables.device)
-        ids = torch.full_like(keys, t)
-        tables.erase(keys, ids)
-        self._insert(self._group(t), keys, ids, rows, words, written=False)
-
-    def erase(self, t: int, keys: torch.Tensor, record: bool) -> int:
-        """Remove ``(n,)`` keys of caching table ``t`` from both tiers; with ``record``, keep
-        those the storage held in the table's erased keys (the cache records its own).
-        Returns how many the storage held."""
-        self._write_live()
-        group = self._group(t)
-        keys = keys.to(self._state.device)
-        ids = torch.full_like(keys, t)
-        held = group.find(keys, ids)[0]
-        removed = group.erase(keys, ids)
-        if record and removed:
-            gone = keys[held]
-            self._state.tables.erased_keys.add(gone, torch.full_like(gone, t))
-        return removed
-
-    def storage_chunks(self, t: int, chunk_rows: int) -> Iterator[StorageExport]:
-        """The entries of caching table ``t`` in its storage, with the module index's score
-        words (``(W, n)``), in chunks of at most ``chunk_rows``."""
-        below = self.below[t]
-        assert below is not None
-        width = self._state.tables.index.score_words
-        for chunk in below.storage.export_chunks(below.table_id, chunk_rows):
-            yield StorageExport(chunk.keys, chunk.values, fit_words(chunk.scores, width))
-
-    def export(self, t: int) -> TableExport:
-        """Every entry of caching table ``t`` in both tiers (the cache's first): keys, score
-        columns in its ``score_strategy`` order, slots (the cache's; -1 for the storage's)
-        and rows."""
-        self._write_live()
-        tables = self._state.tables
-        parts = [tables.export(t)]
-        columns = list(tables.configs[t].score_layout.index_words)
-        for chunk in self.storage_chunks(t, 1 << 20):
-            keys = chunk.keys.to(tables.device)
-            scores = chunk.scores.to(tables.device)[columns].t()
-            rows = chunk.values.to(parts[0].values.device)
-            parts.append(TableExport(keys, scores, torch.full_like(keys, -1), rows))
-        return TableExport(
-            torch.cat([p.keys for p in parts]),
-            torch.cat([p.scores for p in parts]),
-            torch.cat([p.slots for p in parts]),
-            torch.cat([p.values for p in parts]),
-        )
-
-    def clear_storage(self, t: int) -> None:
-        """Remove every entry of caching table ``t`` from its storage."""
-        below = self.below[t]
-        assert below is not None
-        keys = [c.keys for c in below.storage.export_chunks(below.table_id)]
-        if keys:
-            below.storage.erase(torch.cat(keys), below.table_id)
-
-    def storage_memory(self, t: int) -> MemoryUsage:
-        """Bytes caching table ``t``'s rows take in its storage: its slots and rows in a
-        :class:`~demb_storage.DynamicEmbeddingTable`; an equal share of another storage's
-        usage among the module's tables that use it."""
-        below = self.below[t]
-        assert below is not None
-        storage = below.storage
-        if isinstance(storage, DynamicEmbeddingTable):
-            table = storage.table
-            index = table.index
-            lo, hi = index.slot_range(below.table_id)
-            parts = [index.keys[lo:hi], index.digests[lo:hi], index.scores[:, lo:hi]]
-            parts.append(table.values[below.table_id])
-            device = sum(x.nbytes for x in parts if x.device.type != "cpu")
-            return MemoryUsage(device=device, host=sum(x.nbytes for x in parts) - device)
-        sharing = sum(1 for b in self.below if b is not None and b.storage is storage)
-        usage = storage.memory_usage()
-        return MemoryUsage(
-            usage.device // sharing, usage.host // sharing, usage.external // sharing
-        )
-
-    def read_stats(self, reset: bool = True) -> list[dict[str, int]]:
-        """Per table, the :data:`STAT_NAMES` counts since the last read (zeros for a table
-        without caching)."""
-        rows: list[list[int]] = self.stats.tolist()
-        if reset:
-            self.stats.zero_()
-        return [dict(zip(STAT_NAMES, r, strict=True)) for r in rows]
-
     # ----------------------------------------------------------------------------- internals
     def _group(self, t: int) -> StorageGroup:
         return next(g for g in self.groups if t in g.tables)
 
-    def _fetch(self, keys: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> Fetched:
-        """The storage's entries of the keys at ``positions`` (of caching tables)."""
+    def _fetch(
+        self, keys: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, keep: bool = False
+    ) -> Fetched:
+        """The storage's entries of the keys at ``positions`` (of caching tables): those
+        ``prefetch`` staged, the others read now. The staged entries are used up unless
+        ``keep``."""
         out: Fetched = []
-        for group in self.groups:
+        for g, group in enumerate(self.groups):
             mine = positions[group.member[ids[positions]]]
             if mine.numel() == 0:  # (its shape is known: the indexing synchronized)
                 continue
-            found, rows, words = group.find(keys[mine], ids[mine])
-            out.append((group, mine[found], rows[found.to(rows.device)], words[:, found]))
+            staged = self.staged[g]
+            at = torch.full_like(mine, -1)
+            if staged is not None:
+                at = match_pairs(staged.keys, staged.ids, keys[mine], ids[mine], group.tables)
+            rest = mine[at < 0]
+            found, rows, words = group.find(keys[rest], ids[rest])
+            hit = found.to(rows.device)
+            p, rows, words = rest[found], rows[hit].to(keys.device), words[:, found]
+            if staged is not None:
+                used = at[at >= 0]
+                self._add(6, ids[mine[at >= 0]])
+                p = torch.cat([mine[at >= 0], p])
+                rows = torch.cat([staged.rows[used].to(rows.dtype), rows])
+                words = torch.cat([staged.words[:, used], words], dim=1)
+            out.append((group, p, rows, words))
+        if not keep:
+            self.staged = [None] * len(self.groups)
         return out
 
     def _spill(self, outcome: InsertOutcome, alive: torch.Tensor, alive_ids: torch.Tensor) -> None:
@@ -392,6 +319,7 @@ class CacheTier:
         what leaves the storage, except keys still ``alive`` in this step's scratch rows."""
         if written:
             self._add(3, ids)
+        self._changed(group, keys, ids)
         gone, tables = group.insert(keys, ids, rows, words)
         if alive is not None and alive[0].numel() and gone.numel():
             still = torch.zeros_like(gone, dtype=torch.bool)
@@ -402,6 +330,13 @@ class CacheTier:
         self._add(5, tables)
         kept = torch.where(self._retains[tables], gone, -1)
         self._state.tables.evicted_keys.add(kept, tables)
+
+    def _changed(self, group: StorageGroup, keys: torch.Tensor, ids: torch.Tensor) -> None:
+        """The storage's copies of these entries change: drop them from the staged ones."""
+        g = self.groups.index(group)
+        staged = self.staged[g]
+        if staged is not None and keys.numel():
+            self.staged[g] = staged.without(keys, ids, group.tables)
 
     def _add(self, column: int, ids: torch.Tensor) -> None:
         """Count each entry of tables ``ids`` in :attr:`stats`' ``column`` (no sync)."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from demb_storage import Storage, TableConfig
 
-__all__ = ["StorageGroup", "StorageSlot", "fit_words", "storage_groups"]
+__all__ = ["Staged", "StorageGroup", "StorageSlot", "fit_words", "match_pairs", "storage_groups"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,47 @@ class StorageSlot:
 
     storage: Storage
     table_id: int
+
+
+class Staged(NamedTuple):
+    """A group's storage entries read ahead by ``prefetch`` for the next forward."""
+
+    keys: torch.Tensor
+    """``(n,)`` int64 on the module's device."""
+    ids: torch.Tensor
+    """``(n,)`` int64 their module tables."""
+    rows: torch.Tensor
+    """``(n, width)`` their rows, on the module's device."""
+    words: torch.Tensor
+    """``(W, n)`` their index score words."""
+
+    def without(self, keys: torch.Tensor, ids: torch.Tensor, tables: Sequence[int]) -> Staged:
+        """The entries other than the ``(key, table)`` pairs given (their storage copies
+        changed)."""
+        gone = match_pairs(keys, ids, self.keys, self.ids, tables) >= 0
+        return Staged(self.keys[~gone], self.ids[~gone], self.rows[~gone], self.words[:, ~gone])
+
+
+def match_pairs(
+    have_keys: torch.Tensor,
+    have_ids: torch.Tensor,
+    keys: torch.Tensor,
+    ids: torch.Tensor,
+    tables: Sequence[int],
+) -> torch.Tensor:
+    """``(n,)`` int64: for each ``(keys[i], ids[i])``, its position among the pairs
+    ``(have_keys, have_ids)`` (distinct), or -1; only tables ``tables`` are looked at."""
+    out = torch.full_like(keys, -1)
+    for t in tables:
+        have = (have_ids == t).nonzero().squeeze(1)
+        want = (ids == t).nonzero().squeeze(1)
+        if have.numel() == 0 or want.numel() == 0:
+            continue
+        ordered, order = torch.sort(have_keys[have])
+        at = torch.searchsorted(ordered, keys[want]).clamp(max=ordered.numel() - 1)
+        hit = ordered[at] == keys[want]
+        out[want[hit]] = have[order[at[hit]]]
+    return out
 
 
 def fit_words(words: torch.Tensor, width: int) -> torch.Tensor:

@@ -35,7 +35,7 @@ from demb_torchrec._args import (
     resolve_device,
 )
 from demb_torchrec._autograd import TrainStep, trained_rows
-from demb_torchrec._cache import CacheTier
+from demb_torchrec._cache_tier import CacheTier
 from demb_torchrec._paths import eval_path, train_path
 from demb_torchrec._state import Bags, ForwardState
 from demb_torchrec._tiers import place_tables
@@ -278,6 +278,33 @@ class DynamicEmbeddingTables(torch.nn.Module):
         """Per table, the ``(capacity, dim + state)`` value rows."""
         return self.tables.values
 
+    def prefetch(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        forward_stream: torch.cuda.Stream | None = None,
+    ) -> None:
+        """Read ahead, for the next forward, the rows of a batch's keys that the caching
+        tables' caches miss and their storages hold (TorchRec's prefetch convention: call it
+        with the next batch while the current step runs). The next forward takes them from the
+        device instead of the storage; nothing else changes (no insert, no score). Nothing for
+        a module without caching.
+
+        Args:
+            indices, offsets: the batch, as :meth:`forward` takes it.
+            forward_stream: the CUDA stream the next forward runs on, when another one.
+        """
+        indices, offsets, batch_size = check_batch_args(
+            indices, offsets, self.device, self.index_type, self._state.num_features
+        )
+        if self.cache is None or indices.numel() == 0 or batch_size == 0:
+            return
+        bags = Bags(indices, offsets, batch_size, None, None)
+        try:
+            self.cache.prefetch(bags, forward_stream)
+        except ValueError as e:  # a native op's check of the batch's data: named as ours
+            raise batch_error(e, self.table_names) from e
+
     def flush(self) -> None:
         """Write every row of the caching tables' caches back to their storage and empty the
         caches (the storage then holds every key); nothing for a module without caching."""
@@ -287,8 +314,9 @@ class DynamicEmbeddingTables(torch.nn.Module):
     def cache_stats(self, reset: bool = True) -> dict[str, dict[str, int]]:
         """Per caching table, since the last read: ``cache_hits``, ``storage_hits``,
         ``misses`` (new keys), ``write_backs`` (rows written to the storage), ``overflows``
-        (keys trained outside a full cache bucket) and ``evictions`` (keys the storage
-        dropped). Empty for a module without caching."""
+        (keys trained outside a full cache bucket), ``evictions`` (keys the storage dropped)
+        and ``prefetched`` (storage hits read ahead by :meth:`prefetch`). Empty for a module
+        without caching."""
         if self.cache is None:
             return {}
         stats = self.cache.read_stats(reset)

@@ -1,0 +1,149 @@
+"""The model-level side of a module's caching tables (:class:`CacheTier`): flushing the
+caches, reading ahead the next batch's storage rows (``prefetch``), and what checkpoints,
+erases, memory and statistics read of the storage tier (docs/tiers.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from demb_storage import DynamicEmbeddingTable, MemoryUsage, StorageExport, TableExport
+
+from demb_torchrec._cache import STAT_NAMES, CacheLookups
+from demb_torchrec._cache_groups import Staged, fit_words
+from demb_torchrec._dedup import dedup_bags
+from demb_torchrec._state import Bags
+
+__all__ = ["CacheTier"]
+
+
+class CacheTier(CacheLookups):
+    """The storage tier of a module's caching tables: its lookups
+    (:class:`~demb_torchrec._cache.CacheLookups`) and the calls below."""
+
+    def prefetch(self, bags: Bags, forward_stream: torch.cuda.Stream | None = None) -> None:
+        """Read ahead the storage rows of ``bags``' keys that the caches miss, for the next
+        forward (which then reads them from the device instead of the storage; an entry the
+        storage changes meanwhile is read again). The caches and the scores do not change.
+        ``forward_stream``: the CUDA stream the next forward runs on, when another one than the
+        current (the staged rows are recorded as used on it)."""
+        s = self._state
+        tables = s.tables
+        batch = dedup_bags(s, bags)
+        keys, ids = batch.keys, batch.tables
+        absent = self._cached[ids] & (tables.find(keys, ids, check=False) < 0)
+        self.staged = [None] * len(self.groups)  # a later prefetch replaces an earlier one
+        fetched = self._fetch(keys, ids, absent.nonzero().squeeze(1), keep=True)
+        for group, p, rows, words in fetched:
+            on_device = rows.to(s.device, non_blocking=True)
+            if forward_stream is not None and on_device.is_cuda:
+                on_device.record_stream(forward_stream)
+            self.staged[self.groups.index(group)] = Staged(keys[p], ids[p], on_device, words)
+
+    def flush(self) -> None:
+        """Write every cached row (and every pending overflow row) to the storage and empty
+        the caches: the storage then holds each key of the caching tables."""
+        self._write_live()
+        tables = self._state.tables
+        for group in self.groups:
+            for t in group.tables:
+                ex = tables.export(t)
+                words = tables.index.scores[:, tables.index.slot_range(t)[0] + ex.slots]
+                self._insert(group, ex.keys, torch.full_like(ex.keys, t), ex.values, words)
+                tables.clear(t)
+
+    def settle(self) -> None:
+        """Write the overflow rows of forwards still pending to the storage (before anything
+        reads the storage whole: a dump, a load, a flush)."""
+        self._write_live()
+
+    def assign(self, t: int, keys: torch.Tensor, words: torch.Tensor, rows: torch.Tensor) -> None:
+        """Insert or overwrite ``(n,)`` keys of caching table ``t`` in its storage with their
+        ``(W, n)`` index score words and ``(n, width)`` rows; the cache's copies of them are
+        erased first (the tiers stay exclusive)."""
+        tables = self._state.tables
+        keys = keys.to(tables.device)
+        ids = torch.full_like(keys, t)
+        tables.erase(keys, ids)
+        self._insert(self._group(t), keys, ids, rows, words, written=False)
+
+    def erase(self, t: int, keys: torch.Tensor, record: bool) -> int:
+        """Remove ``(n,)`` keys of caching table ``t`` from both tiers; with ``record``, keep
+        those the storage held in the table's erased keys (the cache records its own).
+        Returns how many the storage held."""
+        self._write_live()
+        group = self._group(t)
+        keys = keys.to(self._state.device)
+        ids = torch.full_like(keys, t)
+        held = group.find(keys, ids)[0]
+        removed = group.erase(keys, ids)
+        if record and removed:
+            gone = keys[held]
+            self._state.tables.erased_keys.add(gone, torch.full_like(gone, t))
+        return removed
+
+    def storage_chunks(self, t: int, chunk_rows: int) -> Iterator[StorageExport]:
+        """The entries of caching table ``t`` in its storage, with the module index's score
+        words (``(W, n)``), in chunks of at most ``chunk_rows``."""
+        below = self.below[t]
+        assert below is not None
+        width = self._state.tables.index.score_words
+        for chunk in below.storage.export_chunks(below.table_id, chunk_rows):
+            yield StorageExport(chunk.keys, chunk.values, fit_words(chunk.scores, width))
+
+    def export(self, t: int) -> TableExport:
+        """Every entry of caching table ``t`` in both tiers (the cache's first): keys, score
+        columns in its ``score_strategy`` order, slots (the cache's; -1 for the storage's)
+        and rows."""
+        self._write_live()
+        tables = self._state.tables
+        parts = [tables.export(t)]
+        columns = list(tables.configs[t].score_layout.index_words)
+        for chunk in self.storage_chunks(t, 1 << 20):
+            keys = chunk.keys.to(tables.device)
+            scores = chunk.scores.to(tables.device)[columns].t()
+            rows = chunk.values.to(parts[0].values.device)
+            parts.append(TableExport(keys, scores, torch.full_like(keys, -1), rows))
+        return TableExport(
+            torch.cat([p.keys for p in parts]),
+            torch.cat([p.scores for p in parts]),
+            torch.cat([p.slots for p in parts]),
+            torch.cat([p.values for p in parts]),
+        )
+
+    def clear_storage(self, t: int) -> None:
+        """Remove every entry of caching table ``t`` from its storage."""
+        below = self.below[t]
+        assert below is not None
+        keys = [c.keys for c in below.storage.export_chunks(below.table_id)]
+        if keys:
+            below.storage.erase(torch.cat(keys), below.table_id)
+
+    def storage_memory(self, t: int) -> MemoryUsage:
+        """Bytes caching table ``t``'s rows take in its storage: its slots and rows in a
+        :class:`~demb_storage.DynamicEmbeddingTable`; an equal share of another storage's
+        usage among the module's tables that use it."""
+        below = self.below[t]
+        assert below is not None
+        storage = below.storage
+        if isinstance(storage, DynamicEmbeddingTable):
+            table = storage.table
+            index = table.index
+            lo, hi = index.slot_range(below.table_id)
+            parts = [index.keys[lo:hi], index.digests[lo:hi], index.scores[:, lo:hi]]
+            parts.append(table.values[below.table_id])
+            device = sum(x.nbytes for x in parts if x.device.type != "cpu")
+            return MemoryUsage(device=device, host=sum(x.nbytes for x in parts) - device)
+        sharing = sum(1 for b in self.below if b is not None and b.storage is storage)
+        usage = storage.memory_usage()
+        return MemoryUsage(
+            usage.device // sharing, usage.host // sharing, usage.external // sharing
+        )
+
+    def read_stats(self, reset: bool = True) -> list[dict[str, int]]:
+        """Per table, the :data:`STAT_NAMES` counts since the last read (zeros for a table
+        without caching)."""
+        rows: list[list[int]] = self.stats.tolist()
+        if reset:
+            self.stats.zero_()
+        return [dict(zip(STAT_NAMES, r, strict=True)) for r in rows]
