@@ -41,7 +41,7 @@ def test_caching_settings_build_the_options(tmp_path: Path) -> None:
         assert (tmp_path / "cat_0.rank0").is_dir()
 
 
-@pytest.mark.parametrize("storage", ["host", "rocksdb"])
+@pytest.mark.parametrize("storage", ["host", pytest.param("rocksdb", marks=pytest.mark.slow)])
 def test_a_run_with_caching_tables_records_and_plots_the_tiers(tmp_path: Path, storage: str):
     if storage == "rocksdb" and importlib.util.find_spec("rocksdict") is None:
         pytest.skip("rocksdict (extra 'ssd') missing")
