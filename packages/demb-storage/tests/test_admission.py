@@ -174,21 +174,25 @@ def test_create_admitter_rejects_mixed_groups():
 
 @pytest.mark.parametrize("threshold", [0, -1, 1.5, True, "2", None])
 def test_bad_threshold_raises(threshold):
+    strategy = FrequencyAdmissionStrategy(threshold)  # kept: checked where it is used
     with pytest.raises(AdmissionConfigError, match="threshold") as caught:
-        FrequencyAdmissionStrategy(threshold)
+        strategy.check()
+    with pytest.raises(AdmissionConfigError, match=r"admit_strategy\[0\]\.threshold"):
+        FrequencyAdmissionStrategy.create_admitter([strategy], CPU)
     assert isinstance(caught.value, TableConfigError)
     assert repr(threshold) in str(caught.value)
 
 
 def test_bad_counter_or_initializer_raises():
     with pytest.raises(AdmissionConfigError, match="counter"):
-        FrequencyAdmissionStrategy(2, counter=128)  # type: ignore[arg-type]
+        FrequencyAdmissionStrategy(2, counter=128).check()  # type: ignore[arg-type]
     with pytest.raises(AdmissionConfigError, match=r"counter\.capacity=0"):
-        FrequencyAdmissionStrategy(2, counter=KVCounter(0))
+        FrequencyAdmissionStrategy(2, counter=KVCounter(0)).check()
     with pytest.raises(AdmissionConfigError, match="initializer_args"):
-        FrequencyAdmissionStrategy(2, initializer_args={"mode": "normal"})  # type: ignore[arg-type]
+        FrequencyAdmissionStrategy(2, initializer_args={"mode": "n"}).check()  # type: ignore[arg-type]
     with pytest.raises(AdmissionConfigError, match="initializer_args"):
-        ProbabilisticAdmissionStrategy(0.5, initializer_args="normal")  # type: ignore[arg-type]
+        ProbabilisticAdmissionStrategy(0.5, initializer_args="normal").check()  # type: ignore[arg-type]
+    FrequencyAdmissionStrategy(2, counter=KVCounter(64)).check()  # valid: nothing
 
 
 def test_default_admitter_members_and_identity_grouping():
@@ -358,7 +362,7 @@ def test_probabilistic_admitter_bad_batches_raise():
 @pytest.mark.parametrize("p", [0.0, -0.5, 1.5, math.nan, math.inf, True, "0.5", None])
 def test_bad_probability_raises(p):
     with pytest.raises(AdmissionConfigError, match="probability") as caught:
-        ProbabilisticAdmissionStrategy(p)
+        ProbabilisticAdmissionStrategy(p).check()
     assert isinstance(caught.value, ValueError)
     if isinstance(p, float) and p == 0.0:
         assert "never admit" in str(caught.value)
@@ -366,7 +370,7 @@ def test_bad_probability_raises(p):
 
 def test_bad_seed_raises():
     with pytest.raises(AdmissionConfigError, match="seed"):
-        ProbabilisticAdmissionStrategy(0.5, seed=-1)
+        ProbabilisticAdmissionStrategy(0.5, seed=-1).check()
 
 
 def test_probabilistic_grouped_key():

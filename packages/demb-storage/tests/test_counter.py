@@ -196,7 +196,9 @@ def test_kv_counter_rounds_capacity_up_and_compares_by_value():
 )
 def test_bad_kv_counter_raises_a_typed_error_naming_the_option(kwargs, option):
     with pytest.raises(AdmissionConfigError, match=option) as caught:
-        KVCounter(**kwargs)
+        KVCounter(**kwargs).check()  # kept by the constructor, checked where it is used
+    with pytest.raises(AdmissionConfigError, match=rf"counters\[0\]\.{option}"):
+        MultiTableKVCounter([KVCounter(**kwargs)])
     err = caught.value
     assert isinstance(err, TableConfigError)
     assert isinstance(err, ValueError)

@@ -207,13 +207,14 @@ def test_bad_admission_options_name_the_table():
             table_names=["users"],
         )
     for bad, option in (
-        (lambda: FrequencyAdmissionStrategy(0, KVCounter(128)), "threshold"),
-        (lambda: ProbabilisticAdmissionStrategy(-0.5), "probability"),
-        (lambda: ProbabilisticAdmissionStrategy(0.0), "probability"),
-        (lambda: KVCounter(0), "capacity"),
+        (FrequencyAdmissionStrategy(0, KVCounter(128)), "threshold"),
+        (ProbabilisticAdmissionStrategy(-0.5), "probability"),
+        (ProbabilisticAdmissionStrategy(0.0), "probability"),
+        (FrequencyAdmissionStrategy(2, KVCounter(0)), r"counter\.capacity"),
     ):
-        with pytest.raises(TableConfigError, match=option):
-            bad()
+        options = DynamicEmbTableOptions(dim=4, max_capacity=128, admit_strategy=bad)
+        with pytest.raises(TableConfigError, match=rf"users\.{option}"):
+            DynamicEmbeddingTables([options], table_names=["users"])
 
 
 def test_table_stats_carry_admission_counts():

@@ -21,8 +21,8 @@ import abc
 import dataclasses
 import math
 import operator
-from collections.abc import Hashable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -49,6 +49,7 @@ DEFAULT_COUNTER_CAPACITY = 1 << 20
 (17 MiB per table). Pass ``counter=KVCounter(...)`` to size it for the keys' long tail."""
 
 _S = TypeVar("_S", bound="AdmissionStrategy")
+_T = TypeVar("_T")
 
 
 class MultiTableAdmitter(abc.ABC):
@@ -90,6 +91,9 @@ class MultiTableAdmitter(abc.ABC):
 class AdmissionStrategy(abc.ABC):
     """A table's admission configuration: inert (allocates nothing, touches no device)."""
 
+    _problem: AdmissionConfigError | None = None
+    """The first invalid argument's error, kept for :meth:`check`."""
+
     @classmethod
     @abc.abstractmethod
     def create_admitter(
@@ -117,6 +121,24 @@ class AdmissionStrategy(abc.ABC):
         default (only the same object groups)."""
         return self
 
+    def check(self) -> None:
+        """Raise :class:`AdmissionConfigError` for this configuration's first invalid
+        argument; nothing when it is valid. A strategy (and its counter) is checked where it
+        is used, so the error can name the table: when a table module is built (the option
+        prefixed by the table's name) or an admitter created. The constructors keep what they
+        are given."""
+        if self._problem is not None:
+            raise self._problem
+
+    def _keep(self, check: Callable[[Any], _T], value: object) -> _T:
+        """``check(value)``, or ``value`` as given with the error kept for :meth:`check`."""
+        try:
+            return check(value)
+        except AdmissionConfigError as err:
+            if self._problem is None:
+                self._problem = err
+            return value  # type: ignore[return-value]
+
 
 def _check_group(cls: type[_S], table_strategies: Sequence[object]) -> list[_S]:
     """``table_strategies`` as instances of ``cls`` sharing one grouped key."""
@@ -130,6 +152,11 @@ def _check_group(cls: type[_S], table_strategies: Sequence[object]) -> list[_S]:
             raise AdmissionConfigError(
                 f"admit_strategy[{t}]", s, f"{cls.__name__}.create_admitter needs {cls.__name__}s"
             )
+        try:
+            s.check()
+        except AdmissionConfigError as err:
+            option = f"admit_strategy[{t}].{err.option}"
+            raise AdmissionConfigError(option, err.value, err.reason) from None
         out.append(s)
     first = out[0].get_grouped_key()
     for t, s in enumerate(out[1:], start=1):
@@ -140,6 +167,12 @@ def _check_group(cls: type[_S], table_strategies: Sequence[object]) -> list[_S]:
                 f"tables sharing one admitter must agree with admit_strategy[0]={out[0]!r}",
             )
     return out
+
+
+def _counter(value: object) -> KVCounter:
+    if not isinstance(value, KVCounter):
+        raise AdmissionConfigError("counter", value, "must be a KVCounter or None")
+    return value
 
 
 def _initializer(value: object) -> InitializerArgs | None:
@@ -237,8 +270,8 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
             ``KVCounter(DEFAULT_COUNTER_CAPACITY)`` (see :data:`DEFAULT_COUNTER_CAPACITY`).
         initializer_args: how rejected keys' rows are initialized (None: the table's).
 
-    Raises:
-        AdmissionConfigError: an argument is invalid (the message names it and its value).
+    An invalid argument is kept and reported by :meth:`check` (see
+    :meth:`AdmissionStrategy.check`), which a table module calls naming the table.
     """
 
     def __init__(
@@ -247,13 +280,17 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
         counter: KVCounter | None = None,
         initializer_args: InitializerArgs | None = None,
     ) -> None:
-        self._threshold = _threshold(threshold)
+        self._problem = None
+        self._threshold = self._keep(_threshold, threshold)
         if counter is None:
             counter = KVCounter(DEFAULT_COUNTER_CAPACITY)
-        if not isinstance(counter, KVCounter):
-            raise AdmissionConfigError("counter", counter, "must be a KVCounter or None")
-        self._counter = counter
-        self._initializer_args = _initializer(initializer_args)
+        self._counter = self._keep(_counter, counter)
+        self._initializer_args = self._keep(_initializer, initializer_args)
+
+    def check(self) -> None:
+        """See :meth:`AdmissionStrategy.check`; the counter's settings too."""
+        super().check()
+        self._counter.check()
 
     @property
     def threshold(self) -> int:
@@ -416,8 +453,8 @@ class ProbabilisticAdmissionStrategy(AdmissionStrategy):
         initializer_args: how rejected keys' rows are initialized (None: the table's).
         seed: keyword-only, an integer in ``[0, 2**64)`` mixed into every toss (default 0).
 
-    Raises:
-        AdmissionConfigError: an argument is invalid (the message names it and its value).
+    An invalid argument is kept and reported by :meth:`check` (see
+    :meth:`AdmissionStrategy.check`), which a table module calls naming the table.
     """
 
     def __init__(
@@ -427,9 +464,10 @@ class ProbabilisticAdmissionStrategy(AdmissionStrategy):
         *,
         seed: int = 0,
     ) -> None:
-        self._p = _probability(probability)
-        self._initializer_args = _initializer(initializer_args)
-        self._seed = _seed(seed)
+        self._problem = None
+        self._p = self._keep(_probability, probability)
+        self._initializer_args = self._keep(_initializer, initializer_args)
+        self._seed = self._keep(_seed, seed)
 
     @property
     def probability(self) -> float:

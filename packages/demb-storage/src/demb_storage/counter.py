@@ -121,8 +121,7 @@ class KVCounter:
         key_type: dtype of the keys counted, ``torch.int64`` or ``torch.int32`` (the counter
             stores every key as int64).
 
-    Raises:
-        AdmissionConfigError: an argument is not as above (the message names it and its value).
+    An argument that is not as above is kept and reported by :meth:`check`.
     """
 
     capacity: int
@@ -130,20 +129,33 @@ class KVCounter:
     key_type: torch.dtype = torch.int64
 
     def __post_init__(self) -> None:
-        capacity = _int_option("counter.capacity", self.capacity, 1)
-        width = _int_option("counter.bucket_capacity", self.bucket_capacity, 1)
-        if width % BUCKET_ALIGNMENT or width > _MAX_BUCKET:
-            raise AdmissionConfigError(
-                "counter.bucket_capacity",
-                self.bucket_capacity,
-                f"must be a positive multiple of {BUCKET_ALIGNMENT} below 2**31",
-            )
-        if self.key_type not in _KEY_TYPES:
-            raise AdmissionConfigError(
-                "counter.key_type", self.key_type, "must be torch.int64 or torch.int32"
-            )
+        try:
+            capacity = _int_option("counter.capacity", self.capacity, 1)
+            width = _int_option("counter.bucket_capacity", self.bucket_capacity, 1)
+            if width % BUCKET_ALIGNMENT or width > _MAX_BUCKET:
+                raise AdmissionConfigError(
+                    "counter.bucket_capacity",
+                    self.bucket_capacity,
+                    f"must be a positive multiple of {BUCKET_ALIGNMENT} below 2**31",
+                )
+            if self.key_type not in _KEY_TYPES:
+                raise AdmissionConfigError(
+                    "counter.key_type", self.key_type, "must be torch.int64 or torch.int32"
+                )
+        except AdmissionConfigError as err:  # kept for check(): the table module names it
+            object.__setattr__(self, "_problem", err)
+            return
+        object.__setattr__(self, "_problem", None)
         object.__setattr__(self, "capacity", capacity)
         object.__setattr__(self, "bucket_capacity", width)
+
+    def check(self) -> None:
+        """Raise :class:`AdmissionConfigError` for the first invalid argument; nothing when
+        they are valid (a counter is checked where it is used, so the error can name the
+        table: see ``AdmissionStrategy.check``)."""
+        problem: AdmissionConfigError | None = getattr(self, "_problem", None)
+        if problem is not None:
+            raise problem
 
     @property
     def slots(self) -> int:
@@ -202,7 +214,8 @@ class MultiTableKVCounter(Counter):
         device: where the counter lives.
 
     Raises:
-        AdmissionConfigError: ``counters`` is empty or holds something other than KVCounter.
+        AdmissionConfigError: ``counters`` is empty, holds something other than KVCounter, or
+            an invalid one (:meth:`KVCounter.check`).
     """
 
     def __init__(self, counters: Sequence[KVCounter], device: torch.device | str = "cpu") -> None:
@@ -212,6 +225,11 @@ class MultiTableKVCounter(Counter):
         for t, config in enumerate(configs):
             if not isinstance(config, KVCounter):
                 raise AdmissionConfigError(f"counters[{t}]", config, "must be a KVCounter")
+            try:
+                config.check()
+            except AdmissionConfigError as err:
+                option = f"counters[{t}].{err.option}"
+                raise AdmissionConfigError(option, err.value, err.reason) from None
         self._configs = tuple(configs)
         self._index = TableIndex.create(
             [c.slots for c in configs],

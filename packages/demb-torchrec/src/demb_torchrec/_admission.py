@@ -20,6 +20,7 @@ import torch
 from demb_kernels.init_rows import init_new_rows, new_rows_args
 from demb_kernels.table import InsertStatus
 from demb_storage import (
+    AdmissionConfigError,
     AdmissionStrategy,
     Counter,
     InitializerArgs,
@@ -230,6 +231,12 @@ def admission_of(
             )
     if all(s is None for s in strategies):
         return None
+    for name, strategy in zip(names, strategies, strict=True):
+        if isinstance(strategy, AdmissionStrategy):
+            try:
+                strategy.check()
+            except AdmissionConfigError as err:  # named: the table and the option
+                raise err.for_table(name) from None
     return ModuleAdmission(
         strategies,  # type: ignore[arg-type]
         names,
