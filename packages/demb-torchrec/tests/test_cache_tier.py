@@ -275,9 +275,6 @@ def test_bad_tier_settings_are_named():
     one.external_storage = {"not": "a storage"}
     with pytest.raises(TableConfigError, match=r"user\.external_storage.*must be a"):
         DynamicEmbeddingTables([one], table_names=["user"], device="cpu")
-    hybrid = DynamicEmbTableOptions(dim=DIM, max_capacity=CAPACITY, local_hbm_for_values=4096)
-    with pytest.raises(NotSupportedError, match=r"user.*local_hbm_for_values.*hybrid"):
-        DynamicEmbeddingTables([hybrid], table_names=["user"], device="cpu")
     outside = DynamicEmbTableOptions(
         dim=DIM, max_capacity=CAPACITY, external_storage=PyDictStorage([RowLayout(DIM)])
     )

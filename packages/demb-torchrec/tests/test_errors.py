@@ -75,9 +75,9 @@ def test_bad_module_inputs_name_the_argument():
 
 def test_an_unbuilt_option_and_a_frozen_table_name_the_table():
     with pytest.raises(
-        NotSupportedError, match=r"table 'user': DynamicEmbTableOptions\.local_hbm_for_values"
+        NotSupportedError, match=r"table 'user': DynamicEmbTableOptions\.external_storage"
     ):
-        module(local_hbm_for_values=1 << 20)
+        module(external_storage=object())
     frozen = module(training=False)
     with pytest.raises(TrainingStateError, match=r"tables \['user'\]: built with training=False"):
         frozen(torch.tensor([1]), torch.tensor([0, 1]))

@@ -185,6 +185,26 @@ def test_a_caching_shard_plans_its_cache_on_the_gpu_and_its_rows_on_the_host():
         assert (shard.storage.hbm, shard.storage.ddr) == (index + budget // 2, values)
 
 
+def test_a_hybrid_shard_plans_its_budget_on_the_gpu_and_the_other_rows_on_the_host():
+    model = Model()
+    apply_optimizer_in_backward(trec_optim.SGD, model.ebc.parameters(), {"lr": 0.01})
+    budget = 2 * 100 * 16 * 4  # two ranks' first 100 rows of 16 floats
+    constraints = {
+        "user": dynamic(global_hbm_for_values=budget),
+        "item": ParameterConstraints(),
+        "query": dynamic(),
+    }
+    topology = Topology(world_size=2, compute_device="cuda")
+    DynamicEmbeddingShardingPlanner(model.configs(), topology, constraints=constraints)
+    enumerator = DynamicEmbeddingEnumerator(topology, 512, constraints)
+    (option,) = [o for o in enumerator.enumerate(model, SHARDERS) if o.name == "user"]
+    slots = constraints["user"].dynamicemb_options.max_capacity
+    values = slots * 16 * 4
+    index = slots * (8 + 1 + 8)
+    for shard in option.shards:
+        assert (shard.storage.hbm, shard.storage.ddr) == (index + budget // 2, values - budget // 2)
+
+
 def ftrl_model(constraints_item: ParameterConstraints) -> tuple[nn.Module, dict]:
     model = Model()
     apply_optimizer_in_backward(FTRL, model.ebc.parameters(), {"lr": 0.01})

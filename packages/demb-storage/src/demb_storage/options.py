@@ -138,6 +138,11 @@ class TableConfig:
     ``cur_timestamp`` the batch's timestamp; a full bucket evicts the key with the lowest score
     (NaN first). A numba-compilable Python function of two positional parameters
     (:mod:`demb_storage.score_function`), compiled when the table is built."""
+    device_rows: int | None = None
+    """A hybrid table: only the first ``device_rows`` value rows live in the CUDA device's
+    memory, the others in host memory the device reads over the bus, under one index (a row's
+    place follows its slot; :mod:`demb_kernels.hybrid`). None: every row on the values'
+    device. Ignored on the CPU, where both are the host's memory."""
 
     def __post_init__(self) -> None:
         for name in ("dim", "max_capacity", "bucket_capacity"):
@@ -168,6 +173,9 @@ class TableConfig:
             raise TableConfigError(
                 "init_capacity", self.init_capacity, f"exceeds max_capacity={self.max_capacity}"
             )
+        rows = self.device_rows
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
+            raise TableConfigError("device_rows", rows, "must be None or an integer >= 0")
         if self.dtype not in VALUE_DTYPES:
             raise TableConfigError("dtype", self.dtype, "must be float32, float16 or bfloat16")
         if not (isinstance(self.max_load_factor, float | int) and 0 < self.max_load_factor <= 1):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 from demb_kernels import memory
 from demb_kernels import table as ops
+from demb_kernels.hybrid import hybrid_zeros
 from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 
@@ -456,6 +457,12 @@ class ScoredHashTable:
 
     # ----------------------------------------------------------------------------- internals
     def _allocate(self, rows: int, config: TableConfig) -> torch.Tensor:
+        hybrid = config.device_rows is not None and config.device_rows < rows
+        if hybrid and self.value_device.type == "cuda":  # its first rows on the device
+            assert config.device_rows is not None
+            return hybrid_zeros(
+                rows, config.width, config.dtype, self.value_device, config.device_rows
+            )
         pin = self.value_device.type == "cpu" and self.device.type == "cuda"
         # On the CPU (not pinned), backed by huge pages where Linux grants them: rows are read
         # at random (demb_kernels.memory).

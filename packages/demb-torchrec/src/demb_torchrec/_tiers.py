@@ -4,7 +4,9 @@ A table with ``caching=True`` becomes a cache of ``local_hbm_for_values`` bytes 
 (buckets of :data:`CACHE_BUCKET` slots) over a storage holding the rest: its
 ``external_storage``, or by default a :class:`~demb_storage.DynamicEmbeddingTable` of the
 table's full capacity whose rows are in host memory (pinned, on a CUDA module; the index stays
-on the module's device). Every other table keeps all its values in the module's device memory.
+on the module's device). A table with ``caching=False`` and a budget below its value bytes is
+hybrid (one index, its first rows in device memory, the others in host memory); with a budget
+of 0 (the default) or a larger one, all its values are in the module's device memory.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ from demb_torchrec._cache_groups import StorageSlot
 from demb_torchrec.errors import NotSupportedError
 from demb_torchrec.options import DynamicEmbTableOptions
 
-__all__ = ["CACHE_BUCKET", "Placement", "cache_config", "memory_limit", "place_tables"]
+__all__ = [
+    "CACHE_BUCKET",
+    "Placement",
+    "cache_config",
+    "hybrid_config",
+    "memory_limit",
+    "place_tables",
+]
 
 CACHE_BUCKET = 1024
 """Slots per bucket of a cache (the spec's default for a table that serves as a cache), or
@@ -121,8 +130,7 @@ def place_tables(
     for t, (o, c, name) in enumerate(zip(options, configs, names, strict=True)):
         if not o.caching:
             _check_uncached(o, name)
-            own.append(c)
-            _log.info("table %s: all values in %s memory (caching=False)", name, device.type)
+            own.append(hybrid_config(c, o.local_hbm_for_values, name, device))
             continue
         if o.admit_strategy is not None:
             raise NotSupportedError(
@@ -163,14 +171,36 @@ def _check_uncached(o: DynamicEmbTableOptions, name: str) -> None:
             "local_hbm_for_values (or global_hbm_for_values with the planner)",
             table=name,
         )
-    if o.local_hbm_for_values:
-        raise NotSupportedError(
-            "DynamicEmbTableOptions.local_hbm_for_values",
-            f"{o.local_hbm_for_values} bytes without caching asks for a hybrid table (device "
-            "and host rows under one index), which is not supported yet; set caching=True "
-            "for a device cache over a host table, or 0 to keep every value on the device",
-            table=name,
+
+
+def hybrid_config(
+    config: TableConfig, budget: int, table: str, device: torch.device
+) -> TableConfig:
+    """The table of ``caching=False`` with a device budget of ``budget`` bytes of value rows:
+    all-device when the budget is 0 (demb's default) or holds ``max_capacity`` rows; else a
+    hybrid table, its first ``budget // row_bytes`` rows in device memory and the others in
+    host memory (:attr:`TableConfig.device_rows`; a budget below one row: every value in host
+    memory). Logs where the values live.
+
+    Raises:
+        TableConfigError: a budget above the device's memory.
+    """
+    if budget and budget > (limit := memory_limit(device)):
+        raise TableConfigError(
+            f"{table}.local_hbm_for_values",
+            budget,
+            f"more than the {limit} bytes of memory of {device}",
         )
+    rows = budget // RowLayout.of(config).row_bytes
+    if not budget or rows >= config.max_capacity:
+        _log.info("table %s: all values in %s memory", table, device.type)
+        return config
+    _log.info(
+        "table %s: a hybrid table, the values of its first %d rows in %s memory (of %d at "
+        "most; local_hbm_for_values=%d bytes), the others in host memory",
+        table, rows, device.type, config.max_capacity, budget,
+    )  # fmt: skip
+    return dataclasses.replace(config, device_rows=rows)
 
 
 def _attach_external(

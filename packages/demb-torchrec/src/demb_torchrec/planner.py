@@ -207,12 +207,16 @@ class DynamicEmbStorageEstimator(ShardEstimator):  # type: ignore[misc]
             per_shard = shard_bytes(option.name, option.tensor, options, world)
             on_gpu = self._topology.compute_device == "cuda"
             hbm, ddr = (per_shard, 0) if on_gpu else (0, per_shard)
+            budget = local_hbm_for_values(options.global_hbm_for_values, world)
             if on_gpu and options.caching:  # the cache's rows on the GPU, the others on the host
                 values = shard_value_bytes(option.name, option.tensor, options, world)
-                cache = min(values, local_hbm_for_values(options.global_hbm_for_values, world))
-                hbm, ddr = per_shard - values + cache, values
+                hbm, ddr = per_shard - values + min(values, budget), values
                 if options.external_storage is not None:  # rows outside the host's memory
                     ddr = 0
+            elif on_gpu and budget:  # a hybrid table: the rows past the budget on the host
+                values = shard_value_bytes(option.name, option.tensor, options, world)
+                device = min(values, budget)
+                hbm, ddr = per_shard - values + device, values - device
             for shard in option.shards:
                 shard.storage = Storage(hbm=hbm, ddr=ddr)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from demb_storage import MemoryType, MemoryUsage, MultiTableKVCounter
+from demb_storage import MemoryType, MemoryUsage, MultiTableKVCounter, TableConfig
 from torch import nn
 
 from demb_torchrec.model_tables import ModelTable, dynamic_tables, is_caching
@@ -149,6 +149,15 @@ def _bytes(tensors: list[torch.Tensor]) -> MemoryUsage:
     return MemoryUsage(device=device, host=sum(x.nbytes for x in tensors) - device)
 
 
+def _values_bytes(values: torch.Tensor, config: TableConfig) -> MemoryUsage:
+    """A value buffer's bytes; a hybrid table's rows past ``device_rows`` are host memory."""
+    if config.device_rows is None or not values.is_cuda:
+        return _bytes([values])
+    row = values.shape[1] * values.element_size()
+    device = min(values.shape[0], config.device_rows) * row
+    return MemoryUsage(device=device, host=values.nbytes - device)
+
+
 def table_memory(model: nn.Module) -> dict[str, dict[str, MemoryUsage]]:
     """``{collection: {table: MemoryUsage}}``: the bytes each dynamic table of ``model`` holds on
     this rank, by kind of memory (``device``: GPU memory; ``host``: host memory, which is where
@@ -162,7 +171,7 @@ def table_memory(model: nn.Module) -> dict[str, dict[str, MemoryUsage]]:
         index = tables.index
         lo, hi = index.slot_range(t.index)
         slots = [index.keys[lo:hi], index.digests[lo:hi], index.scores[:, lo:hi]]
-        used = _bytes(slots) + _bytes([tables.values[t.index]])
+        used = _bytes(slots) + _values_bytes(tables.values[t.index], tables.configs[t.index])
         admission = t.module.admission
         found = None if admission is None else admission.counter_of(t.index)
         if found is not None:
@@ -189,7 +198,13 @@ def table_placement(model: nn.Module) -> dict[str, dict[str, str]]:
         device = tables.device.type
         capacity = tables.capacity(t.index)
         cache = t.module.cache
-        if cache is None or not is_caching(t):
+        rows = tables.configs[t.index].device_rows
+        if rows is not None:
+            text = (
+                f"a hybrid table: the values of its first {rows} rows in {device} memory, the "
+                f"others in host memory ({capacity} slots now)"
+            )
+        elif cache is None or not is_caching(t):
             text = f"all values in {device} memory ({capacity} slots now)"
         else:
             below = cache.below[t.index]

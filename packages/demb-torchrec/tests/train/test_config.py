@@ -73,9 +73,8 @@ CACHED = ["online.delta_every=0"]
         (["tables.caching=true", *CACHED], r"tables\.caching=true: set one of"),
         (
             ["tables.caching=true", "tables.hbm_fraction=0.5", "tables.global_hbm_for_values=8"],
-            r"tables\.caching=true: set one of",
+            r"tables: set one of .* not both",
         ),
-        (["tables.cat_3.hbm_fraction=0.5"], r"tables\.cat_3\.hbm_fraction=0\.5: set .*caching"),
         (["tables.external_storage='/tmp/x'"], r"tables\.external_storage=.*caching=true"),
         (["tables.caching=true", "tables.hbm_fraction=0.5"], r"online\.delta_every=0"),
         (["tables.hbm_fraction=1.5", "tables.caching=true"], r"hbm_fraction=1\.5"),
@@ -84,6 +83,12 @@ CACHED = ["online.delta_every=0"]
 def test_caching_settings_agree(overrides: list[str], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         load_settings(None, [parse_override(o) for o in overrides])
+
+
+def test_a_budget_without_caching_loads_a_hybrid_table() -> None:
+    s = load_settings(None, [parse_override("tables.cat_3.hbm_fraction=0.5")])
+    assert s.table("cat_3")["hbm_fraction"] == 0.5
+    assert not s.table("cat_3")["caching"]
 
 
 def test_caching_settings_load() -> None:

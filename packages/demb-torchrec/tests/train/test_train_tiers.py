@@ -62,3 +62,11 @@ def test_a_run_with_caching_tables_records_and_plots_the_tiers(tmp_path: Path, s
     assert max(t["stored"] for t in tables) > 0
     assert (out / "plots" / TIERS_PNG).stat().st_size > 10_000
     assert list((out / "ckpt").glob("*.tables"))
+
+
+def test_a_budget_without_caching_builds_a_hybrid_table_option() -> None:
+    s = load_settings(None, [parse_override("tables.cat_3.hbm_fraction=0.5")])
+    hybrid = table_options(s, "cat_3")
+    assert not hybrid.caching
+    assert hybrid.global_hbm_for_values == 8192 * (16 + 32) * 4 // 2
+    assert table_options(s, "cat_0").global_hbm_for_values == 0

@@ -17,10 +17,11 @@ Sections and keys (defaults in :data:`DEFAULTS`)::
                 probabilistic) with admit_threshold (frequency), admit_probability
                 (probabilistic) and counter_capacity (the frequency counter's keys per
                 table and rank); score_function ("module:function", TIMESTAMP+LFU
-                only); caching (a device cache over a host table) with its device budget,
-                global_hbm_for_values (bytes, all ranks) or hbm_fraction (of the table's
-                value bytes), and external_storage (a directory: the rows below the cache
-                in RocksDB, the ``ssd`` extra); the option the planner sets
+                only); a device budget, global_hbm_for_values (bytes, all ranks) or
+                hbm_fraction (of the table's value bytes): alone a hybrid table, with
+                caching (true) the size of a device cache over a host table; and
+                external_storage (a directory: the rows below the cache in RocksDB, the
+                ``ssd`` extra); the option the planner sets
                 (local_hbm_for_values) or that the specification deprecates
                 (admission_counter): setting one fails naming it
     [tables.cat_N]  the same keys for one table (cat_0 ... cat_25)
@@ -278,17 +279,20 @@ def _check_tiers(values: dict[str, dict[str, Any]]) -> None:
         own = values["tables"].get(where.removeprefix("tables."), {}) if "." in where else {}
         s = {**base, **own}
         budgets = [k for k in ("global_hbm_for_values", "hbm_fraction") if s[k]]
-        if not s["caching"]:
-            if budgets or s["external_storage"]:
-                key = (budgets or ["external_storage"])[0]
+        if len(budgets) > 1:
+            raise ConfigError(
+                f"{where}: set one of {where}.global_hbm_for_values (bytes) or "
+                f"{where}.hbm_fraction (of the table's value bytes), not both"
+            )
+        if not s["caching"]:  # a budget alone: a hybrid table
+            if s["external_storage"]:
                 raise ConfigError(
-                    f"{where}.{key}={s[key]!r}: set {where}.caching=true (a device budget "
-                    "without caching asks for a hybrid table, which demb does not have yet; an "
-                    "external storage is the tier under a cache)"
+                    f"{where}.external_storage={s['external_storage']!r}: set "
+                    f"{where}.caching=true (an external storage is the tier under a cache)"
                 )
             continue
         caching = True
-        if len(budgets) != 1:
+        if not budgets:
             raise ConfigError(
                 f"{where}.caching=true: set one of {where}.global_hbm_for_values (bytes) or "
                 f"{where}.hbm_fraction (of the table's value bytes) for the device cache"

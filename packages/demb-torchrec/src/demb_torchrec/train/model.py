@@ -133,7 +133,7 @@ def table_options(
         ConfigError: options the table rejects (naming ``tables.<name>``).
     """
     s = settings.table(name)
-    tiers = _tiers(settings, name, rank) if s["caching"] else {}
+    tiers = _tiers(settings, name, rank)
     mode = DynamicEmbInitializerMode(s["initializer"])
     std = float(s["init_std"])
     init = (
@@ -160,10 +160,12 @@ def table_options(
 
 
 def _tiers(settings: Settings, name: str, rank: Rank | None) -> dict[str, Any]:
-    """A caching table's options: ``caching``, ``global_hbm_for_values`` (given, or
-    ``hbm_fraction`` of :func:`~demb_torchrec.get_table_value_bytes`) and
-    ``external_storage``."""
+    """A table's memory options: ``global_hbm_for_values`` (given, or ``hbm_fraction`` of
+    :func:`~demb_torchrec.get_table_value_bytes`; none: every value on the device), and with
+    caching ``caching`` and ``external_storage``."""
     s = settings.table(name)
+    if not (s["caching"] or s["global_hbm_for_values"] or s["hbm_fraction"]):
+        return {}
     world, r = (1, 0) if rank is None else (rank.world_size, rank.rank)
     kind = settings["optimizer"]["kind"]
     dim = int(settings["train"]["dim"])
@@ -172,7 +174,7 @@ def _tiers(settings: Settings, name: str, rank: Rank | None) -> dict[str, Any]:
         shape = _Shape(int(s["capacity"]), dim)
         total = get_table_value_bytes(shape, kind, world, int(s["bucket_capacity"]))
         budget = math.ceil(float(s["hbm_fraction"]) * total)
-    out: dict[str, Any] = {"caching": True, "global_hbm_for_values": budget}
+    out: dict[str, Any] = {"caching": bool(s["caching"]), "global_hbm_for_values": budget}
     if s["external_storage"]:
         state = optimizer_spec(kind, {}).state_dim(dim, torch.float32)
         path = Path(s["external_storage"]) / f"{name}.rank{r}"

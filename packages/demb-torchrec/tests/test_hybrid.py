@@ -1,0 +1,86 @@
+"""Hybrid tables (``caching=False`` with a device budget below the table's value bytes): one
+index, the first rows' values in device memory and the others in host memory. On the CPU both
+are the host's memory, so a hybrid table trains exactly like an all-device one (checked here
+with its bookkeeping); on a GPU (marker ``cuda``) the split is real."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from demb_storage import TableConfigError
+from demb_torchrec import (
+    DynamicEmbeddingTables,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+    table_memory,
+)
+from demb_torchrec.stats import table_placement
+
+DIM = 8
+ROW = (DIM + 2 * DIM) * 4  # Adam: embedding and two state columns, float32
+
+
+def _module(budget: int, device: str = "cpu", init: int = 4096) -> DynamicEmbeddingTables:
+    options = DynamicEmbTableOptions(
+        dim=DIM, max_capacity=4096, init_capacity=init, local_hbm_for_values=budget,
+        score_strategy=DynamicEmbScoreStrategy.STEP,
+    )  # fmt: skip
+    return DynamicEmbeddingTables(
+        [options], table_names=["user"], device=device, optimizer="adam",
+        pooling_mode=DynamicEmbPoolingMode.SUM, learning_rate=0.05,
+    )  # fmt: skip
+
+
+def _train(modules: list[DynamicEmbeddingTables], device: str = "cpu") -> None:
+    gen = torch.Generator().manual_seed(0)
+    for step in range(8):
+        indices = torch.randint(0, 3000, (512,), generator=gen).to(device)
+        offsets = torch.arange(0, 513, 4, device=device)
+        outs = [m(indices, offsets) for m in modules]
+        for out in outs[1:]:
+            torch.testing.assert_close(out, outs[0], rtol=0, atol=0, msg=f"step {step}")
+        grad = torch.randn(outs[0].shape, generator=gen).to(device)
+        for out in outs:
+            out.backward(grad)
+
+
+def _rows(m: DynamicEmbeddingTables) -> tuple[torch.Tensor, torch.Tensor]:
+    ex = m.tables.export(0)
+    order = torch.argsort(ex.keys)
+    return ex.keys[order].cpu(), ex.values[order].cpu()
+
+
+@pytest.mark.parametrize("rows", [0, 100, 1024])
+def test_a_hybrid_table_trains_like_an_all_device_one(rows: int):
+    budget = max(rows * ROW, 1)  # 1 byte: below one row, every value in host memory
+    whole, hybrid = _module(0), _module(budget, init=1024)  # the hybrid one grows too
+    assert whole.tables.configs[0].device_rows is None
+    assert hybrid.tables.configs[0].device_rows == rows
+    _train([whole, hybrid])
+    assert hybrid.tables.capacity(0) > 1024  # it grew; still hybrid
+    assert hybrid.tables.configs[0].device_rows == rows
+    for a, b in zip(_rows(whole), _rows(hybrid), strict=True):
+        assert torch.equal(a, b)
+    text = table_placement(hybrid)["model"]["user"]
+    assert f"the values of its first {rows} rows in cpu memory" in text
+
+
+def test_a_budget_that_holds_the_table_is_all_device_and_a_huge_one_is_refused():
+    assert _module(4096 * ROW).tables.configs[0].device_rows is None
+    with pytest.raises(TableConfigError, match=r"user\.local_hbm_for_values.*bytes of memory"):
+        _module(1 << 62)
+
+
+@pytest.mark.cuda
+def test_a_hybrid_table_on_a_gpu_splits_its_rows_and_trains_like_an_all_device_one():
+    budget = 1000 * ROW
+    whole, hybrid = _module(0, "cuda"), _module(budget, "cuda", init=1024)
+    values = hybrid.tables.values[0]
+    assert values.is_cuda
+    _train([whole, hybrid], "cuda")
+    for a, b in zip(_rows(whole), _rows(hybrid), strict=True):
+        assert torch.equal(a, b)
+    used = table_memory(hybrid)["model"]["user"]
+    assert used.host >= (hybrid.tables.capacity(0) - 1000) * ROW
+    assert used.device >= 1000 * ROW
