@@ -1,7 +1,7 @@
 """``demb bench tiers`` at a tiny size on the CPU: through the CLI, the report holds every mode
-(the all-device baseline and the caching modes measured, the modes not built yet listed with
-their reason), each caching mode's figures beside their baselines, and rows that crossed
-between the tiers; with SGD, the rows are the embedding alone. No time is checked."""
+(the all-device baseline, the caching modes and the hybrid modes), each tiered mode's figures
+beside their baselines, and rows that crossed between the tiers; with SGD, the rows are the
+embedding alone. No time is checked."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import math
 
 import pytest
 import torch
-from demb_torchrec.bench._tiers_parts import NOT_BUILT_MODES, NOT_BUILT_REASON, PUBLISHED
+from demb_torchrec.bench._tiers_parts import HYBRID_MODES, PUBLISHED
 from demb_torchrec.bench.tiers_bench import TiersWorkload, run
 
-MEASURED = ["all-device", "caching 1.0", "caching 0.8"]
+MEASURED = ["all-device", "caching 1.0", "caching 0.8", *HYBRID_MODES]
 
 
 def _check_figure(f: dict, target: float | None) -> None:
@@ -55,6 +55,16 @@ def _check_report(report: dict, steps: int, row: int) -> None:
         floor = m["floor"]
         assert floor["h2d_bytes"] + floor["d2h_bytes"] == m["bytes_per_step"]
         assert floor["seconds"] == min(floor["h2d_seconds"]) + min(floor["d2h_seconds"])
+    tenth, none = (modes[name] for name in HYBRID_MODES)
+    assert tenth["kind"] == none["kind"] == "hybrid"
+    assert tenth["device_rows"] == math.ceil(w["init_capacity"] / 10)
+    assert none["device_rows"] == 0  # a budget below one row
+    for m in (tenth, none):
+        assert not m["caching"]
+        assert m["capacity"] == [w["init_capacity"]] * 10
+        assert m["bytes_per_step"] == 2 * round(m["host_rows_per_step"] * row)
+    assert none["host_rows_per_step"] == pytest.approx(unique * 10, rel=0.1)  # every row is there
+    assert 0 < tenth["host_rows_per_step"] <= none["host_rows_per_step"]
     figures = {f["figure"]: f for f in report["figures"]}
     for name in MEASURED[1:]:
         _check_figure(figures[f"{name}: train step"], 2.0)
@@ -62,13 +72,7 @@ def _check_report(report: dict, steps: int, row: int) -> None:
         _check_figure(figures[f"{name}: train step vs all-device"], None)
         _check_figure(figures[f"{name}: eval forward vs all-device"], None)
     assert len(figures) == 3 * (len(MEASURED) - 1)
-    not_built = {n["mode"]: n for n in report["not_built"]}
-    assert list(not_built) == list(NOT_BUILT_MODES)
-    for n in not_built.values():
-        assert n["measured"] is False
-        assert n["reason"] == NOT_BUILT_REASON
-        assert "hybrid" in n["error"]
-    assert set(report["published"]["figures"]) == {"caching 0.8", "caching 1.0", *NOT_BUILT_MODES}
+    assert set(report["published"]["figures"]) == {"caching 0.8", "caching 1.0", *HYBRID_MODES}
     assert "not measured here" in report["published"]["what"]
 
 
@@ -86,7 +90,7 @@ def test_tiers_cli_reports_every_mode_and_writes_json(tmp_path, capsys):
     assert report["workload"]["rows"] == 3355
     _check_report(report, steps=2, row=3 * 128 * 4)  # Adam: embedding, m and v
     printed = capsys.readouterr().out
-    for name in [*MEASURED, *NOT_BUILT_MODES]:
+    for name in MEASURED:
         assert name in printed
     assert "not measured here" in printed
     assert f"{PUBLISHED['figures']['caching 1.0']['train_ms']:g}" in printed

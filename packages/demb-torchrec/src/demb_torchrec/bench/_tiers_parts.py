@@ -8,19 +8,13 @@ from typing import Any
 
 import torch
 
-from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.bench.compare import seconds_of
-from demb_torchrec.errors import NotSupportedError
-from demb_torchrec.options import DynamicEmbTableOptions
 
-__all__ = ["NOT_BUILT_REASON", "PUBLISHED", "copy_floor", "not_built", "print_report"]
+__all__ = ["HYBRID_MODES", "PUBLISHED", "copy_floor", "print_report"]
 
-NOT_BUILT_REASON = (
-    "not built: caching=False with a device budget (hybrid tables) raises NotSupportedError"
-)
-
-NOT_BUILT_MODES = ("hybrid (10% of value bytes on the device)", "no device memory for values")
-"""The issue's modes this package does not build yet."""
+HYBRID_MODES = ("hybrid (10% of value bytes on the device)", "no device memory for values")
+"""The issue's hybrid modes: ``caching=False`` with a device budget of a tenth of the tables'
+value bytes, and with a budget below one row (every value in host memory)."""
 
 PUBLISHED: dict[str, Any] = {
     "what": "published figures of another system (the reference system) on another machine "
@@ -30,8 +24,8 @@ PUBLISHED: dict[str, Any] = {
     "figures": {
         "caching 0.8": {"train_ms": 24.3, "eval_ms": 3.5},
         "caching 1.0": {"train_ms": 12.3, "eval_ms": 1.19},
-        NOT_BUILT_MODES[0]: {"train_ms": 33.3, "eval_ms": 20.5},
-        NOT_BUILT_MODES[1]: {"train_ms": 43.5, "eval_ms": 28.5},
+        HYBRID_MODES[0]: {"train_ms": 33.3, "eval_ms": 20.5},
+        HYBRID_MODES[1]: {"train_ms": 43.5, "eval_ms": 28.5},
     },
 }
 
@@ -70,38 +64,13 @@ def copy_floor(h2d_bytes: int, d2h_bytes: int, device: torch.device, iters: int)
     }
 
 
-def not_built(dim: int, optimizer: str, row_bytes: int) -> list[dict[str, Any]]:
-    """The issue's modes not built yet, each with its reason: a tiny hybrid table (caching=False
-    and 10% of its value bytes as a device budget) is built on the CPU and must raise
-    :class:`~demb_torchrec.errors.NotSupportedError`; if it builds, the mode is still listed
-    as not measured by this bench."""
-    capacity = 1024
-    hybrid = DynamicEmbTableOptions(
-        dim=dim, max_capacity=capacity, local_hbm_for_values=capacity * row_bytes // 10
-    )
-    try:
-        DynamicEmbeddingTables([hybrid], device="cpu", optimizer=optimizer)
-    except NotSupportedError as error:
-        reason, message = NOT_BUILT_REASON, str(error)
-    else:
-        reason, message = "a hybrid table builds now, but this bench does not measure it yet", ""
-    out = [
-        {"mode": m, "measured": False, "reason": reason, "error": message} for m in NOT_BUILT_MODES
-    ]
-    out[1]["note"] = (
-        "the reference system's hybrid table with no device budget; here a budget of 0 "
-        "(caching=False) keeps every value on the device"
-    )
-    return out
-
-
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g}"
 
 
 def _row(m: dict[str, Any], base: dict[str, Any]) -> tuple[str, ...]:
     vs = m["step"]["median"] / base["step"]["median"]
-    if not m["caching"]:
+    if "floor_figure" not in m:
         return (m["mode"], _ms(m["step"]["median"]), _ms(m["eval"]["median"]), "-", "-", "-",
                 "-", "-", _ms(base["step"]["median"]), f"{vs:.3g}x")  # fmt: skip
     f = m["floor_figure"]
@@ -120,9 +89,18 @@ def _row(m: dict[str, Any], base: dict[str, Any]) -> tuple[str, ...]:
     )
 
 
+def _print_floor(fl: dict[str, Any]) -> None:
+    rates = ", ".join(
+        f"{d.upper()} {fl[d + '_bytes'] / 1e6:.3g} MB at {rate / 1e9:.3g} GB/s"
+        for d in ("h2d", "d2h")
+        if (rate := fl[d + "_bytes_per_s"])
+    )
+    print(f"      floor {_ms(fl['seconds'])} ms: {fl['what']} ({rates}; the fastest of each)")
+
+
 def print_report(report: dict[str, Any]) -> None:
-    """The modes as a table, the modes not built, the rows that crossed and the published
-    figures (labelled)."""
+    """The modes as a table, the rows that crossed between the tiers and the published figures
+    (labelled)."""
     w = report["workload"]
     modes = report["modes"]
     base = modes[0]
@@ -143,10 +121,8 @@ def print_report(report: dict[str, Any]) -> None:
             f"{c:<{widths[i]}}" if i in (0, 6) else f"{c:>{widths[i]}}" for i, c in enumerate(r)
         ]
         print("  " + "  ".join(cells).rstrip())
-    for n in report["not_built"]:
-        print(f"  {n['mode']}: not measured ({n['reason']})")
     print("  caching modes (over the timed steps; moved = (storage hits + write-backs) x row):")
-    for m in modes[1:]:
+    for m in (m for m in modes if m.get("kind") == "caching"):
         s, per = m["cache_stats"], m["steps"]
         share = m["cache_rows"][0] / w["unique_keys_per_table_step"]
         print(
@@ -156,13 +132,15 @@ def print_report(report: dict[str, Any]) -> None:
             f"{s['storage_hits'] / per:,.0f} storage hits, {s['misses'] / per:,.0f} new, "
             f"{s['write_backs'] / per:,.0f} write-backs, {s['overflows'] / per:,.0f} overflows"
         )
-        fl = m["floor"]
-        rates = ", ".join(
-            f"{d.upper()} {fl[d + '_bytes'] / 1e6:.3g} MB at {rate / 1e9:.3g} GB/s"
-            for d in ("h2d", "d2h")
-            if (rate := fl[d + "_bytes_per_s"])
+        _print_floor(m["floor"])
+    print("  hybrid modes (moved = the touched rows past the device rows, read and written):")
+    for m in (m for m in modes if m.get("kind") == "hybrid"):
+        print(
+            f"    {m['mode']}: the first {m['device_rows']:,} of {w['init_capacity']:,} rows a "
+            f"table in device memory ({m['budget_bytes']:,} B budget); a step touches "
+            f"{m['host_rows_per_step']:,.0f} rows in host memory"
         )
-        print(f"      floor {_ms(fl['seconds'])} ms: {fl['what']} ({rates}; the fastest of each)")
+        _print_floor(m["floor"])
     print(f"  {PUBLISHED['what']}; train (eval) ms:")
     print(
         "    "

@@ -33,9 +33,14 @@ exactly the distinct ids of its batches after the run (nothing evicted, nothing 
 the tiers) and the all-device tables never grew; every unique id of a timed step was counted
 once as a cache hit, a storage hit or a new key.
 
-The issue's ``hybrid`` and ``no device memory`` modes are not built yet; the report lists them
-as not measured with the reason (:func:`~demb_torchrec.bench._tiers_parts.not_built`), and
-prints the reference system's published figures, labelled as such.
+* ``hybrid (10% of value bytes on the device)``: ``caching=False`` with a budget of a tenth of
+  the tables' value bytes (``init_capacity`` rows): their first rows in device memory, the
+  others in host memory under one index;
+* ``no device memory for values``: the same with a budget below one row.
+
+A hybrid mode's floor: the rows past the device rows that a timed step touches (its unique
+keys' slots), read host-to-device and written back device-to-host, at the same copy bandwidth.
+The reference system's published figures are printed, labelled as such.
 
 Memory at scale 1 (Adam, rows of 1,536 B): the tables start at 2^20 slots (1.6 GB a table, 16 GB
 in all on the device for ``all-device``; the same in pinned host memory for a caching mode's
@@ -56,9 +61,9 @@ import torch
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.bench._delta_report import figure, stats
 from demb_torchrec.bench._tiers_parts import (
+    HYBRID_MODES,
     PUBLISHED,
     copy_floor,
-    not_built,
     print_report,
 )
 from demb_torchrec.bench.compare import check_counts, machine_info
@@ -156,9 +161,10 @@ class _Keys:
 
 
 def _build(
-    w: TiersWorkload, device: torch.device, init: int, budget: int | None
+    w: TiersWorkload, device: torch.device, init: int, budget: int | None, caching: bool
 ) -> DynamicEmbeddingTables:
-    """The workload's tables: all-device (``budget`` None) or caching with ``budget`` bytes."""
+    """The workload's tables: all-device (``budget`` None), caching with ``budget`` bytes, or
+    hybrid (``caching`` False) with ``budget`` bytes of device rows."""
     ref = w.reference
     options = [
         DynamicEmbTableOptions(
@@ -166,7 +172,7 @@ def _build(
             max_capacity=w.max_capacity,
             init_capacity=init,
             bucket_capacity=_BUCKET,
-            caching=budget is not None,
+            caching=caching,
             local_hbm_for_values=budget or 0,
         )
         for _ in range(ref.tables)
@@ -225,6 +231,20 @@ def _held(model: DynamicEmbeddingTables) -> list[int]:
     return held
 
 
+def _host_rows(model: DynamicEmbeddingTables, batches: list[Batch], device_rows: int) -> float:
+    """The rows past ``device_rows`` (in host memory) a timed batch touches, on average: each
+    batch's unique keys found at their slots (the tables neither grew nor evicted)."""
+    ref_tables = model.num_tables
+    total = 0
+    for indices, _ in batches:
+        per_table = indices.view(ref_tables, -1)
+        for t in range(ref_tables):
+            unique = torch.unique(per_table[t])
+            slots = model.tables.find(unique, torch.full_like(unique, t))
+            total += int((slots >= device_rows).sum())
+    return total / len(batches)
+
+
 def _mode(
     name: str,
     w: TiersWorkload,
@@ -234,9 +254,11 @@ def _mode(
     init: int,
     budget: int | None,
     row: int,
+    caching: bool = True,
 ) -> dict[str, Any]:
     """Build, time and check one mode; its entry of the report (the module freed after)."""
-    model = _build(w, device, init, budget)
+    caching = caching and budget is not None
+    model = _build(w, device, init, budget, caching)
     train, evals, counted = _time(model, batches, w, device)
     held = _held(model)
     if held != keys.distinct:
@@ -244,20 +266,36 @@ def _mode(
             f"{name}: the tables held {held} keys after the run, not the {keys.distinct} "
             "distinct ids of their batches (a key was evicted or lost)"
         )
+    kind = "caching" if caching else "all-device" if budget is None else "hybrid"
     out: dict[str, Any] = {
         "mode": name,
-        "caching": budget is not None,
+        "kind": kind,
+        "caching": caching,
         "steps": w.steps,
         "step": stats(train),
         "eval": stats(evals),
         "keys_held": held,
     }
-    if budget is None:
+    if not caching:
         grown = [model.tables.capacity(t) for t in range(model.num_tables)]
         if any(c != init for c in grown):
             raise TiersCheckError(f"{name}: the tables grew to {grown} slots from {init}")
         out["capacity"] = grown
-    else:
+    if kind == "hybrid":
+        assert budget is not None
+        rows = model.tables.configs[0].device_rows
+        if rows is None:
+            raise TiersCheckError(f"{name}: a budget of {budget} B built an all-device table")
+        touched = _host_rows(model, batches[w.warmup :], rows)
+        moved = round(touched * row)  # read (host to device) and written back
+        out.update(
+            budget_bytes=budget,
+            device_rows=rows,
+            host_rows_per_step=touched,
+            bytes_per_step=2 * moved,
+            floor=copy_floor(moved, moved, device, w.copy_iters),
+        )
+    elif caching:
         unique = sum(sum(u) for u in keys.unique[w.warmup :])
         looked = counted["cache_hits"] + counted["storage_hits"] + counted["misses"]
         if looked != unique:
@@ -289,11 +327,15 @@ def _figures(modes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     base = modes[0]
     out = []
     for m in modes[1:]:
+        crossed = (
+            "(storage hits + write-backs) x row bytes"
+            if m["kind"] == "caching"
+            else "the touched rows in host memory, read and written"
+        )
         floor = figure(
             f"{m['mode']}: train step",
             m["step"]["seconds"],
-            f"copy floor: {m['floor']['what']} of the rows that crossed a step "
-            "((storage hits + write-backs) x row bytes)",
+            f"copy floor: {m['floor']['what']} of the rows that crossed a step ({crossed})",
             [m["floor"]["seconds"]],
             _TARGET,
             m["bytes_per_step"],
@@ -336,6 +378,9 @@ def run(w: TiersWorkload, device: torch.device) -> dict[str, Any]:
         modes.append(
             _mode(f"caching {float(ratio)!r}", w, device, batches, keys, init, budget, row)
         )
+    tenth = math.ceil(init / 10) * row  # a tenth of the value bytes; then below one row
+    for name, budget in zip(HYBRID_MODES, (tenth, 1), strict=True):
+        modes.append(_mode(name, w, device, batches, keys, init, budget, row, caching=False))
     figures = _figures(modes)
     report: dict[str, Any] = {
         "benchmark": "tiers",
@@ -356,7 +401,6 @@ def run(w: TiersWorkload, device: torch.device) -> dict[str, Any]:
         },
         "modes": modes,
         "figures": figures,
-        "not_built": not_built(ref.dim, ref.optimizer, row),
         "published": PUBLISHED,
         "ratio": "figure median / baseline median (seconds); a caching mode's train step beside "
         f"its copy floor (target <= {_TARGET:g}x) and beside the all-device step and eval",
