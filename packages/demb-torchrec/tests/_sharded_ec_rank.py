@@ -1,5 +1,6 @@
 """One rank of test_sharded_collection.py: an EmbeddingCollection (KIND ``ec``; ``ec-admit``:
-with frequency admission, threshold 2; ``ec-cache``: caching tables of 16 rows a rank) or an
+with frequency admission, threshold 2; ``ec-cache``: caching tables of 16 rows a rank;
+``ec-hybrid``: hybrid tables, 16 rows a rank on the device) or an
 EmbeddingBagCollection (``ebc-sum``, ``ebc-mean``) of dynamic tables planned by
 DynamicEmbeddingShardingPlanner, sharded row-wise by the dynamic-table sharder under
 DistributedModelParallel over gloo, trained a few steps on this rank's batches; writes each
@@ -68,7 +69,8 @@ def main() -> None:
     model: torch.nn.Module
     admit = kind == "ec-admit"  # ec with frequency admission on every table
     cache = kind == "ec-cache"  # ec with a small device cache over a host table, every table
-    kind = "ec" if admit or cache else kind
+    hybrid = kind == "ec-hybrid"  # ec with hybrid tables: 16 rows a rank on the device
+    kind = "ec" if admit or cache or hybrid else kind
     if kind == "ec":
         model = common.sequence_collection(TABLES)
         # sgd-clip: clipping knobs given through the sharder's fused params
@@ -88,14 +90,14 @@ def main() -> None:
         from demb_torchrec import FrequencyAdmissionStrategy, KVCounter
 
         extra["admit_strategy"] = FrequencyAdmissionStrategy(2, KVCounter(4096))
-    if cache:  # one bucket of 16 rows a rank
+    if cache or hybrid:  # 16 rows a rank: a cache of one bucket, or a hybrid table's
         from demb_torchrec import DynamicEmbeddingTables, DynamicEmbTableOptions
 
         probe = DynamicEmbeddingTables(
             [DynamicEmbTableOptions(dim=8, max_capacity=128)], device="cpu", optimizer=optimizer
         )
         row_bytes = probe.tables.values[0].shape[1] * 4
-        extra.update(caching=True, global_hbm_for_values=16 * row_bytes * world)
+        extra.update(caching=cache, global_hbm_for_values=16 * row_bytes * world)
     constraints = {
         n: common.dynamic(
             initializer_args=init, dist_type=dist_type, score_strategy=strategy, **extra

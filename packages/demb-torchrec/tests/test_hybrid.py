@@ -21,22 +21,29 @@ DIM = 8
 ROW = (DIM + 2 * DIM) * 4  # Adam: embedding and two state columns, float32
 
 
-def _module(budget: int, device: str = "cpu", init: int = 4096) -> DynamicEmbeddingTables:
+def _module(
+    budget: int,
+    device: str = "cpu",
+    init: int = 4096,
+    optimizer: str = "adam",
+    pooling: DynamicEmbPoolingMode = DynamicEmbPoolingMode.SUM,
+) -> DynamicEmbeddingTables:
     options = DynamicEmbTableOptions(
         dim=DIM, max_capacity=4096, init_capacity=init, local_hbm_for_values=budget,
         score_strategy=DynamicEmbScoreStrategy.STEP,
     )  # fmt: skip
     return DynamicEmbeddingTables(
-        [options], table_names=["user"], device=device, optimizer="adam",
-        pooling_mode=DynamicEmbPoolingMode.SUM, learning_rate=0.05,
+        [options], table_names=["user"], device=device, optimizer=optimizer,
+        pooling_mode=pooling, learning_rate=0.05,
     )  # fmt: skip
 
 
 def _train(modules: list[DynamicEmbeddingTables], device: str = "cpu") -> None:
     gen = torch.Generator().manual_seed(0)
+    every = 1 if modules[0].pooling_mode is DynamicEmbPoolingMode.NONE else 4
     for step in range(8):
         indices = torch.randint(0, 3000, (512,), generator=gen).to(device)
-        offsets = torch.arange(0, 513, 4, device=device)
+        offsets = torch.arange(0, 513, every, device=device)
         outs = [m(indices, offsets) for m in modules]
         for out in outs[1:]:
             torch.testing.assert_close(out, outs[0], rtol=0, atol=0, msg=f"step {step}")
@@ -64,6 +71,17 @@ def test_a_hybrid_table_trains_like_an_all_device_one(rows: int):
         assert torch.equal(a, b)
     text = table_placement(hybrid)["model"]["user"]
     assert f"the values of its first {rows} rows in cpu memory" in text
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
+def test_optimizers_and_pooling(optimizer: str, pooling: DynamicEmbPoolingMode):
+    whole = _module(0, optimizer=optimizer, pooling=pooling)
+    hybrid = _module(100 * ROW, init=1024, optimizer=optimizer, pooling=pooling)
+    assert hybrid.tables.configs[0].device_rows is not None
+    _train([whole, hybrid])
+    for a, b in zip(_rows(whole), _rows(hybrid), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_a_budget_that_holds_the_table_is_all_device_and_a_huge_one_is_refused():

@@ -166,6 +166,19 @@ def test_sharded_caching_equals_one_unsharded_module(run_ranks, world, optimizer
 
 
 @pytest.mark.multiproc
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.slow), 2])
+def test_sharded_hybrid_tables_equal_one_unsharded_module(run_ranks, world):
+    """Hybrid tables (16 rows a rank on the device, the rest in host memory: on the CPU one
+    kind of memory) train like one all-device unsharded module."""
+    results = run_ranks(RANK_SCRIPT, world, "roundrobin", "adam", "ec-hybrid")
+    options = results[0]["options"][0]
+    assert not options.caching
+    assert options.local_hbm_for_values == 16 * (8 + 16) * 4
+    exact = {"rtol": 0.0, "atol": 0.0} if world == 1 else {"rtol": 1e-6, "atol": 1e-7}
+    check_rows(results, world, "adam", exact)
+
+
+@pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("world", "kind", "optimizer"),
     [
