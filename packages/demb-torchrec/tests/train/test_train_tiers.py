@@ -70,3 +70,14 @@ def test_a_budget_without_caching_builds_a_hybrid_table_option() -> None:
     assert not hybrid.caching
     assert hybrid.global_hbm_for_values == 8192 * (16 + 32) * 4 // 2
     assert table_options(s, "cat_0").global_hbm_for_values == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rocksdict") is None, reason="rocksdict missing")
+def test_an_external_storage_path_that_is_not_writable_names_the_table() -> None:
+    overrides = [
+        "tables.caching=true", "tables.hbm_fraction=0.1", "online.delta_every=0",
+        "tables.external_storage='/proc/nowhere'",
+    ]  # fmt: skip
+    s = load_settings(None, [parse_override(o) for o in overrides])
+    with pytest.raises(ValueError, match=r"cat_0\.rank0.*not a writable directory.*'cat_0'"):
+        table_options(s, "cat_0")
