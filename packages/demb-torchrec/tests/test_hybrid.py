@@ -102,3 +102,35 @@ def test_a_hybrid_table_on_a_gpu_splits_its_rows_and_trains_like_an_all_device_o
     used = table_memory(hybrid)["model"]["user"]
     assert used.host >= (hybrid.tables.capacity(0) - 1000) * ROW
     assert used.device >= 1000 * ROW
+
+
+def test_checkpoints_and_deltas_of_a_hybrid_table(tmp_path):
+    """A hybrid table is one index: it dumps, loads and replays deltas slot for slot like an
+    all-device table (into a hybrid or an all-device one of the same capacity)."""
+    from demb_torchrec import (
+        DynamicEmbDump,
+        DynamicEmbLoad,
+        get_score,
+        incremental_dump,
+        replay_increment,
+    )
+
+    sgd = {"optimizer": "sgd"}  # (a load restores rows, not Adam's step counts)
+    source, replica, restored = (
+        _module(100 * ROW, **sgd),
+        _module(0, **sgd),
+        _module(100 * ROW, **sgd),
+    )
+    _train([source])
+    DynamicEmbDump(str(tmp_path / "ckpt"), source, optim=True)
+    DynamicEmbLoad(str(tmp_path / "ckpt"), replica, optim=True)
+    DynamicEmbLoad(str(tmp_path / "ckpt"), restored, optim=True)
+    threshold = get_score(source)
+    indices = torch.arange(2900, 3100)
+    source(indices, torch.arange(0, 201, 4)).sum().backward()
+    replay_increment(replica, incremental_dump(source, threshold))
+    for a, b in zip(_rows(source), _rows(replica), strict=True):
+        assert torch.equal(a, b)
+    restored(indices, torch.arange(0, 201, 4)).sum().backward()
+    for a, b in zip(_rows(source), _rows(restored), strict=True):
+        assert torch.equal(a, b)
