@@ -165,12 +165,16 @@ def test_storage_of_a_dynamic_shard_uses_its_optimizers_state(registry, optimize
         assert want != slots * (16 * 4 + 1 * 16 * 4 + index)
 
 
-def test_a_caching_shard_plans_its_cache_on_the_gpu_and_its_rows_on_the_host():
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_tiered_shard_plans_its_budget_on_the_gpu_and_its_other_rows_on_the_host(caching):
+    """A caching shard: its cache's rows and the index on the GPU, every row on the host. A
+    hybrid shard (a budget without caching): its first rows on the GPU, the others on the
+    host."""
     model = Model()
     apply_optimizer_in_backward(trec_optim.SGD, model.ebc.parameters(), {"lr": 0.01})
-    budget = 2 * 256 * 16 * 4  # two ranks' caches of 256 rows of 16 floats
+    budget = 2 * 100 * 16 * 4  # two ranks' 100 rows of 16 floats
     constraints = {
-        "user": dynamic(caching=True, global_hbm_for_values=budget),
+        "user": dynamic(caching=caching, global_hbm_for_values=budget),
         "item": ParameterConstraints(),
         "query": dynamic(),
     }
@@ -181,28 +185,9 @@ def test_a_caching_shard_plans_its_cache_on_the_gpu_and_its_rows_on_the_host():
     slots = constraints["user"].dynamicemb_options.max_capacity
     values = slots * 16 * 4
     index = slots * (8 + 1 + 8)
+    host = values if caching else values - budget // 2
     for shard in option.shards:
-        assert (shard.storage.hbm, shard.storage.ddr) == (index + budget // 2, values)
-
-
-def test_a_hybrid_shard_plans_its_budget_on_the_gpu_and_the_other_rows_on_the_host():
-    model = Model()
-    apply_optimizer_in_backward(trec_optim.SGD, model.ebc.parameters(), {"lr": 0.01})
-    budget = 2 * 100 * 16 * 4  # two ranks' first 100 rows of 16 floats
-    constraints = {
-        "user": dynamic(global_hbm_for_values=budget),
-        "item": ParameterConstraints(),
-        "query": dynamic(),
-    }
-    topology = Topology(world_size=2, compute_device="cuda")
-    DynamicEmbeddingShardingPlanner(model.configs(), topology, constraints=constraints)
-    enumerator = DynamicEmbeddingEnumerator(topology, 512, constraints)
-    (option,) = [o for o in enumerator.enumerate(model, SHARDERS) if o.name == "user"]
-    slots = constraints["user"].dynamicemb_options.max_capacity
-    values = slots * 16 * 4
-    index = slots * (8 + 1 + 8)
-    for shard in option.shards:
-        assert (shard.storage.hbm, shard.storage.ddr) == (index + budget // 2, values - budget // 2)
+        assert (shard.storage.hbm, shard.storage.ddr) == (index + budget // 2, host)
 
 
 def ftrl_model(constraints_item: ParameterConstraints) -> tuple[nn.Module, dict]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from demb_storage import DynamicEmbeddingTable, MemoryUsage, StorageExport, TableExport
+from demb_storage import DynamicEmbeddingTable, MemoryUsage, TableExport
 
 from demb_torchrec._cache import STAT_NAMES, CacheLookups
 from demb_torchrec._cache_groups import Staged, fit_words
@@ -82,33 +82,32 @@ class CacheTier(CacheLookups):
             self._state.tables.erased_keys.add(gone, torch.full_like(gone, t))
         return removed
 
-    def storage_chunks(self, t: int, chunk_rows: int) -> Iterator[StorageExport]:
-        """The entries of caching table ``t`` in its storage, with the module index's score
-        words (``(W, n)``), in chunks of at most ``chunk_rows``."""
+    def storage_chunks(self, t: int, chunk_rows: int) -> Iterator[TableExport]:
+        """The entries of caching table ``t`` in its storage, in chunks of at most
+        ``chunk_rows``: keys and score columns in its ``score_strategy`` order on the module's
+        device, slots -1 (the storage's are not the table's), rows as the storage holds them."""
         below = self.below[t]
         assert below is not None
-        width = self._state.tables.index.score_words
+        tables = self._state.tables
+        width = tables.index.score_words
+        columns = list(tables.configs[t].score_layout.index_words)
         for chunk in below.storage.export_chunks(below.table_id, chunk_rows):
-            yield StorageExport(chunk.keys, chunk.values, fit_words(chunk.scores, width))
+            keys = chunk.keys.to(tables.device)
+            words = fit_words(chunk.scores, width).to(tables.device)
+            yield TableExport(keys, words[columns].t(), torch.full_like(keys, -1), chunk.values)
 
     def export(self, t: int) -> TableExport:
         """Every entry of caching table ``t`` in both tiers (the cache's first): keys, score
         columns in its ``score_strategy`` order, slots (the cache's; -1 for the storage's)
         and rows."""
         self._write_live()
-        tables = self._state.tables
-        parts = [tables.export(t)]
-        columns = list(tables.configs[t].score_layout.index_words)
-        for chunk in self.storage_chunks(t, 1 << 20):
-            keys = chunk.keys.to(tables.device)
-            scores = chunk.scores.to(tables.device)[columns].t()
-            rows = chunk.values.to(parts[0].values.device)
-            parts.append(TableExport(keys, scores, torch.full_like(keys, -1), rows))
+        parts = [self._state.tables.export(t), *self.storage_chunks(t, 1 << 20)]
+        rows = parts[0].values.device
         return TableExport(
             torch.cat([p.keys for p in parts]),
             torch.cat([p.scores for p in parts]),
             torch.cat([p.slots for p in parts]),
-            torch.cat([p.values for p in parts]),
+            torch.cat([p.values.to(rows) for p in parts]),
         )
 
     def clear_storage(self, t: int) -> None:

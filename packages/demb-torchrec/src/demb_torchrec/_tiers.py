@@ -69,6 +69,16 @@ def memory_limit(device: torch.device) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def _check_budget(budget: int, table: str, device: torch.device) -> None:
+    """A device budget no larger than the device's memory (:func:`memory_limit`)."""
+    if budget > (limit := memory_limit(device)):
+        raise TableConfigError(
+            f"{table}.local_hbm_for_values",
+            budget,
+            f"more than the {limit} bytes of memory of {device}",
+        )
+
+
 def cache_config(config: TableConfig, budget: int, table: str, device: torch.device) -> TableConfig:
     """The cache of a caching table: as many rows as ``budget`` bytes hold, in whole buckets of
     :data:`CACHE_BUCKET` slots (fewer, a multiple of 16, when the table or the budget is
@@ -78,13 +88,7 @@ def cache_config(config: TableConfig, budget: int, table: str, device: torch.dev
     Raises:
         TableConfigError: a budget below one bucket of 16 rows, or above the device's memory.
     """
-    limit = memory_limit(device)
-    if budget > limit:
-        raise TableConfigError(
-            f"{table}.local_hbm_for_values",
-            budget,
-            f"more than the {limit} bytes of memory of {device}",
-        )
+    _check_budget(budget, table, device)
     row_bytes = RowLayout.of(config).row_bytes
     rows = budget // row_bytes
     if rows < BUCKET_ALIGNMENT:
@@ -185,12 +189,7 @@ def hybrid_config(
     Raises:
         TableConfigError: a budget above the device's memory.
     """
-    if budget and budget > (limit := memory_limit(device)):
-        raise TableConfigError(
-            f"{table}.local_hbm_for_values",
-            budget,
-            f"more than the {limit} bytes of memory of {device}",
-        )
+    _check_budget(budget, table, device)
     rows = budget // RowLayout.of(config).row_bytes
     if not budget or rows >= config.max_capacity:
         _log.info("table %s: all values in %s memory", table, device.type)

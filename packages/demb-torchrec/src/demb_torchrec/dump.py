@@ -141,11 +141,8 @@ def _tier_chunks(t: ModelTable, optim: bool) -> Iterator[ShardData]:
     ex = tables.export(t.index)
     if ex.keys.numel():
         yield _shard_data(ex, config.dim, optim, slots=False)
-    columns = list(config.score_layout.index_words)
     for chunk in cache.storage_chunks(t.index, _CHUNK_SLOTS):
-        scores = chunk.scores[columns].t().contiguous()
-        ex = TableExport(chunk.keys, scores, chunk.keys, chunk.values)
-        yield _shard_data(ex, config.dim, optim, slots=False)
+        yield _shard_data(chunk, config.dim, optim, slots=False)
 
 
 def _snapshot_chunks(snap: TableSnapshot, t: ModelTable, optim: bool) -> Iterator[ShardData]:
