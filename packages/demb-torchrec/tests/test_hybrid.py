@@ -19,6 +19,7 @@ from demb_torchrec.stats import table_placement
 
 DIM = 8
 ROW = (DIM + 2 * DIM) * 4  # Adam: embedding and two state columns, float32
+ALL = 4096 * ROW  # a budget that holds the whole table (max_capacity 4096): all-device
 
 
 def _module(
@@ -58,10 +59,12 @@ def _rows(m: DynamicEmbeddingTables) -> tuple[torch.Tensor, torch.Tensor]:
     return ex.keys[order].cpu(), ex.values[order].cpu()
 
 
-@pytest.mark.parametrize("rows", [0, 100, 1024])
-def test_a_hybrid_table_trains_like_an_all_device_one(rows: int):
-    budget = max(rows * ROW, 1)  # 1 byte: below one row, every value in host memory
-    whole, hybrid = _module(0), _module(budget, init=1024)  # the hybrid one grows too
+@pytest.mark.parametrize(
+    ("budget", "rows"), [(0, 0), (1, 0), (100 * ROW, 100), (1024 * ROW + ROW - 1, 1024)]
+)
+def test_a_hybrid_table_trains_like_an_all_device_one(budget: int, rows: int):
+    """0 (the default) and 1 byte (below one row): every value in host memory (the spec)."""
+    whole, hybrid = _module(ALL), _module(budget, init=1024)  # the hybrid one grows too
     assert whole.tables.configs[0].device_rows is None
     assert hybrid.tables.configs[0].device_rows == rows
     _train([whole, hybrid])
@@ -70,13 +73,17 @@ def test_a_hybrid_table_trains_like_an_all_device_one(rows: int):
     for a, b in zip(_rows(whole), _rows(hybrid), strict=True):
         assert torch.equal(a, b)
     text = table_placement(hybrid)["model"]["user"]
-    assert f"the values of its first {rows} rows in cpu memory" in text
+    if rows:
+        assert f"the values of its first {rows} rows in cpu memory" in text
+    else:
+        assert text.startswith("all values in host memory")
+    assert table_placement(whole)["model"]["user"].startswith("all values in cpu memory")
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
 @pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
 def test_optimizers_and_pooling(optimizer: str, pooling: DynamicEmbPoolingMode):
-    whole = _module(0, optimizer=optimizer, pooling=pooling)
+    whole = _module(ALL, optimizer=optimizer, pooling=pooling)
     hybrid = _module(100 * ROW, init=1024, optimizer=optimizer, pooling=pooling)
     assert hybrid.tables.configs[0].device_rows is not None
     _train([whole, hybrid])
@@ -91,17 +98,17 @@ def test_a_budget_that_holds_the_table_is_all_device_and_a_huge_one_is_refused()
 
 
 @pytest.mark.cuda
-def test_a_hybrid_table_on_a_gpu_splits_its_rows_and_trains_like_an_all_device_one():
-    budget = 1000 * ROW
-    whole, hybrid = _module(0, "cuda"), _module(budget, "cuda", init=1024)
+@pytest.mark.parametrize("rows", [0, 1000])
+def test_a_hybrid_table_on_a_gpu_splits_its_rows_and_trains_like_an_all_device_one(rows: int):
+    whole, hybrid = _module(ALL, "cuda"), _module(rows * ROW, "cuda", init=1024)
     values = hybrid.tables.values[0]
     assert values.is_cuda
     _train([whole, hybrid], "cuda")
     for a, b in zip(_rows(whole), _rows(hybrid), strict=True):
         assert torch.equal(a, b)
     used = table_memory(hybrid)["model"]["user"]
-    assert used.host >= (hybrid.tables.capacity(0) - 1000) * ROW
-    assert used.device >= 1000 * ROW
+    assert used.host == (hybrid.tables.capacity(0) - rows) * ROW
+    assert used.device >= rows * ROW  # and the index
 
 
 def test_checkpoints_and_deltas_of_a_hybrid_table(tmp_path):
@@ -118,7 +125,7 @@ def test_checkpoints_and_deltas_of_a_hybrid_table(tmp_path):
     sgd = {"optimizer": "sgd"}  # (a load restores rows, not Adam's step counts)
     source, replica, restored = (
         _module(100 * ROW, **sgd),
-        _module(0, **sgd),
+        _module(ALL, **sgd),
         _module(100 * ROW, **sgd),
     )
     _train([source])

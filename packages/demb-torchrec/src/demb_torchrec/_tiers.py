@@ -5,8 +5,9 @@ A table with ``caching=True`` becomes a cache of ``local_hbm_for_values`` bytes 
 ``external_storage``, or by default a :class:`~demb_storage.DynamicEmbeddingTable` of the
 table's full capacity whose rows are in host memory (pinned, on a CUDA module; the index stays
 on the module's device). A table with ``caching=False`` and a budget below its value bytes is
-hybrid (one index, its first rows in device memory, the others in host memory); with a budget
-of 0 (the default) or a larger one, all its values are in the module's device memory.
+hybrid (one index, its first rows in device memory, the others in host memory; a budget of 0,
+the default, puts every value in host memory, as the spec says); with a budget that holds all
+its rows, all its values are in the module's device memory.
 """
 
 from __future__ import annotations
@@ -180,25 +181,36 @@ def _check_uncached(o: DynamicEmbTableOptions, name: str) -> None:
 def hybrid_config(
     config: TableConfig, budget: int, table: str, device: torch.device
 ) -> TableConfig:
-    """The table of ``caching=False`` with a device budget of ``budget`` bytes of value rows:
-    all-device when the budget is 0 (demb's default) or holds ``max_capacity`` rows; else a
+    """The table of ``caching=False`` with a device budget of ``budget`` bytes of value rows
+    (the spec's meaning): all-device when the budget holds ``max_capacity`` rows; else a
     hybrid table, its first ``budget // row_bytes`` rows in device memory and the others in
-    host memory (:attr:`TableConfig.device_rows`; a budget below one row: every value in host
-    memory). Logs where the values live.
+    host memory (:attr:`TableConfig.device_rows`; a budget of 0, the default, or below one
+    row: every value in host memory). On the CPU both are the host's memory. Logs where the
+    values live.
 
     Raises:
         TableConfigError: a budget above the device's memory.
     """
     _check_budget(budget, table, device)
     rows = budget // RowLayout.of(config).row_bytes
-    if not budget or rows >= config.max_capacity:
-        _log.info("table %s: all values in %s memory", table, device.type)
+    if rows >= config.max_capacity:
+        _log.info(
+            "table %s: all values in %s memory (local_hbm_for_values=%d bytes holds its %d "
+            "rows)",
+            table, device.type, budget, config.max_capacity,
+        )  # fmt: skip
         return config
-    _log.info(
-        "table %s: a hybrid table, the values of its first %d rows in %s memory (of %d at "
-        "most; local_hbm_for_values=%d bytes), the others in host memory",
-        table, rows, device.type, config.max_capacity, budget,
-    )  # fmt: skip
+    if rows == 0:
+        _log.info(
+            "table %s: all values in host memory (local_hbm_for_values=%d bytes: %s)",
+            table, budget, "the default, none on the device" if not budget else "below one row",
+        )  # fmt: skip
+    else:
+        _log.info(
+            "table %s: a hybrid table, the values of its first %d rows in %s memory (of %d at "
+            "most; local_hbm_for_values=%d bytes), the others in host memory",
+            table, rows, device.type, config.max_capacity, budget,
+        )  # fmt: skip
     return dataclasses.replace(config, device_rows=rows)
 
 

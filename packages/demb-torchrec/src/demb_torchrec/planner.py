@@ -183,7 +183,8 @@ class DynamicEmbStorageEstimator(ShardEstimator):  # type: ignore[misc]
     holds its prepared ``max_capacity`` slots: value rows ``[embedding | optimizer state]`` (the
     state of the table's in-backward optimizer, from demb-optim: e.g. 2 x dim for Adam and
     FTRL) plus the index (key, digest and score words per slot), on the compute device's memory
-    (HBM on CUDA, DDR on the CPU)."""
+    (HBM on CUDA, DDR on the CPU). On CUDA only ``ceil(global_hbm_for_values / world_size)``
+    bytes of the value rows are HBM, the others DDR (0, the default: all of them)."""
 
     def __init__(
         self, topology: Topology, constraints: Mapping[str, ParameterConstraints] | None = None
@@ -213,7 +214,7 @@ class DynamicEmbStorageEstimator(ShardEstimator):  # type: ignore[misc]
                 hbm, ddr = per_shard - values + min(values, budget), values
                 if options.external_storage is not None:  # rows outside the host's memory
                     ddr = 0
-            elif on_gpu and budget:  # a hybrid table: the rows past the budget on the host
+            elif on_gpu:  # the rows past the budget on the host (budget 0: every row)
                 values = shard_value_bytes(option.name, option.tensor, options, world)
                 device = min(values, budget)
                 hbm, ddr = per_shard - values + device, values - device

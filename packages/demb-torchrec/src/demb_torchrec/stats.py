@@ -199,7 +199,9 @@ def table_placement(model: nn.Module) -> dict[str, dict[str, str]]:
         capacity = tables.capacity(t.index)
         cache = t.module.cache
         rows = tables.configs[t.index].device_rows
-        if rows is not None:
+        if rows == 0:
+            text = f"all values in host memory ({capacity} slots now)"
+        elif rows is not None:
             text = (
                 f"a hybrid table: the values of its first {rows} rows in {device} memory, the "
                 f"others in host memory ({capacity} slots now)"

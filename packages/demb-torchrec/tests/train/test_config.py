@@ -70,7 +70,10 @@ CACHED = ["online.delta_every=0"]
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (["tables.caching=true", *CACHED], r"tables\.caching=true: set one of"),
+        (
+            ["tables.caching=true", "tables.hbm_fraction=0", *CACHED],
+            r"tables\.caching=true: set one of",
+        ),
         (
             ["tables.caching=true", "tables.hbm_fraction=0.5", "tables.global_hbm_for_values=8"],
             r"tables: set one of .* not both",
@@ -110,7 +113,8 @@ def test_a_bad_file_and_a_bad_override_are_named(tmp_path: Path) -> None:
 def test_the_command_line_fails_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main_train(["--out", str(tmp_path), "--set", "tables.caching=true"])
+    overrides = ["--set", "tables.caching=true", "--set", "tables.hbm_fraction=0"]
+    code = main_train(["--out", str(tmp_path), *overrides])
     assert code == 2
     err = capsys.readouterr().err
     assert "tables.caching" in err

@@ -21,7 +21,7 @@ def test_caching_settings_build_the_options(tmp_path: Path) -> None:
     overrides = [
         "tables.caching=true", "tables.hbm_fraction=0.25", "online.delta_every=0",
         "tables.cat_2.global_hbm_for_values=65536",
-        "tables.cat_2.hbm_fraction=0.0",
+        "tables.cat_2.hbm_fraction=1.0",  # the default: a budget in bytes takes it
     ]  # fmt: skip
     s = load_settings(None, [parse_override(o) for o in overrides])
     seven = table_options(s, "cat_7")
@@ -69,7 +69,10 @@ def test_a_budget_without_caching_builds_a_hybrid_table_option() -> None:
     hybrid = table_options(s, "cat_3")
     assert not hybrid.caching
     assert hybrid.global_hbm_for_values == 8192 * (16 + 32) * 4 // 2
-    assert table_options(s, "cat_0").global_hbm_for_values == 0
+    # by default every value row on the device; 0: none
+    assert table_options(s, "cat_0").global_hbm_for_values == 8192 * (16 + 32) * 4
+    none = load_settings(None, [parse_override("tables.hbm_fraction=0")])
+    assert table_options(none, "cat_0").global_hbm_for_values == 0
 
 
 @pytest.mark.skipif(importlib.util.find_spec("rocksdict") is None, reason="rocksdict missing")

@@ -69,7 +69,7 @@ from demb_torchrec.bench._admission_parts import (
 )
 from demb_torchrec.bench._delta_report import figure
 from demb_torchrec.bench.compare import check_counts, machine_info
-from demb_torchrec.bench.workload import Workload, make_batches, timed
+from demb_torchrec.bench.workload import Workload, all_on_device, make_batches, timed
 from demb_torchrec.options import (
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
@@ -151,6 +151,7 @@ def _build(
             dim=ref.dim,
             max_capacity=capacity,
             bucket_capacity=_BUCKET,
+            local_hbm_for_values=all_on_device(ref.dim, capacity, ref.optimizer, _BUCKET),
             admit_strategy=admit_strategy,
             score_strategy=score_strategy,
             score_function=score_function,

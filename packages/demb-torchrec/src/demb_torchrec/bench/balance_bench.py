@@ -63,6 +63,7 @@ def _rank(rank: int, w: BalanceWorkload, store_path: str, out: str) -> None:
     from torchrec.distributed.types import ShardingEnv
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+    from demb_torchrec.capacity import get_table_value_bytes
     from demb_torchrec.constraints import DynamicEmbParameterConstraints
     from demb_torchrec.dump import dynamic_tables
     from demb_torchrec.options import DynamicEmbTableOptions
@@ -99,7 +100,9 @@ def _rank(rank: int, w: BalanceWorkload, store_path: str, out: str) -> None:
     constraints = {
         c.name: DynamicEmbParameterConstraints(
             use_dynamicemb=True,
-            dynamicemb_options=DynamicEmbTableOptions(dist_type=d),
+            dynamicemb_options=DynamicEmbTableOptions(  # every value row on the device
+                dist_type=d, global_hbm_for_values=get_table_value_bytes(c, "sgd", w.world_size)
+            ),
         )
         for d in DIST_TYPES
         for c in configs[d]

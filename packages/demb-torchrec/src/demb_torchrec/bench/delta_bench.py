@@ -71,7 +71,7 @@ from demb_torchrec.bench._delta_baselines import Copies, copier, nbytes, snapsho
 from demb_torchrec.bench._delta_report import figure, print_report
 from demb_torchrec.bench.compare import machine_info
 from demb_torchrec.bench.module_bench import prefill
-from demb_torchrec.bench.workload import Workload, make_batches, timed
+from demb_torchrec.bench.workload import Workload, all_on_device, make_batches, timed
 from demb_torchrec.dump import DynamicEmbDump
 from demb_torchrec.incremental import DeltaDumpResult, incremental_dump
 from demb_torchrec.options import (
@@ -171,6 +171,7 @@ def build(w: DeltaWorkload, device: torch.device) -> DynamicEmbeddingTables:
             max_capacity=w.capacity,
             init_capacity=w.capacity,
             bucket_capacity=_BUCKET,
+            local_hbm_for_values=all_on_device(ref.dim, w.capacity, ref.optimizer, _BUCKET),
             score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,
         )
         for _ in range(ref.tables)

@@ -96,6 +96,7 @@ def _rank(rank: int, w: DlrmWorkload, store_path: str, out: str | None) -> None:
     from torchrec.models.dlrm import DLRM
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+    from demb_torchrec.capacity import get_table_value_bytes
     from demb_torchrec.constraints import DynamicEmbParameterConstraints
     from demb_torchrec.options import DynamicEmbTableOptions
     from demb_torchrec.planner import DynamicEmbeddingShardingPlanner
@@ -112,9 +113,12 @@ def _rank(rank: int, w: DlrmWorkload, store_path: str, out: str | None) -> None:
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     model = DLRM(ebc, 13, [512, 256, w.dim], [1024, 1024, 512, 256, 1], dense_device=device)
     apply_optimizer_in_backward(trec_optim.Adam, model.sparse_arch.parameters(), {"lr": 1e-3})
-    constraints = {
+    constraints = {  # every value row in device memory (the spec's sizing: 0 keeps none)
         c.name: DynamicEmbParameterConstraints(
-            use_dynamicemb=True, dynamicemb_options=DynamicEmbTableOptions()
+            use_dynamicemb=True,
+            dynamicemb_options=DynamicEmbTableOptions(
+                global_hbm_for_values=get_table_value_bytes(c, "adam", w.world_size)
+            ),
         )
         for c in configs
     }

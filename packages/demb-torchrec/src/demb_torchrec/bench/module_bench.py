@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.bench.compare import copy_bandwidth
-from demb_torchrec.bench.workload import Workload, floor_bytes, make_batches, timed
+from demb_torchrec.bench.workload import Workload, all_on_device, floor_bytes, make_batches, timed
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 
 __all__ = ["REFERENCE_H200", "TARGETS_H200", "ready", "run"]
@@ -39,7 +39,12 @@ _BASELINE_OPTIMIZERS = {"sgd", "adagrad", "rowwise_adagrad"}  # what FBGEMM's CP
 def build(w: Workload, device: torch.device) -> DynamicEmbeddingTables:
     cap = w.spare_capacity
     options = [
-        DynamicEmbTableOptions(dim=w.dim, max_capacity=cap, bucket_capacity=128)
+        DynamicEmbTableOptions(
+            dim=w.dim,
+            max_capacity=cap,
+            bucket_capacity=128,
+            local_hbm_for_values=all_on_device(w.dim, cap, w.optimizer),
+        )
         for _ in range(w.tables)
     ]
     mode = DynamicEmbPoolingMode.NONE if w.pooling == "none" else DynamicEmbPoolingMode.SUM

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
-from demb_torchrec.bench.workload import Workload, make_batches, timed
+from demb_torchrec.bench.workload import Workload, all_on_device, make_batches, timed
 from demb_torchrec.options import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
@@ -67,7 +67,11 @@ def _build(
     ref = w.reference
     options = [
         DynamicEmbTableOptions(
-            dim=ref.dim, max_capacity=w.capacity, bucket_capacity=128, evicted_item_mode=mode
+            dim=ref.dim,
+            max_capacity=w.capacity,
+            bucket_capacity=128,
+            local_hbm_for_values=all_on_device(ref.dim, w.capacity, ref.optimizer),
+            evicted_item_mode=mode,
         )
         for _ in range(ref.tables)
     ]

@@ -44,7 +44,7 @@ from demb_torchrec._quiet import quiet_import
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.bench.compare import check_counts, machine_info
 from demb_torchrec.bench.module_bench import build, prefill
-from demb_torchrec.bench.workload import Workload, make_batches
+from demb_torchrec.bench.workload import Workload, all_on_device, make_batches
 from demb_torchrec.dump import DynamicEmbDump, DynamicEmbLoad
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 
@@ -104,7 +104,12 @@ def _model(w: SoakWorkload, device: torch.device) -> DynamicEmbeddingTables:
         prefill(module, reference)
         return module
     options = [
-        DynamicEmbTableOptions(dim=d, max_capacity=w.capacity, init_capacity=w.capacity)
+        DynamicEmbTableOptions(
+            dim=d,
+            max_capacity=w.capacity,
+            init_capacity=w.capacity,
+            local_hbm_for_values=all_on_device(d, w.capacity, w.optimizer),
+        )
         for d in w.dims
     ]
     return DynamicEmbeddingTables(

@@ -36,7 +36,7 @@ once as a cache hit, a storage hit or a new key.
 * ``hybrid (10% of value bytes on the device)``: ``caching=False`` with a budget of a tenth of
   the tables' value bytes (``init_capacity`` rows): their first rows in device memory, the
   others in host memory under one index;
-* ``no device memory for values``: the same with a budget below one row.
+* ``no device memory for values``: the same with a budget of 0 (the spec's default).
 
 A hybrid mode's floor: the rows past the device rows that a timed step touches (its unique
 keys' slots), read host-to-device and written back device-to-host, at the same copy bandwidth.
@@ -67,7 +67,7 @@ from demb_torchrec.bench._tiers_parts import (
     print_report,
 )
 from demb_torchrec.bench.compare import check_counts, machine_info
-from demb_torchrec.bench.workload import Workload, make_batches, timed
+from demb_torchrec.bench.workload import Workload, all_on_device, make_batches, timed
 from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 
 __all__ = ["TiersCheckError", "TiersWorkload", "row_bytes", "run"]
@@ -173,7 +173,11 @@ def _build(
             init_capacity=init,
             bucket_capacity=_BUCKET,
             caching=caching,
-            local_hbm_for_values=budget or 0,
+            local_hbm_for_values=(
+                all_on_device(ref.dim, w.max_capacity, ref.optimizer, _BUCKET)
+                if budget is None
+                else budget
+            ),
         )
         for _ in range(ref.tables)
     ]
@@ -378,8 +382,8 @@ def run(w: TiersWorkload, device: torch.device) -> dict[str, Any]:
         modes.append(
             _mode(f"caching {float(ratio)!r}", w, device, batches, keys, init, budget, row)
         )
-    tenth = math.ceil(init / 10) * row  # a tenth of the value bytes; then below one row
-    for name, budget in zip(HYBRID_MODES, (tenth, 1), strict=True):
+    tenth = math.ceil(init / 10) * row  # a tenth of the value bytes; then none
+    for name, budget in zip(HYBRID_MODES, (tenth, 0), strict=True):
         modes.append(_mode(name, w, device, batches, keys, init, budget, row, caching=False))
     figures = _figures(modes)
     report: dict[str, Any] = {

@@ -10,7 +10,24 @@ from typing import Any
 
 import torch
 
-__all__ = ["Workload", "floor_bytes", "make_batches", "power_law_ids", "timed"]
+from demb_torchrec.capacity import get_table_value_bytes
+
+__all__ = ["Workload", "all_on_device", "floor_bytes", "make_batches", "power_law_ids", "timed"]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What :func:`~demb_torchrec.get_table_value_bytes` reads of a table's config."""
+
+    num_embeddings: int
+    embedding_dim: int
+
+
+def all_on_device(dim: int, capacity: int, optimizer: str, bucket_capacity: int = 128) -> int:
+    """The ``local_hbm_for_values`` (bytes) that keeps every value row of an unplanned table
+    of ``capacity`` slots, ``dim`` fp32 columns and ``optimizer``'s state in device memory (a
+    budget of 0 keeps none there): the spec's sizing helper for one rank."""
+    return get_table_value_bytes(_Shape(capacity, dim), optimizer, 1, bucket_capacity)
 
 
 @dataclass(frozen=True)

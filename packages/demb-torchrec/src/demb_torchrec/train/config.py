@@ -18,8 +18,9 @@ Sections and keys (defaults in :data:`DEFAULTS`)::
                 (probabilistic) and counter_capacity (the frequency counter's keys per
                 table and rank); score_function ("module:function", TIMESTAMP+LFU
                 only); a device budget, global_hbm_for_values (bytes, all ranks) or
-                hbm_fraction (of the table's value bytes): alone a hybrid table, with
-                caching (true) the size of a device cache over a host table; and
+                hbm_fraction (of the table's value bytes; default 1.0, all on the
+                device; 0: all in host memory): alone, below the table, a hybrid table,
+                with caching (true) the size of a device cache over a host table; and
                 external_storage (a directory: the rows below the cache in RocksDB, the
                 ``ssd`` extra); the option the planner sets
                 (local_hbm_for_values) or that the specification deprecates
@@ -91,7 +92,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "score_function": "",
         "caching": False,
         "global_hbm_for_values": 0,
-        "hbm_fraction": 0.0,
+        "hbm_fraction": 1.0,
         "external_storage": "",
     },
     "online": {"delta_every": 500, "ckpt_every": 2000, "blocking_ckpt": False},
@@ -278,11 +279,11 @@ def _check_tiers(values: dict[str, dict[str, Any]]) -> None:
     for where in names:
         own = values["tables"].get(where.removeprefix("tables."), {}) if "." in where else {}
         s = {**base, **own}
-        budgets = [k for k in ("global_hbm_for_values", "hbm_fraction") if s[k]]
-        if len(budgets) > 1:
+        if s["global_hbm_for_values"] and s["hbm_fraction"] != 1.0:
             raise ConfigError(
                 f"{where}: set one of {where}.global_hbm_for_values (bytes) or "
-                f"{where}.hbm_fraction (of the table's value bytes), not both"
+                f"{where}.hbm_fraction (of the table's value bytes), not both (a budget in "
+                f"bytes takes hbm_fraction at its default, 1.0)"
             )
         if not s["caching"]:  # a budget alone: a hybrid table
             if s["external_storage"]:
@@ -292,10 +293,10 @@ def _check_tiers(values: dict[str, dict[str, Any]]) -> None:
                 )
             continue
         caching = True
-        if not budgets:
+        if not (s["global_hbm_for_values"] or s["hbm_fraction"]):
             raise ConfigError(
                 f"{where}.caching=true: set one of {where}.global_hbm_for_values (bytes) or "
-                f"{where}.hbm_fraction (of the table's value bytes) for the device cache"
+                f"{where}.hbm_fraction (of the table's value bytes, not 0) for the device cache"
             )
     if caching and values["online"]["delta_every"]:
         raise ConfigError(
@@ -395,7 +396,7 @@ def _check_special(where: str, name: str, value: Any) -> None:  # noqa: ANN401 (
     if name == "tables.admit_probability" and not 0 < value <= 1:
         raise ConfigError(f"{where}={value!r}: must be in (0, 1] (0 would admit no key)")
     if name == "tables.hbm_fraction" and not 0 <= value <= 1:
-        raise ConfigError(f"{where}={value!r}: must be in [0, 1] (0: unset)")
+        raise ConfigError(f"{where}={value!r}: must be in [0, 1] (0: no value rows on the device)")
     if name == "tables.max_load_factor" and not 0 < value <= 1:
         raise ConfigError(f"{where}={value!r}: must be in (0, 1]")
     if name in ("data.eval_fraction",) and not 0 < value < 1:

@@ -161,11 +161,9 @@ def table_options(
 
 def _tiers(settings: Settings, name: str, rank: Rank | None) -> dict[str, Any]:
     """A table's memory options: ``global_hbm_for_values`` (given, or ``hbm_fraction`` of
-    :func:`~demb_torchrec.get_table_value_bytes`; none: every value on the device), and with
-    caching ``caching`` and ``external_storage``."""
+    :func:`~demb_torchrec.get_table_value_bytes`: by default 1.0, every value on the device),
+    and with caching ``caching`` and ``external_storage``."""
     s = settings.table(name)
-    if not (s["caching"] or s["global_hbm_for_values"] or s["hbm_fraction"]):
-        return {}
     world, r = (1, 0) if rank is None else (rank.world_size, rank.rank)
     kind = settings["optimizer"]["kind"]
     dim = int(settings["train"]["dim"])
