@@ -103,7 +103,7 @@ VALUE_CASES = {
         "score_negative": (_set("current_score", -1), "current_score"),
         "capacity_buckets": (_set("current_capacity", 200), "current_capacity"),
         "capacity_zero": (_set("current_capacity", 0), "current_capacity"),
-        "rows_over_capacity": (_set("row_capacity", [200, 100]), "row_capacity"),
+        "rows_over_capacity": (_set("row_capacity", [300, 100]), "row_capacity"),
         "no_tier": (_set("row_capacity", []), "row_capacity"),
         "options_nested": (_set("table_options", {"dim": {"a": 1}}), "table_options.dim"),
         "options_inf": (_set("table_options", {"x": float("inf")}), "table_options.x"),

@@ -20,7 +20,6 @@ from demb_torchrec import (
     DynamicEmbTableOptions,
     EvictedItemMode,
     erase_keys,
-    incremental_dump,
     pop_erased_keys,
     pop_evicted_keys,
 )
@@ -326,12 +325,6 @@ def test_a_non_blocking_dump_writes_the_caching_tables_at_the_call(tmp_path: Pat
         want, got = _exports(earlier, t), _exports(back, t)
         assert torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
-
-
-def test_what_does_not_cover_the_storage_tier_yet_refuses():
-    _, cached = _modules(0.5)
-    with pytest.raises(NotSupportedError, match=r"user.*incremental_dump"):
-        incremental_dump(cached, 0)
 
 
 def test_erase_removes_keys_from_both_tiers():

@@ -330,11 +330,12 @@ def _read_delta_meta(path: Path, data: bytes | None = None) -> DeltaMeta:
             "current_capacity",
             f"{current_capacity} is not a whole number of buckets of {bucket_capacity}",
         )
-    if not row_capacity or sum(row_capacity) > current_capacity:
+    if not row_capacity or row_capacity[0] > current_capacity:
         raise FormatError(
             path,
             "row_capacity",
-            f"{row_capacity}: one count per tier, {current_capacity} slots in all at most",
+            f"{row_capacity}: one count per tier, the first at most the {current_capacity} "
+            "slots of the key map",
         )
     return DeltaMeta(
         collection=_field(d, path, "collection", str),
@@ -435,9 +436,12 @@ def _check_values(
         slots = arrays.get(part)
         if slots is None or not slots.size:
             continue
-        if not (int(slots.min()) >= 0 and int(slots.max()) < m.current_capacity):
+        lowest = -1 if len(m.row_capacity) > 1 else 0  # -1: a row below a cache (no slot)
+        if not (int(slots.min()) >= lowest and int(slots.max()) < m.current_capacity):
             raise FormatError(
-                file(part), part, f"a slot outside [0, current_capacity {m.current_capacity})"
+                file(part),
+                part,
+                f"a slot outside [{lowest}, current_capacity {m.current_capacity})",
             )
     scores = arrays["scores"]
     for column, name in enumerate(m.score_strategy):

@@ -76,9 +76,11 @@ def _merge_two(old: DeltaTable, new: DeltaTable) -> DeltaTable:
         scores[:, c] += new.meta.current_score - old.meta.current_score
     old = dataclasses.replace(old, scores=scores)
     # An old row is stale when its key was written, erased or evicted again, or when a newer
-    # key holds its slot (the old key was evicted or moved, recorded or not).
+    # key holds its slot (the old key was evicted or moved, recorded or not). Not so in a
+    # caching table (tiers > 1): a key that loses its cache slot moves to the storage below.
     gone = [new.keys, new.erased] + ([] if new.evicted is None else [new.evicted])
-    kept = _take(old, ~np.isin(old.keys, np.concatenate(gone)) & ~np.isin(old.slots, new.slots))
+    taken = new.slots if len(new.meta.row_capacity) == 1 else new.slots[:0]
+    kept = _take(old, ~np.isin(old.keys, np.concatenate(gone)) & ~np.isin(old.slots, taken))
     keys = np.concatenate([kept.keys, new.keys])
     erased, erased_slots = _erased(old, new)
     # An erase the merged rows undo is dropped; kept with its slot, which a replica clears.

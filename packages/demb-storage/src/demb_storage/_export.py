@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from demb_kernels import table as ops
 from demb_kernels.rows import gather_rows
-from demb_kernels.table import ScorePolicy, TableIndex
+from demb_kernels.table import TableIndex
 
 from demb_storage._outcomes import TableExport
 from demb_storage.options import ScoreLayout
@@ -35,7 +35,7 @@ def export_table(
         check: check the slots against ``values`` on CUDA (one sync); a caller whose slots
             come from an index of ``values``'s capacity passes False.
     """
-    filter_word = 1 if layout.policy is ScorePolicy.TIMESTAMP_LFU else layout.index_words[0]
+    filter_word = layout.index_words[layout.threshold_column]
     ex = ops.export(index, table_id, begin, end, min_score, filter_word)
     scores = ex.scores[list(layout.index_words)].t().contiguous()
     rows = gather_rows(values, ex.slots.to(values.device), check=check)

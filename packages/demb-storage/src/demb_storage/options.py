@@ -68,6 +68,14 @@ class ScoreLayout:
             return tuple(0 if c is ScoreStrategy.LFU else 1 for c in self.columns)
         return (0,)
 
+    @property
+    def threshold_column(self) -> int:
+        """The user column an incremental dump's ``min_score`` filters on: the timestamp of a
+        compound strategy (what was touched since), else the only one."""
+        if self.policy is ScorePolicy.TIMESTAMP_LFU:
+            return self.columns.index(ScoreStrategy.TIMESTAMP)
+        return 0
+
 
 _SINGLE = {
     ScoreStrategy.TIMESTAMP: ScorePolicy.TIMESTAMP,

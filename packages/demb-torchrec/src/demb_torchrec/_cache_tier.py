@@ -67,6 +67,22 @@ class CacheTier(CacheLookups):
         tables.erase(keys, ids)
         self._insert(self._group(t), keys, ids, rows, words, written=False)
 
+    def rows_of(self, t: int, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(n,)`` bool held and ``(n, width)`` rows (zeros where not held) of ``(n,)``
+        distinct keys of caching table ``t`` in either tier, on the module's device."""
+        self._write_live()
+        tables = self._state.tables
+        keys = keys.to(tables.device)
+        ids = torch.full_like(keys, t)
+        slots = tables.find(keys, ids)
+        rows = tables.read(t, slots)  # zeros for slot -1
+        held = slots >= 0
+        below = (~held).nonzero().squeeze(1)
+        found, stored, _ = self._group(t).find(keys[below], ids[below])
+        rows[below[found].to(rows.device)] = stored[found.to(stored.device)].to(rows)
+        held[below[found]] = True
+        return held, rows
+
     def erase(self, t: int, keys: torch.Tensor, record: bool) -> int:
         """Remove ``(n,)`` keys of caching table ``t`` from both tiers; with ``record``, keep
         those the storage held in the table's erased keys (the cache records its own).
@@ -96,12 +112,28 @@ class CacheTier(CacheLookups):
             words = fit_words(chunk.scores, width).to(tables.device)
             yield TableExport(keys, words[columns].t(), torch.full_like(keys, -1), chunk.values)
 
-    def export(self, t: int) -> TableExport:
+    def export(self, t: int, min_score: int | None = None) -> TableExport:
         """Every entry of caching table ``t`` in both tiers (the cache's first): keys, score
         columns in its ``score_strategy`` order, slots (the cache's; -1 for the storage's)
-        and rows."""
+        and rows; ``min_score``: only the entries whose threshold column (the timestamp of a
+        compound strategy) is at least that (an incremental dump's)."""
         self._write_live()
-        parts = [self._state.tables.export(t), *self.storage_chunks(t, 1 << 20)]
+        tables = self._state.tables
+        parts = [tables.export(t, min_score=min_score)]
+        column = tables.configs[t].score_layout.threshold_column
+        for chunk in self.storage_chunks(t, 1 << 20):
+            if min_score is None:
+                parts.append(chunk)
+                continue
+            keep = (chunk.scores[:, column] >= min_score).nonzero().squeeze(1)
+            parts.append(
+                TableExport(
+                    chunk.keys[keep],
+                    chunk.scores[keep],
+                    chunk.slots[keep],
+                    chunk.values[keep.to(chunk.values.device)],
+                )
+            )
         rows = parts[0].values.device
         return TableExport(
             torch.cat([p.keys for p in parts]),

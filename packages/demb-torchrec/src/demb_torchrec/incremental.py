@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from demb_torchrec.errors import ConfigError, InputTypeError, NotSupportedError
-from demb_torchrec.model_tables import ModelTable, dynamic_tables, refuse_caching
+from demb_torchrec.model_tables import ModelTable, dynamic_tables, is_caching
+from demb_torchrec.options import EvictedItemMode
 from demb_torchrec.scores import current_scores
 
 __all__ = ["TIMESTAMP", "DeltaDumpResult", "age_columns", "incremental_dump"]
@@ -51,8 +52,10 @@ class DeltaDumpResult:
         erased_keys: ``(e,)`` int64 keys recorded by erases since the last dump.
         evicted_keys: ``(v,)`` int64 keys evicted since the last dump (tables with
             ``evicted_item_mode=RETAIN_KEY``), else None.
-        meta: per table ``current_score``, ``slot_index`` (``(n,)`` int64 each key's slot),
-            ``current_capacity``, ``row_capacity``, ``bucket_capacity``, ``num_scores``,
+        meta: per table ``current_score``, ``slot_index`` (``(n,)`` int64 each key's slot;
+            for a caching table its cache slot, -1 for a row in the storage under the cache),
+            ``current_capacity``, ``row_capacity`` (a caching table: its cache's rows and
+            its ``max_capacity``), ``bucket_capacity``, ``num_scores``,
             ``world_size``, ``table_options`` (the table's ``DynamicEmbTableOptions``),
             ``score_strategy`` (the column names) and ``erased_slot_index`` (``(e,)`` int64 the
             slot each erased key was freed from: a replica clears it, since it may hold a key
@@ -133,17 +136,25 @@ def _table_rows(t: ModelTable, threshold: int, current: int, ages: bool) -> _Row
     embeddings and the optimizer state are column views of one host copy of the rows."""
     tables = t.module.tables
     config = tables.configs[t.index]
-    ex = tables.export(t.index, min_score=threshold)
+    capacity = tables.capacity(t.index)
+    cache = t.module.cache
+    options = t.module.options[t.index]
+    if cache is not None and is_caching(t):  # both tiers; the storage's rows have slot -1
+        ex = cache.export(t.index, min_score=threshold)
+        row_capacity: tuple[int, ...] = (capacity, int(options.max_capacity or 0))
+        retains = EvictedItemMode(options.evicted_item_mode) is EvictedItemMode.RETAIN_KEY
+    else:
+        ex = tables.export(t.index, min_score=threshold)
+        row_capacity, retains = (capacity,), config.retain_evicted
     columns = tuple(c.name for c in config.score_layout.columns)
     scores = _aged(ex.scores, current, columns) if ages else ex.scores
     rows = _host(ex.values)
-    evicted = tables.evicted_keys.pop(t.index) if config.retain_evicted else None
+    evicted = tables.evicted_keys.pop(t.index) if retains else None
     erased, erased_slots = tables.erased_keys.pop_with_slots(t.index)
-    capacity = tables.capacity(t.index)
     meta: dict[str, Any] = {
         "current_score": current,
         "current_capacity": capacity,
-        "row_capacity": (capacity,),
+        "row_capacity": row_capacity,
         "bucket_capacity": config.bucket_capacity,
         "num_scores": len(columns),
         "world_size": t.world_size,
@@ -238,7 +249,6 @@ def incremental_dump(
     if pg is not None and not (dist.is_available() and dist.is_initialized()):
         raise ConfigError("incremental_dump: pg given, but torch.distributed is not initialized")
     picked = _thresholds(dynamic_tables(model), score_threshold)
-    refuse_caching([t for t, _ in picked], "incremental_dump")
     for t, _ in picked:
         _check_dist(t)
     if pg is not None:  # every rank's last forward is done before any rank reads its clock

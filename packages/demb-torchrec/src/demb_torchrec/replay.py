@@ -24,7 +24,7 @@ from torch import nn
 
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.incremental import DeltaDumpResult, _check_dist, age_columns
-from demb_torchrec.model_tables import ModelTable, dynamic_tables, index_words, refuse_caching
+from demb_torchrec.model_tables import ModelTable, dynamic_tables, index_words, is_caching
 from demb_torchrec.scores import current_scores
 
 __all__ = ["ReplayContent", "ReplayStats", "replay_increment"]
@@ -64,7 +64,9 @@ class _Plan:
     """One table's checked replay: what to erase, what to write where."""
 
     table: ModelTable
-    writes: SlotWrites
+    keys: torch.Tensor
+    writes: SlotWrites | None
+    """The checked slot writes; None for a caching table (written by key, in its storage)."""
     values: torch.Tensor
     state: torch.Tensor | None
     scores: torch.Tensor | None
@@ -98,9 +100,14 @@ def _check_layout(t: ModelTable, meta: Mapping[str, Any], where: str) -> None:
     capacity = tables.capacity(t.index)
     columns = tuple(c.name for c in config.score_layout.columns)
     options = meta.get("table_options")
+    rows = (
+        (capacity, int(t.module.options[t.index].max_capacity or 0))
+        if is_caching(t)
+        else (capacity,)
+    )
     expected: list[tuple[str, object, object]] = [
         ("current_capacity", meta.get("current_capacity"), capacity),
-        ("row_capacity", tuple(meta.get("row_capacity") or ()), (capacity,)),
+        ("row_capacity", tuple(meta.get("row_capacity") or ()), rows),
         ("bucket_capacity", meta.get("bucket_capacity"), config.bucket_capacity),
         ("num_scores", meta.get("num_scores"), len(columns)),
         ("world_size", meta.get("world_size"), t.world_size),
@@ -143,6 +150,10 @@ def _plan(t: ModelTable, delta: DeltaDumpResult, i: int, content: ReplayContent)
     mine = _owned(t, keys)
     erased_mine = _owned(t, erased)
     freed = meta.get("erased_slot_index")
+    caching = is_caching(t)
+    if freed is not None and caching:  # a caching table is written by key: no slots to clear
+        _tensor(freed, where, "erased_slot_index", tuple(erased.shape), torch.int64)
+        freed = None
     if freed is not None:
         _tensor(freed, where, "erased_slot_index", tuple(erased.shape), torch.int64)
         freed = _take(freed, erased_mine)
@@ -151,15 +162,18 @@ def _plan(t: ModelTable, delta: DeltaDumpResult, i: int, content: ReplayContent)
         if freed.numel() and (int(freed.min()) < 0 or int(freed.max()) >= capacity):
             raise _fail(where, "erased_slot_index", f"a slot outside [0, {capacity})")
         freed = torch.unique(freed)
-    try:
-        slots = _take(meta["slot_index"], mine)
-        writes = SlotWrites.check(t.module.tables, t.index, _take(keys, mine), slots)
-    except TableConfigError as err:
-        raise _fail(where, err.option, str(err)) from None
+    writes = None
+    if not caching:
+        try:
+            slots = _take(meta["slot_index"], mine)
+            writes = SlotWrites.check(t.module.tables, t.index, _take(keys, mine), slots)
+        except TableConfigError as err:
+            raise _fail(where, err.option, str(err)) from None
     values = delta.values[i]
     rows = _joined(values, state) if carry_state and state is not None else None
     return _Plan(
         table=t,
+        keys=_take(keys, mine),
         writes=writes,
         values=_take(values, mine) if rows is None else _take(rows, mine),
         state=None if rows is not None or not carry_state or state is None else _take(state, mine),
@@ -214,7 +228,7 @@ def _index_words(plan: _Plan, fresh: int) -> torch.Tensor:
         for c in age_columns([c.name for c in layout.columns]):
             scores[:, c] = plan.current_score - scores[:, c]
         return index_words(t, scores)
-    n = int(plan.writes.keys.shape[0])
+    n = int(plan.keys.shape[0])
     words = torch.zeros((tables.index.score_words, n), dtype=torch.int64)
     policy = layout.policy
     if policy is ScorePolicy.LFU:
@@ -238,6 +252,8 @@ def _apply(plan: _Plan, fresh: int) -> ReplayStats:
     if plan.erased_slots is not None and plan.erased_slots.numel():
         # a key an erased one had evicted may still sit there
         erased += clear_slots(tables, t.index, plan.erased_slots)
+    if plan.writes is None:
+        return _apply_by_key(plan, fresh, erased)
     taken_over = plan.writes.apply(_index_words(plan, fresh))
     slots = plan.writes.slots
     buf = tables.values[t.index]
@@ -254,6 +270,33 @@ def _apply(plan: _Plan, fresh: int) -> ReplayStats:
         rows[taken_over.to(rows.device), config.dim :] = initial.to(rows.device, rows.dtype)
     tables.write(t.index, slots, rows)
     return ReplayStats(upserted=int(slots.numel()), erased=erased, skipped=plan.skipped)
+
+
+def _apply_by_key(plan: _Plan, fresh: int, erased: int) -> ReplayStats:
+    """A caching table's replay: the erased keys leave both tiers, then every key is written
+    into its storage with its row and score words (its cache copy dropped): the union of the
+    tiers converges to the source's; the cache refills from the replica's own lookups."""
+    t = plan.table
+    tables = t.module.tables
+    cache = t.module.cache
+    assert cache is not None
+    config = tables.configs[t.index]
+    if plan.erased.numel():
+        erased += cache.erase(t.index, plan.erased, record=False)
+    keys = plan.keys.to(tables.device)
+    values = plan.values.to(tables.device)
+    if plan.full_rows or not config.state_dim:
+        rows = values
+    elif plan.state is not None:
+        rows = torch.cat([values, plan.state.to(values)], 1)
+    else:  # the key's own state where either tier holds it, else the initial state
+        held, rows = cache.rows_of(t.index, keys)
+        rows[:, : config.dim] = values.to(rows)
+        initial = t.module.initial_states[t.index]
+        assert initial is not None
+        rows[~held.to(rows.device), config.dim :] = initial.to(rows)
+    cache.assign(t.index, keys, _index_words(plan, fresh), rows)
+    return ReplayStats(upserted=int(keys.numel()), erased=erased, skipped=plan.skipped)
 
 
 def replay_increment(
@@ -286,7 +329,6 @@ def replay_increment(
         NotImplementedError: a table sharded with ``dist_type="continuous"``.
     """
     tables = {(t.collection, t.name): t for t in dynamic_tables(model)}
-    refuse_caching(list(tables.values()), "replay_increment")
     plans: list[_Plan] = []
     for collection, delta in deltas.items():
         lengths = {

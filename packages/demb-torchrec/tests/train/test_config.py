@@ -79,7 +79,6 @@ CACHED = ["online.delta_every=0"]
             r"tables: set one of .* not both",
         ),
         (["tables.external_storage='/tmp/x'"], r"tables\.external_storage=.*caching=true"),
-        (["tables.caching=true", "tables.hbm_fraction=0.5"], r"online\.delta_every=0"),
         (["tables.hbm_fraction=1.5", "tables.caching=true"], r"hbm_fraction=1\.5"),
     ],
 )

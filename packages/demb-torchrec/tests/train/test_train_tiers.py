@@ -19,7 +19,7 @@ CACHED = ["--set", "tables.caching=true"]  # non-blocking checkpoints: the defau
 
 def test_caching_settings_build_the_options(tmp_path: Path) -> None:
     overrides = [
-        "tables.caching=true", "tables.hbm_fraction=0.25", "online.delta_every=0",
+        "tables.caching=true", "tables.hbm_fraction=0.25",
         "tables.cat_2.global_hbm_for_values=65536",
         "tables.cat_2.hbm_fraction=1.0",  # the default: a budget in bytes takes it
     ]  # fmt: skip
@@ -47,8 +47,8 @@ def test_a_run_with_caching_tables_records_and_plots_the_tiers(tmp_path: Path, s
         pytest.skip("rocksdict (extra 'ssd') missing")
     out = tmp_path / "run"
     args = [a if a != "120" else "20" for a in SMALL]  # 20 steps
-    args = [a if a != "40" else "0" for a in args]  # no deltas (and eval every 0? no: below)
     args[args.index("--eval-every") + 1] = "20"
+    args[args.index("--delta-every") + 1] = "20"  # deltas of both tiers
     extra = (
         ["--set", f"tables.external_storage='{tmp_path / 'rocks'}'"] if storage == "rocksdb" else []
     )
@@ -62,6 +62,7 @@ def test_a_run_with_caching_tables_records_and_plots_the_tiers(tmp_path: Path, s
     assert max(t["stored"] for t in tables) > 0
     assert (out / "plots" / TIERS_PNG).stat().st_size > 10_000
     assert list((out / "ckpt").glob("*.tables"))
+    assert list((out / "deltas").glob("*.pt"))
 
 
 def test_a_budget_without_caching_builds_a_hybrid_table_option() -> None:
@@ -78,7 +79,7 @@ def test_a_budget_without_caching_builds_a_hybrid_table_option() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("rocksdict") is None, reason="rocksdict missing")
 def test_an_external_storage_path_that_is_not_writable_names_the_table() -> None:
     overrides = [
-        "tables.caching=true", "tables.hbm_fraction=0.1", "online.delta_every=0",
+        "tables.caching=true", "tables.hbm_fraction=0.1",
         "tables.external_storage='/proc/nowhere'",
     ]  # fmt: skip
     s = load_settings(None, [parse_override(o) for o in overrides])

@@ -272,10 +272,10 @@ def _check(values: dict[str, dict[str, Any]]) -> None:
 
 
 def _check_tiers(values: dict[str, dict[str, Any]]) -> None:
-    """Each table's caching settings agree, and the online outputs cover caching tables."""
+    """Each table's memory settings agree: a budget in bytes or a fraction, and a cache has
+    room on the device."""
     base = {k: v for k, v in values["tables"].items() if not isinstance(v, dict)}
     names = ["tables"] + [f"tables.{k}" for k, v in values["tables"].items() if isinstance(v, dict)]
-    caching = False
     for where in names:
         own = values["tables"].get(where.removeprefix("tables."), {}) if "." in where else {}
         s = {**base, **own}
@@ -292,17 +292,11 @@ def _check_tiers(values: dict[str, dict[str, Any]]) -> None:
                     f"{where}.caching=true (an external storage is the tier under a cache)"
                 )
             continue
-        caching = True
         if not (s["global_hbm_for_values"] or s["hbm_fraction"]):
             raise ConfigError(
                 f"{where}.caching=true: set one of {where}.global_hbm_for_values (bytes) or "
                 f"{where}.hbm_fraction (of the table's value bytes, not 0) for the device cache"
             )
-    if caching and values["online"]["delta_every"]:
-        raise ConfigError(
-            "tables.caching=true: incremental deltas do not cover the rows below a cache yet; "
-            "set online.delta_every=0"
-        )
 
 
 def _check_table_name(name: str) -> None:
