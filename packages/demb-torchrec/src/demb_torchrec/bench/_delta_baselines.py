@@ -4,13 +4,14 @@ in the same run (:mod:`demb_torchrec.bench.delta_bench`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.bench.workload import timed
 
-__all__ = ["Copies", "copier", "nbytes", "snapshot_tensors"]
+__all__ = ["Copies", "copier", "nbytes", "row_copies", "snapshot_tensors"]
 
 _COPY_CHUNK = 1 << 28  # bytes per copy of the snapshot baseline (256 MiB)
 
@@ -37,6 +38,28 @@ class Copies:
 
     def h2d_pinned(self) -> float:
         return timed(lambda: self.dev.copy_(self.pinned), self.device)
+
+
+def row_copies(
+    model: DynamicEmbeddingTables, replica: DynamicEmbeddingTables, slots: list[torch.Tensor]
+) -> tuple[Callable[[], float], Callable[[], float]]:
+    """Timers (seconds) of the random-row copies a dump and a replay of a delta cannot avoid:
+    its rows (``slots`` per table) gathered by slot from the model's value buffers into fresh
+    buffers, and the same rows scattered into the replica's at the same slots (which, after the
+    replay, rewrites what it holds: the replica does not change)."""
+    tables = model.tables
+    at = [s.to(tables.device) for s in slots]
+    rows = [tables.read(t, s) for t, s in enumerate(at)]
+
+    def gather() -> None:
+        for t, s in enumerate(at):
+            tables.read(t, s)
+
+    def scatter() -> None:
+        for t, (s, r) in enumerate(zip(at, rows, strict=True)):
+            replica.tables.write(t, s, r)
+
+    return partial(timed, gather, tables.device), partial(timed, scatter, tables.device)
 
 
 def snapshot_tensors(model: DynamicEmbeddingTables) -> list[torch.Tensor]:

@@ -25,6 +25,9 @@ often in the same run, with ``median / baseline median`` and the issue's target)
    pinned host memory to the device (CUDA), or a host ``Tensor.copy_`` (CPU). Target <= 2x.
    After each replay the replica's rows above the threshold (keys, slots, scores, embeddings
    and optimizer state) must equal the source's bit for bit, else :class:`DeltaCheckError`.
+   For information (no target), both calls also beside the random-row copies inside them: a
+   gather of the delta's rows by slot from the model's value buffers into fresh buffers, and
+   their scatter into the replica's at the same slots.
 3. ``DynamicEmbDump(dir, model, optim=True, blocking=False)`` into a folder under ``directory``
    (the replica is freed first): (a) the seconds the call blocks its caller (until it
    returns; also until the snapshot's copies are done, on CUDA), beside a device-to-device copy
@@ -67,7 +70,13 @@ import torch
 
 from demb_torchrec._quiet import quiet_import
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
-from demb_torchrec.bench._delta_baselines import Copies, copier, nbytes, snapshot_tensors
+from demb_torchrec.bench._delta_baselines import (
+    Copies,
+    copier,
+    nbytes,
+    row_copies,
+    snapshot_tensors,
+)
 from demb_torchrec.bench._delta_report import figure, print_report
 from demb_torchrec.bench.compare import machine_info
 from demb_torchrec.bench.module_bench import prefill
@@ -289,7 +298,8 @@ def _deltas_and_replays(
         )
     gen = torch.Generator().manual_seed(w.seed)
     times: dict[str, list[float]] = {
-        k: [] for k in ("dump", "d2h_pinned", "d2h_pageable", "replay", "h2d_pinned")
+        k: []
+        for k in ("dump", "d2h_pinned", "d2h_pageable", "replay", "h2d_pinned", "gather", "scatter")
     }
     copies: Copies | None = None
     nbytes = 0
@@ -308,12 +318,15 @@ def _deltas_and_replays(
             copies = Copies(device, nbytes)
         _, replay_s = _timed_result(partial(replay_increment, replica, deltas), device)
         _check_replay(model, replica, threshold)
+        slots = [m["slot_index"] for m in deltas["model"].meta]
+        gather, scatter = row_copies(model, replica, slots)
         del deltas
         # on the CPU both copies are host to host (the "pinned" buffer is an ordinary one)
         seconds = {"dump": dump_s, "replay": replay_s, "d2h_pinned": copies.d2h_pinned()}
         if device.type == "cuda":
             seconds["d2h_pageable"] = copies.d2h_pageable()
         seconds["h2d_pinned"] = copies.h2d_pinned()
+        seconds["gather"], seconds["scatter"] = gather(), scatter()
         if timing:
             for name, value in seconds.items():
                 times[name].append(value)
@@ -352,6 +365,25 @@ def _deltas_and_replays(
             nbytes,
         )
     )
+    rows = "the delta's rows (embeddings and optimizer state) by slot, table by table"
+    figures += [  # the random-row copies inside each call, for information
+        figure(
+            "incremental_dump (vs its row gather)",
+            times["dump"],
+            f"a gather of {rows}, from the value buffers into fresh ones",
+            times["gather"],
+            None,
+            nbytes,
+        ),
+        figure(
+            "replay_increment (vs its row scatter)",
+            times["replay"],
+            f"a scatter of {rows}, into the replica's value buffers",
+            times["scatter"],
+            None,
+            nbytes,
+        ),
+    ]
     return figures, {"deltas": w.repeats + 1, "replays": w.repeats + 1}
 
 
