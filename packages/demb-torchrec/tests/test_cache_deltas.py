@@ -146,6 +146,25 @@ def test_a_caching_delta_into_an_all_device_table_is_refused_untouched():
     assert torch.equal(before.values, after.values)
 
 
+def test_a_bad_caching_delta_is_refused_before_any_table_is_written():
+    a, b = _module(), _module()
+    gen = torch.Generator().manual_seed(7)
+    _window(a, gen)
+    replay_increment(b, incremental_dump(a, 0))
+    threshold = get_score(a)
+    _window(a, gen)
+    deltas = incremental_dump(a, threshold)
+    d = deltas["model"]
+    d.keys[1] = d.keys[1].clone()
+    d.keys[1][1] = d.keys[1][0]  # the second table's delta repeats a key
+    before = [_union(b, t) for t in range(len(NAMES))]
+    with pytest.raises(ValueError, match=r"model/item: keys: a key is repeated"):
+        replay_increment(b, deltas)
+    for t in range(len(NAMES)):  # the first table was not written either
+        for x, y in zip(before[t], _union(b, t), strict=True):
+            assert torch.equal(x, y)
+
+
 def _content(path: Path) -> dict[str, dict[int, tuple[Any, ...]]]:
     """Per table of a checkpoint, key -> (embedding, state, scores)."""
     ckpt = Checkpoint(path)

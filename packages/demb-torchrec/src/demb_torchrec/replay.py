@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from demb_kernels.table import ScorePolicy
+from demb_kernels.table import EMPTY_KEY, ScorePolicy
 from demb_planner import owner_rank
 from demb_storage import SlotWrites, TableConfigError, clear_slots
 from torch import nn
@@ -163,7 +163,9 @@ def _plan(t: ModelTable, delta: DeltaDumpResult, i: int, content: ReplayContent)
             raise _fail(where, "erased_slot_index", f"a slot outside [0, {capacity})")
         freed = torch.unique(freed)
     writes = None
-    if not caching:
+    if caching:  # written by key: each key once, none the empty key
+        _check_keys(_take(keys, mine), where)
+    else:
         try:
             slots = _take(meta["slot_index"], mine)
             writes = SlotWrites.check(t.module.tables, t.index, _take(keys, mine), slots)
@@ -184,6 +186,15 @@ def _plan(t: ModelTable, delta: DeltaDumpResult, i: int, content: ReplayContent)
         skipped=0 if mine is None else n - int(mine.sum()),
         full_rows=rows is not None,
     )
+
+
+def _check_keys(keys: torch.Tensor, where: str) -> None:
+    """The keys of a caching table's delta: distinct, none the empty key (-1)."""
+    if bool((keys == EMPTY_KEY).any()):
+        raise _fail(where, "keys", f"{EMPTY_KEY}, the empty key, cannot be written")
+    ordered = torch.sort(keys).values
+    if bool((ordered[1:] == ordered[:-1]).any()):
+        raise _fail(where, "keys", "a key is repeated; each key is written once")
 
 
 def _owned(t: ModelTable, keys: torch.Tensor) -> torch.Tensor | None:
