@@ -42,7 +42,9 @@ def checked_scores(args: torch.Tensor, num_tables: int, device: torch.device) ->
             f"score_args must be ({num_tables},) int64 (next_score_args()), got "
             f"{tuple(args.shape)} {args.dtype}"
         )
-    if args.device != device:
+    if args.device.type != device.type or (
+        device.index is not None and args.device.index != device.index
+    ):  # ("cuda" is the current device: cuda:0 matches it on one GPU)
         raise ValueError(f"score_args is on {args.device}, the index on {device}")
     return args
 
