@@ -97,6 +97,8 @@ VALUE_CASES = {
         "state_without_width": (_set("state_width", 0), "state_width"),
         "admission_null": (_set("admission_rows", None), "admission_rows"),
         "world_huge": (_set("world_size", 2**64), "world_size"),
+        "admit_calls_negative": (_set("admit_calls", -1), "admit_calls"),
+        "admit_calls_text": (_set("admit_calls", "4"), "admit_calls"),
     },
     "delta": {
         "score_2_63": (_set("current_score", 2**63), "current_score"),

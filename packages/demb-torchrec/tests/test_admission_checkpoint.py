@@ -2,7 +2,7 @@
 admit_keys / admit_counts parts, under the manifest's checksums), a load puts it back, so
 training resumed from a checkpoint admits exactly what uninterrupted training admits; with
 ``counter=False`` the counts start again from zero (a load of a checkpoint without counters
-warns)."""
+warns). A probabilistic admitter's call count travels too."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from demb_torchrec import (
     DynamicEmbTableOptions,
     FrequencyAdmissionStrategy,
     KVCounter,
+    ProbabilisticAdmissionStrategy,
 )
 
 
@@ -130,3 +131,47 @@ def test_a_damaged_counter_part_fails_the_load_and_changes_nothing(tmp_path):
         assert torch.equal(x[0], y[0])
         assert torch.equal(x[1], y[1])
     assert before[2] == after[2]
+
+
+def probabilistic_module():
+    strategy = ProbabilisticAdmissionStrategy(0.3, seed=5)
+    options = [DynamicEmbTableOptions(dim=4, max_capacity=512, admit_strategy=strategy)] * 2
+    return DynamicEmbeddingTables(
+        options,
+        table_names=["a", "b"],
+        pooling_mode=DynamicEmbPoolingMode.SUM,
+        optimizer="sgd",
+        learning_rate=0.05,
+    )
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_resumed_probabilistic_admission_tosses_as_uninterrupted_training(tmp_path, blocking):
+    """The admitter's call count travels in the shard metas (``admit_calls``): a resumed run
+    tosses the same coins as an uninterrupted one; ``counter=False`` leaves it out."""
+    a = probabilistic_module()
+    for i in range(4):
+        step(a, i)
+    handle = DynamicEmbDump(tmp_path / "ck", a, optim=True, blocking=blocking)
+    if handle is not None:
+        step(a, 4)
+        handle.wait()
+    metas = [Checkpoint(tmp_path / "ck").shards("model", n)[0] for n in ("a", "b")]
+    assert [m.admit_calls for m in metas] == [4, 4]
+    b = probabilistic_module()
+    DynamicEmbLoad(tmp_path / "ck", b, optim=True)
+    if handle is not None:
+        step(b, 4)
+    for i in range(5, 12):
+        step(a, i)
+        step(b, i)
+        for t in range(2):
+            ka, va = held(a, t)
+            kb, vb = held(b, t)
+            assert torch.equal(ka, kb), (i, t)
+            torch.testing.assert_close(va, vb, rtol=0, atol=0)
+    DynamicEmbDump(tmp_path / "none", a, counter=False)
+    assert Checkpoint(tmp_path / "none").shards("model", "a")[0].admit_calls is None
+    c = probabilistic_module()
+    DynamicEmbLoad(tmp_path / "none", c)  # nothing to restore: the count stays
+    assert c.admission.admitter_of(0).calls == 0

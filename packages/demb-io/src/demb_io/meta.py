@@ -94,6 +94,10 @@ class ShardMeta:
     format_version: int = FORMAT_VERSION
     legacy: bool = False
     """Read from a meta without the dtype keys (values read as float32, width from the size)."""
+    admit_calls: int | None = None
+    """The probabilistic admitter's call count on the rank that wrote the shard (the toss
+    index of its next call), or None: the table has no probabilistic admission (or the dump
+    left admission state out). Written only when set."""
     slot_layout: tuple[int, int] | None = None
     """``(capacity, bucket_capacity)`` of the table the shard was written from, exactly when the
     shard has a ``slots`` part: row ``i``'s slot in that table, in ``[0, capacity)`` (buckets of
@@ -121,6 +125,8 @@ class ShardMeta:
             d.pop("slot_layout")  # readers, which refuse a key they do not know
         else:
             d["slot_layout"] = list(self.slot_layout)
+        if self.admit_calls is None:  # likewise
+            d.pop("admit_calls")
         return json.dumps(d, indent=1, sort_keys=True)
 
 
@@ -353,6 +359,9 @@ def read_meta(path: str | Path, data: bytes | None = None) -> ShardMeta:
     admission = d.get("admission_rows")
     if admission is not None:
         admission = _count(d, path, "admission_rows")
+    calls = d.get("admit_calls")
+    if calls is not None:
+        calls = _count(d, path, "admit_calls")
     num_embeddings = d.get("num_embeddings")
     if num_embeddings is not None:
         num_embeddings = _count(d, path, "num_embeddings", 1)
@@ -387,6 +396,7 @@ def read_meta(path: str | Path, data: bytes | None = None) -> ShardMeta:
         state_width=state_width,
         hyper_parameters=hyper,
         admission_rows=admission,
+        admit_calls=calls,
         num_embeddings=num_embeddings,
         files=files,
         format_version=version,

@@ -128,6 +128,13 @@ class ModuleAdmission:
                 out.append((g.tables, state))
         return out
 
+    def admitter_of(self, table: int) -> MultiTableAdmitter | None:
+        """The admitter deciding for table ``table``, or None (no strategy)."""
+        for g in self.groups:
+            if table in g.tables:
+                return g.admitter
+        return None
+
     def counter_of(self, table: int) -> tuple[Counter, int] | None:
         """The counter table ``table`` accumulates into and its id there, or None (no
         strategy, or one that keeps no state)."""

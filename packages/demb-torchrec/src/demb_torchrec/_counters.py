@@ -14,16 +14,19 @@ import numpy.typing as npt
 import torch
 from demb_io import ShardData, ShardMeta
 from demb_planner import owner_rank
-from demb_storage import MultiTableKVCounter
+from demb_storage import MultiTableKVCounter, MultiTableProbabilisticAdmitter
 
 from demb_torchrec.errors import NotSupportedError
 from demb_torchrec.model_tables import ModelTable
 
 __all__ = [
     "CounterRows",
+    "admit_calls",
     "attach_counter",
     "counter_rows",
+    "load_calls",
     "load_counter",
+    "restore_calls",
     "restore_counter",
     "with_counter",
 ]
@@ -59,11 +62,48 @@ def counter_rows(t: ModelTable) -> CounterRows | None:
     return keys.cpu().numpy().astype(np.int64), counts.cpu().numpy().astype(np.int64)
 
 
-def with_counter(meta: ShardMeta, rows: CounterRows | None) -> ShardMeta:
-    """``meta`` announcing the admission parts when ``rows`` is given."""
+def with_counter(meta: ShardMeta, rows: CounterRows | None, calls: int | None = None) -> ShardMeta:
+    """``meta`` announcing the admission parts when ``rows`` is given, and the probabilistic
+    admitter's call count ``calls`` (see :func:`admit_calls`)."""
+    if calls is not None:
+        meta = dataclasses.replace(meta, admit_calls=calls)
     if rows is None:
         return meta
     return dataclasses.replace(meta, admission_rows=0)
+
+
+def _probabilistic(t: ModelTable) -> MultiTableProbabilisticAdmitter | None:
+    admission = t.module.admission
+    admitter = None if admission is None else admission.admitter_of(t.index)
+    return admitter if isinstance(admitter, MultiTableProbabilisticAdmitter) else None
+
+
+def admit_calls(t: ModelTable) -> int | None:
+    """Table ``t``'s probabilistic admitter's call count (the toss index of its next call:
+    restored, a resumed run tosses as an uninterrupted one), or None when it has none."""
+    admitter = _probabilistic(t)
+    return None if admitter is None else admitter.calls
+
+
+def load_calls(t: ModelTable, metas: list[ShardMeta]) -> None:
+    """Table ``t``'s probabilistic admitter's call count from its checkpoint shards
+    (``metas``): this rank's own shard's when the world size is the checkpoint's, else the
+    largest (each toss index then unused here); left as it is when no shard has one."""
+    admitter = _probabilistic(t)
+    found = [m for m in metas if m.admit_calls is not None]
+    if admitter is None or not found:
+        return
+    own = [m for m in found if m.world_size == t.world_size and m.rank == t.rank]
+    calls = own[0].admit_calls if own else max(m.admit_calls or 0 for m in found)
+    assert calls is not None
+    admitter.calls = calls
+
+
+def restore_calls(t: ModelTable, calls: int | None) -> None:
+    """Table ``t``'s probabilistic admitter's call count put back (a failed load's undo)."""
+    admitter = _probabilistic(t)
+    if admitter is not None and calls is not None:
+        admitter.calls = calls
 
 
 def attach_counter(chunks: Iterator[ShardData], rows: CounterRows | None) -> Iterator[ShardData]:

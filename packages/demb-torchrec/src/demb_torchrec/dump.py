@@ -25,7 +25,13 @@ from demb_storage import TableExport
 from torch import nn
 
 from demb_torchrec._background import DumpHandle
-from demb_torchrec._counters import CounterRows, attach_counter, counter_rows, with_counter
+from demb_torchrec._counters import (
+    CounterRows,
+    admit_calls,
+    attach_counter,
+    counter_rows,
+    with_counter,
+)
 from demb_torchrec._snapshot import (
     TableSnapshot,
     background_reads,
@@ -308,7 +314,11 @@ def DynamicEmbDump(  # noqa: N802 (the spec's name)
                 rows = counter_rows(t) if counter else None
                 _write_shard(
                     staged / t.collection,
-                    with_counter(_meta(t, optim, t.module.tables.capacity(t.index)), rows),
+                    with_counter(
+                        _meta(t, optim, t.module.tables.capacity(t.index)),
+                        rows,
+                        admit_calls(t) if counter else None,
+                    ),
                     attach_counter(_chunks(t, optim), rows),
                 )
         except Exception as err:  # every rank must reach the gather below
@@ -350,10 +360,18 @@ def _dump_in_background(
             # A caching table's rows are in two tiers: written now, before the call returns.
             for t in [t for t in tables if is_caching(t)]:
                 rows = counter_rows(t) if counter else None
-                meta = with_counter(_meta(t, optim, t.module.tables.capacity(t.index)), rows)
+                calls = admit_calls(t) if counter else None
+                meta = with_counter(_meta(t, optim, t.module.tables.capacity(t.index)), rows, calls)
                 _write_shard(staged / t.collection, meta, attach_counter(_chunks(t, optim), rows))
             tables = [t for t in tables if not is_caching(t)]
-            metas = [_meta(t, optim, t.module.tables.capacity(t.index)) for t in tables]
+            metas = [  # the admitters' call counts at the call, like the counters
+                with_counter(
+                    _meta(t, optim, t.module.tables.capacity(t.index)),
+                    None,
+                    admit_calls(t) if counter else None,
+                )
+                for t in tables
+            ]
             counts = [counter_rows(t) if counter else None for t in tables]
             snaps = snapshots([(t.module.tables, t.index) for t in tables], state=optim)
             jobs = [

@@ -18,7 +18,15 @@ from demb_planner import owner_rank
 from demb_storage import SlotWrites, TableConfigError
 from torch import nn
 
-from demb_torchrec._counters import CounterRows, counter_rows, load_counter, restore_counter
+from demb_torchrec._counters import (
+    CounterRows,
+    admit_calls,
+    counter_rows,
+    load_calls,
+    load_counter,
+    restore_calls,
+    restore_counter,
+)
 from demb_torchrec.errors import ConfigError
 from demb_torchrec.model_tables import (
     ModelTable,
@@ -119,6 +127,7 @@ def _load_table(
                 assign_rows(t, keys, scores, rows)
     if counter:
         load_counter(t, metas, counters)
+        load_calls(t, metas)
 
 
 def _assign_at(
@@ -168,6 +177,7 @@ class _Kept:
             held = t.module.cache.export(t.index)
         self.rows = held if held.keys.numel() else None
         self.counter = counter_rows(t) if counter else None
+        self.calls = admit_calls(t) if counter else None
 
     def restore(self) -> None:
         """The table emptied, then its kept rows inserted again (keys, rows and scores); its
@@ -179,6 +189,7 @@ class _Kept:
         if self.rows is not None:
             assign_rows(t, self.rows.keys, self.rows.scores, self.rows.values)
         restore_counter(t, self.counter)
+        restore_calls(t, self.calls)
 
 
 def _iter(
