@@ -55,7 +55,9 @@ def test_full_holds_torch_full_values(size, value, dtype):
 
 @pytest.mark.skipif(not thp_usable(), reason="transparent huge pages are off or not Linux")
 def test_a_big_cpu_tensor_is_advised_and_eligible_for_huge_pages():
-    t = torch.empty(16 << 20, dtype=torch.uint8)  # 16 MiB: at least seven aligned huge pages
+    # 64 MiB: above glibc's largest mmap threshold (32 MiB), so a fresh mapping of its own even
+    # late in a long run (a 16 MiB block reused from the heap once tested not eligible)
+    t = torch.empty(64 << 20, dtype=torch.uint8)
     assert memory.advise_huge_pages(t)
     first = -(-t.data_ptr() // memory.HUGE_PAGE_BYTES) * memory.HUGE_PAGE_BYTES
     assert smaps_entry(first).get("THPeligible") == "1"

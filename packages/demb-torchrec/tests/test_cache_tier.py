@@ -22,6 +22,7 @@ from demb_torchrec import (
     erase_keys,
     pop_erased_keys,
     pop_evicted_keys,
+    table_stats,
 )
 from demb_torchrec.errors import NotSupportedError
 
@@ -366,6 +367,41 @@ def test_admission_on_another_table_of_the_module_still_decides():
     gen = torch.Generator().manual_seed(11)
     indices, offsets = _batch(gen, 500, pooled=False)
     torch.testing.assert_close(cached(indices, offsets), twin(indices, offsets), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["frequency", "probabilistic"])
+def test_admission_on_caching_tables_decides_as_on_all_device_ones(kind: str):
+    """Admission on the caching tables themselves: a key neither tier holds is asked about,
+    a rejected one reads its initializer's row and enters neither tier; the union of the
+    tiers equals an all-device twin with the same admission, step for step."""
+    from demb_torchrec import FrequencyAdmissionStrategy, KVCounter, ProbabilisticAdmissionStrategy
+
+    def options(ratio: float | None) -> list[DynamicEmbTableOptions]:
+        out = _options(ratio, "adam")
+        for o in out:
+            o.admit_strategy = (
+                FrequencyAdmissionStrategy(2, KVCounter(1 << 16))
+                if kind == "frequency"
+                else ProbabilisticAdmissionStrategy(0.4, seed=3)
+            )
+        return out
+
+    kw: dict[str, Any] = {"table_names": NAMES, "device": "cpu", "optimizer": "adam"}
+    kw["pooling_mode"] = DynamicEmbPoolingMode.NONE
+    twin = DynamicEmbeddingTables(options(None), **kw)
+    cached = DynamicEmbeddingTables(options(0.1), **kw)
+    _train_both(twin, cached, steps=6, n=1400)
+    assert twin.tables.size(0) < len(set(range(KEYS)))  # admission kept keys out
+    stats = cached.cache_stats()
+    assert sum(s["storage_hits"] for s in stats.values()) > 0  # rows moved between the tiers
+    want, got = table_stats(twin)["model"], table_stats(cached)["model"]
+    for name in NAMES:  # the same keys asked about, the same decisions
+        assert (got[name].admitted, got[name].rejected) == (
+            want[name].admitted,
+            want[name].rejected,
+        )
+        assert got[name].rejected > 0
+    _assert_union_equals_twin(twin, cached)
 
 
 def test_the_storage_grows_while_the_cache_writes_back():

@@ -150,7 +150,9 @@ class CacheLookups:
         """A training forward's lookup (the ``Found`` of
         :class:`~demb_torchrec._find_or_insert.FindOrInsert`): every caching key ends with a
         cache slot or a scratch row and a status of HIT (its row is set) or INSERTED (its row
-        was initialized); the other tables' keys as a plain ``find_or_insert`` leaves them."""
+        was initialized), except a key neither tier holds that its admitter rejects (slot -1,
+        as in any table: its row comes from the strategy's initializer); the other tables'
+        keys as a plain ``find_or_insert`` leaves them."""
         s = self._state
         tables = s.tables
         s.trigger = self.base_trigger
@@ -162,9 +164,13 @@ class CacheLookups:
         cached = self._cached[ids]
         absent = tables.find(keys, ids, check=False) < 0
         fetched = self._fetch(keys, ids, (cached & absent).nonzero().squeeze(1))
-        kept: torch.Tensor | None = None  # the other tables' admission (a cache admits all)
-        if s.admission is not None:
-            rejected = s.admission.rejected(keys, ids, counts, absent)
+        kept: torch.Tensor | None = None
+        rejected: torch.Tensor | None = None
+        if s.admission is not None:  # a key is missing when neither tier holds it
+            missing = absent.clone()
+            for _, p, _, _ in fetched:
+                missing[p] = False
+            rejected = s.admission.rejected(keys, ids, counts, missing)
             s.rejected[0] = rejected
             kept = (~rejected).nonzero().squeeze(1)
         pick = slice(None) if kept is None else kept
@@ -196,7 +202,8 @@ class CacheLookups:
         status = torch.where(cached, code, status)
         init_new_rows(tables.values, slots, keys, ids, status, s.new_rows)
         self._place(ids, slots, fetched)
-        self._count(ids, [cached & hit, found, new], overflow)
+        held = cached & hit if rejected is None else cached & hit & ~rejected
+        self._count(ids, [held, found, new], overflow)
         if overflow.numel():
             self._pend(pending, batch, slots, overflow, counts, scores, stored)
             if grad:

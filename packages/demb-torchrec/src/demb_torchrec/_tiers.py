@@ -126,8 +126,7 @@ def place_tables(
     Raises:
         TableConfigError: a bad budget (:func:`cache_config`), an ``external_storage`` that is
             not a :class:`~demb_storage.Storage` or whose rows disagree with its tables'.
-        NotSupportedError: a budget without ``caching`` (hybrid tables), ``external_storage``
-            without ``caching``, or ``caching`` with an admission strategy.
+        NotSupportedError: ``external_storage`` without ``caching``.
     """
     own: list[TableConfig] = []
     below: list[StorageSlot | None] = [None] * len(configs)
@@ -137,12 +136,6 @@ def place_tables(
             _check_uncached(o, name)
             own.append(hybrid_config(c, o.local_hbm_for_values, name, device))
             continue
-        if o.admit_strategy is not None:
-            raise NotSupportedError(
-                "DynamicEmbTableOptions.admit_strategy",
-                "admission on a caching table is not supported yet",
-                table=name,
-            )
         own.append(cache_config(c, o.local_hbm_for_values, name, device))
         if o.external_storage is None:
             host.append(t)
