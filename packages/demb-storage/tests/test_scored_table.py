@@ -215,7 +215,12 @@ def test_launched_find_or_insert_needs_counts_where_asked_for_them():
     assert table.steps == [0]
 
 
-def test_expansion_keeps_every_key_with_its_row_and_scores():
+@pytest.mark.parametrize("move_rows", [1 << 20, 7])
+def test_expansion_keeps_every_key_with_its_row_and_scores(monkeypatch, move_rows):
+    """Also when the rows move a few at a time (7: many chunks, the last one short)."""
+    import demb_storage.scored_table as scored_table
+
+    monkeypatch.setattr(scored_table, "_MOVE_ROWS", move_rows)
     table = one_table(S.LFU, init_capacity=32, max_capacity=1024)
     keys = torch.arange(0, 400)
     for chunk in keys.split(50):

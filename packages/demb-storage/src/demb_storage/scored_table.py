@@ -37,6 +37,10 @@ from demb_storage.score_function import VictimRanker
 __all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
 
 
+_MOVE_ROWS = 1 << 20
+"""Rows a growing table moves at a time (their copy is scratch on the values' device)."""
+
+
 def _env_flag(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None:
@@ -448,8 +452,10 @@ class ScoredHashTable:
             self._refresh_growth()
             return False
         old = self.values[table_id]
-        moved = gather_rows(old, old_slots.to(old.device), check=False)
-        scatter_rows(buf, new_slots.to(buf.device), moved, check=False)
+        src, dst = old_slots.to(old.device), new_slots.to(buf.device)
+        for start in range(0, src.shape[0], _MOVE_ROWS):  # bounded scratch: a hybrid table's
+            part = slice(start, start + _MOVE_ROWS)  # rows may not fit the device at once
+            scatter_rows(buf, dst[part], gather_rows(old, src[part], check=False), check=False)
         self.index = new_index
         self._refresh_growth()
         self.values[table_id] = buf
