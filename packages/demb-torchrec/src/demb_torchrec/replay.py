@@ -151,11 +151,11 @@ def _plan(t: ModelTable, delta: DeltaDumpResult, i: int, content: ReplayContent)
     erased_mine = _owned(t, erased)
     freed = meta.get("erased_slot_index")
     caching = is_caching(t)
-    if freed is not None and caching:  # a caching table is written by key: no slots to clear
-        _tensor(freed, where, "erased_slot_index", tuple(erased.shape), torch.int64)
-        freed = None
     if freed is not None:
         _tensor(freed, where, "erased_slot_index", tuple(erased.shape), torch.int64)
+        if caching:  # a caching table is written by key: no slot to clear
+            freed = None
+    if freed is not None:
         freed = _take(freed, erased_mine)
         freed = freed[freed >= 0]
         capacity = t.module.tables.capacity(t.index)
