@@ -4,9 +4,12 @@ module, training steps over chosen keys, and comparisons of two models' tables."
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from demb_io import Checkpoint
 from demb_torchrec import (
     DynamicEmbeddingTables,
     DynamicEmbPoolingMode,
@@ -128,3 +131,18 @@ def present(model: Model, t: int) -> set[int]:
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 """Parametrize a test over the CPU and (marker ``cuda``) the GPU."""
+
+
+def checkpoint_content(path: Path, collection: str) -> dict[str, dict[int, tuple[Any, ...]]]:
+    """Per table of ``collection`` in the checkpoint at ``path``, key -> (embedding, state,
+    scores) over every shard (each key once)."""
+    ckpt = Checkpoint(path)
+    out: dict[str, dict[int, tuple[Any, ...]]] = {}
+    for table in ckpt.tables(collection):
+        data = ckpt.read_table(collection, table)
+        rows = out.setdefault(table, {})
+        for i, key in enumerate(data.keys.tolist()):
+            assert key not in rows
+            state = None if data.state is None else data.state[i].tolist()
+            rows[key] = (data.values[i].tolist(), state, data.scores[i].tolist())
+    return out

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from demb_io import Checkpoint
+from _online_common import checkpoint_content
 from demb_io.cli import main as demb_io
 from demb_torchrec import (
     DynamicEmbDump,
@@ -165,20 +165,6 @@ def test_a_bad_caching_delta_is_refused_before_any_table_is_written():
             assert torch.equal(x, y)
 
 
-def _content(path: Path) -> dict[str, dict[int, tuple[Any, ...]]]:
-    """Per table of a checkpoint, key -> (embedding, state, scores)."""
-    ckpt = Checkpoint(path)
-    out: dict[str, dict[int, tuple[Any, ...]]] = {}
-    for table in ckpt.tables("model"):
-        data = ckpt.read_table("model", table)
-        rows = out.setdefault(table, {})
-        for i, key in enumerate(data.keys.tolist()):
-            assert key not in rows
-            state = None if data.state is None else data.state[i].tolist()
-            rows[key] = (data.values[i].tolist(), state, data.scores[i].tolist())
-    return out
-
-
 def test_delta_files_of_a_caching_table_merge_and_apply_to_a_full_dump(tmp_path: Path):
     a = _module(strategy=S.TIMESTAMP, retain=True)
     gen = torch.Generator().manual_seed(6)
@@ -196,9 +182,9 @@ def test_delta_files_of_a_caching_table_merge_and_apply_to_a_full_dump(tmp_path:
     assert demb_io(["verify", str(tmp_path / "merged")]) == 0
     applied = tmp_path / "applied"
     assert demb_io(["apply", str(tmp_path / "full0"), str(tmp_path / "merged"), str(applied)]) == 0
-    want = _content(tmp_path / "full1")
+    want = checkpoint_content(tmp_path / "full1", "model")
     assert all(len(want[n]) > 500 for n in NAMES)
-    assert _content(applied) == want
+    assert checkpoint_content(applied, "model") == want
     loaded = _module(strategy=S.TIMESTAMP, retain=True)
     DynamicEmbLoad(str(applied), loaded, optim=True)
     _assert_same_union(a, loaded, scores=True)

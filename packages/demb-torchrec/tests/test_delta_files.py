@@ -16,11 +16,12 @@ from _online_common import (
     Model,
     S,
     assert_same_tables,
+    checkpoint_content,
     checksum,
     next_threshold,
     random_step,
 )
-from demb_io import Checkpoint, FormatError, read_delta
+from demb_io import FormatError, read_delta
 from demb_io.cli import main as demb_io
 from demb_torchrec import (
     DynamicEmbDump,
@@ -33,20 +34,6 @@ from demb_torchrec import (
 from demb_torchrec.delta_files import read_delta_dump, write_delta_dump
 
 COLLECTION = "sparse"
-
-
-def _content(path: Path) -> dict[str, dict[int, tuple]]:
-    """Per table of a checkpoint, key -> (embedding, state, scores) over every shard."""
-    ckpt = Checkpoint(path)
-    out: dict[str, dict[int, tuple]] = {}
-    for table in ckpt.tables(COLLECTION):
-        data = ckpt.read_table(COLLECTION, table)
-        rows = out.setdefault(table, {})
-        for i, key in enumerate(data.keys.tolist()):
-            assert key not in rows
-            state = None if data.state is None else data.state[i].tolist()
-            rows[key] = (data.values[i].tolist(), state, data.scores[i].tolist())
-    return out
 
 
 @pytest.mark.parametrize(
@@ -88,13 +75,13 @@ def test_merged_deltas_applied_to_the_checkpoint_equal_a_full_dump(
     assert demb_io(["verify", str(tmp_path / "merged")]) == 0
     applied = tmp_path / "applied"
     assert demb_io(["apply", str(tmp_path / "full0"), str(tmp_path / "merged"), str(applied)]) == 0
-    want = _content(tmp_path / "full1")
+    want = checkpoint_content(tmp_path / "full1", COLLECTION)
     assert all(len(want[n]) > 20 for n in NAMES)
-    assert _content(applied) == want
+    assert checkpoint_content(applied, COLLECTION) == want
     loaded = Model(score=strategy, retain=retain, capacity=capacity, device=device)
     DynamicEmbLoad(applied, loaded, optim=True)
     DynamicEmbDump(tmp_path / "reloaded", loaded, optim=True)
-    assert _content(tmp_path / "reloaded") == want
+    assert checkpoint_content(tmp_path / "reloaded", COLLECTION) == want
 
 
 def test_deltas_read_back_replay_to_the_source_bit_for_bit(tmp_path):
