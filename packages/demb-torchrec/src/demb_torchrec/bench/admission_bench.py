@@ -69,11 +69,14 @@ from demb_torchrec.bench._admission_parts import (
 )
 from demb_torchrec.bench._delta_report import figure
 from demb_torchrec.bench.compare import check_counts, machine_info
-from demb_torchrec.bench.workload import Workload, all_on_device, make_batches, timed
+from demb_torchrec.bench.workload import (
+    Workload,
+    make_batches,
+    reference_tables,
+    timed,
+)
 from demb_torchrec.options import (
-    DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
-    DynamicEmbTableOptions,
 )
 from demb_torchrec.train.score_functions import lru_lfu_decay_score
 
@@ -85,7 +88,6 @@ __all__ = [
 ]
 
 _BATCHES = 4
-_BUCKET = 128
 _GRAD = 1e-3
 _PREFILL_IDS = 1 << 21  # ids per prefill forward (1 GB of output rows at D=128)
 _TARGET_TRAIN = 1.15
@@ -146,25 +148,12 @@ def _build(
     score_function: ScoreFunction | None = None,
 ) -> DynamicEmbeddingTables:
     """The workload's tables of ``capacity`` slots (buckets of 128) with these options."""
-    tables = [
-        DynamicEmbTableOptions(
-            dim=ref.dim,
-            max_capacity=capacity,
-            bucket_capacity=_BUCKET,
-            local_hbm_for_values=all_on_device(ref.dim, capacity, ref.optimizer, _BUCKET),
-            admit_strategy=admit_strategy,
-            score_strategy=score_strategy,
-            score_function=score_function,
-        )
-        for _ in range(ref.tables)
-    ]
-    return DynamicEmbeddingTables(
-        tables,
-        pooling_mode=DynamicEmbPoolingMode.NONE,
-        device=device,
-        optimizer=ref.optimizer,
-        learning_rate=0.01,
-    )
+    options = {
+        "admit_strategy": admit_strategy,
+        "score_strategy": score_strategy,
+        "score_function": score_function,
+    }
+    return reference_tables(ref, device, capacity, options)
 
 
 def _prefill(model: DynamicEmbeddingTables, ref: Workload, repeats: int) -> list[int]:

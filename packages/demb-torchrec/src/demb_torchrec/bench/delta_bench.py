@@ -80,13 +80,17 @@ from demb_torchrec.bench._delta_baselines import (
 from demb_torchrec.bench._delta_report import figure, print_report
 from demb_torchrec.bench.compare import machine_info
 from demb_torchrec.bench.module_bench import prefill
-from demb_torchrec.bench.workload import Workload, all_on_device, make_batches, timed
+from demb_torchrec.bench.workload import (
+    BUCKET,
+    Workload,
+    make_batches,
+    reference_tables,
+    timed,
+)
 from demb_torchrec.dump import DynamicEmbDump
 from demb_torchrec.incremental import DeltaDumpResult, incremental_dump
 from demb_torchrec.options import (
-    DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
-    DynamicEmbTableOptions,
 )
 from demb_torchrec.replay import replay_increment
 from demb_torchrec.scores import get_score
@@ -94,7 +98,6 @@ from demb_torchrec.scores import get_score
 __all__ = ["DeltaCheckError", "DeltaWorkload", "run"]
 
 _T = TypeVar("_T")
-_BUCKET = 128
 _BATCHES = 4
 _GRAD = 1e-3
 _TARGET_COPY = 2.0
@@ -146,8 +149,8 @@ class DeltaWorkload:
     @property
     def capacity(self) -> int:
         """Slots of each table: its rows over ``load_factor``, in whole buckets."""
-        buckets = math.ceil(self.reference.rows / self.load_factor / _BUCKET)
-        return max(1, buckets) * _BUCKET
+        buckets = math.ceil(self.reference.rows / self.load_factor / BUCKET)
+        return max(1, buckets) * BUCKET
 
     @property
     def touched_rows(self) -> int:
@@ -173,26 +176,8 @@ class DeltaWorkload:
 # ------------------------------------------------------------------------------------ model
 def build(w: DeltaWorkload, device: torch.device) -> DynamicEmbeddingTables:
     """The workload's tables, empty: ``capacity`` slots each from the start."""
-    ref = w.reference
-    options = [
-        DynamicEmbTableOptions(
-            dim=ref.dim,
-            max_capacity=w.capacity,
-            init_capacity=w.capacity,
-            bucket_capacity=_BUCKET,
-            local_hbm_for_values=all_on_device(ref.dim, w.capacity, ref.optimizer, _BUCKET),
-            score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,
-        )
-        for _ in range(ref.tables)
-    ]
-    return DynamicEmbeddingTables(
-        options,
-        pooling_mode=DynamicEmbPoolingMode.NONE,
-        device=device,
-        optimizer=ref.optimizer,
-        seed=w.seed,
-        learning_rate=0.01,
-    )
+    options = {"init_capacity": w.capacity, "score_strategy": DynamicEmbScoreStrategy.TIMESTAMP}
+    return reference_tables(w.reference, device, w.capacity, options, seed=w.seed)
 
 
 def _present_keys(model: DynamicEmbeddingTables, rows: int) -> list[torch.Tensor]:

@@ -27,10 +27,13 @@ from typing import Any
 import torch
 
 from demb_torchrec.batched_tables import DynamicEmbeddingTables
-from demb_torchrec.bench.workload import Workload, all_on_device, make_batches, timed
+from demb_torchrec.bench.workload import (
+    Workload,
+    make_batches,
+    reference_tables,
+    timed,
+)
 from demb_torchrec.options import (
-    DynamicEmbPoolingMode,
-    DynamicEmbTableOptions,
     EvictedItemMode,
 )
 from demb_torchrec.retained import pop_evicted_keys
@@ -64,24 +67,7 @@ class RetainWorkload:
 def _build(
     w: RetainWorkload, device: torch.device, mode: EvictedItemMode
 ) -> DynamicEmbeddingTables:
-    ref = w.reference
-    options = [
-        DynamicEmbTableOptions(
-            dim=ref.dim,
-            max_capacity=w.capacity,
-            bucket_capacity=128,
-            local_hbm_for_values=all_on_device(ref.dim, w.capacity, ref.optimizer),
-            evicted_item_mode=mode,
-        )
-        for _ in range(ref.tables)
-    ]
-    return DynamicEmbeddingTables(
-        options,
-        pooling_mode=DynamicEmbPoolingMode.NONE,
-        device=device,
-        optimizer=ref.optimizer,
-        learning_rate=0.01,
-    )
+    return reference_tables(w.reference, device, w.capacity, {"evicted_item_mode": mode})
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]

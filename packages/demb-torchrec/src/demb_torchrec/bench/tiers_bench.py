@@ -67,12 +67,17 @@ from demb_torchrec.bench._tiers_parts import (
     print_report,
 )
 from demb_torchrec.bench.compare import check_counts, machine_info
-from demb_torchrec.bench.workload import Workload, all_on_device, make_batches, timed
-from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
+from demb_torchrec.bench.workload import (
+    BUCKET,
+    Workload,
+    make_batches,
+    reference_tables,
+    timed,
+)
+from demb_torchrec.options import DynamicEmbTableOptions
 
 __all__ = ["TiersCheckError", "TiersWorkload", "row_bytes", "run"]
 
-_BUCKET = 128
 _GRAD = 1e-3
 _TARGET = 2.0
 _ROWS = 3_355_443  # a table's rows at scale 1: 10 tables, 32M rows in all
@@ -133,13 +138,13 @@ class TiersWorkload:
 
 
 def _power_of_two(at_least: int) -> int:
-    return max(_BUCKET, 1 << max(0, at_least - 1).bit_length())
+    return max(BUCKET, 1 << max(0, at_least - 1).bit_length())
 
 
 def row_bytes(dim: int, optimizer: str) -> int:
     """Bytes of a float32 value row (embedding and optimizer state), as the module lays it."""
     probe = DynamicEmbeddingTables(
-        [DynamicEmbTableOptions(dim=dim, max_capacity=_BUCKET)], device="cpu", optimizer=optimizer
+        [DynamicEmbTableOptions(dim=dim, max_capacity=BUCKET)], device="cpu", optimizer=optimizer
     )
     return int(probe.tables.values[0].shape[1]) * probe.tables.values[0].element_size()
 
@@ -165,29 +170,10 @@ def _build(
 ) -> DynamicEmbeddingTables:
     """The workload's tables: all-device (``budget`` None), caching with ``budget`` bytes, or
     hybrid (``caching`` False) with ``budget`` bytes of device rows."""
-    ref = w.reference
-    options = [
-        DynamicEmbTableOptions(
-            dim=ref.dim,
-            max_capacity=w.max_capacity,
-            init_capacity=init,
-            bucket_capacity=_BUCKET,
-            caching=caching,
-            local_hbm_for_values=(
-                all_on_device(ref.dim, w.max_capacity, ref.optimizer, _BUCKET)
-                if budget is None
-                else budget
-            ),
-        )
-        for _ in range(ref.tables)
-    ]
-    return DynamicEmbeddingTables(
-        options,
-        pooling_mode=DynamicEmbPoolingMode.NONE,
-        device=device,
-        optimizer=ref.optimizer,
-        learning_rate=0.01,
-    )
+    options: dict[str, Any] = {"init_capacity": init, "caching": caching}
+    if budget is not None:  # else every value row on the device
+        options["local_hbm_for_values"] = budget
+    return reference_tables(w.reference, device, w.max_capacity, options)
 
 
 def _time(
@@ -398,7 +384,7 @@ def run(w: TiersWorkload, device: torch.device) -> dict[str, Any]:
             "pooling": "none",
             "max_capacity": w.max_capacity,
             "init_capacity": init,
-            "bucket_capacity": _BUCKET,
+            "bucket_capacity": BUCKET,
             "row_bytes": row,
             "unique_keys_per_table_step": unique,
             "distinct_keys_per_table": keys.distinct,

@@ -10,9 +10,24 @@ from typing import Any
 
 import torch
 
+from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.capacity import get_table_value_bytes
+from demb_torchrec.options import DynamicEmbPoolingMode, DynamicEmbTableOptions
 
-__all__ = ["Workload", "all_on_device", "floor_bytes", "make_batches", "power_law_ids", "timed"]
+__all__ = [
+    "BUCKET",
+    "Workload",
+    "all_on_device",
+    "floor_bytes",
+    "make_batches",
+    "power_law_ids",
+    "reference_tables",
+    "timed",
+]
+
+
+BUCKET = 128
+"""Slots per bucket of the benchmarks' tables (:func:`reference_tables`)."""
 
 
 @dataclass(frozen=True)
@@ -23,11 +38,44 @@ class _Shape:
     embedding_dim: int
 
 
-def all_on_device(dim: int, capacity: int, optimizer: str, bucket_capacity: int = 128) -> int:
+def all_on_device(dim: int, capacity: int, optimizer: str, bucket_capacity: int = BUCKET) -> int:
     """The ``local_hbm_for_values`` (bytes) that keeps every value row of an unplanned table
     of ``capacity`` slots, ``dim`` fp32 columns and ``optimizer``'s state in device memory (a
     budget of 0 keeps none there): the spec's sizing helper for one rank."""
     return get_table_value_bytes(_Shape(capacity, dim), optimizer, 1, bucket_capacity)
+
+
+def reference_tables(
+    ref: Workload,
+    device: torch.device,
+    capacity: int,
+    options: dict[str, Any] | None = None,
+    *,
+    seed: int = 0,
+) -> DynamicEmbeddingTables:
+    """The reference workload's ``ref.tables`` tables of ``ref.dim`` columns and ``capacity``
+    slots (``max_capacity``) in buckets of :data:`BUCKET`, NONE pooling, ``ref.optimizer`` at
+    learning rate 0.01 and initializer ``seed``: what the delta, retain, admission and tiers
+    benchmarks build.
+    ``options``: more ``DynamicEmbTableOptions`` fields, the same for every table; without a
+    ``local_hbm_for_values`` every value row is in device memory (:func:`all_on_device`)."""
+    options = {"local_hbm_for_values": all_on_device(ref.dim, capacity, ref.optimizer)} | (
+        options or {}
+    )
+    tables = [
+        DynamicEmbTableOptions(
+            dim=ref.dim, max_capacity=capacity, bucket_capacity=BUCKET, **options
+        )
+        for _ in range(ref.tables)
+    ]
+    return DynamicEmbeddingTables(
+        tables,
+        pooling_mode=DynamicEmbPoolingMode.NONE,
+        device=device,
+        optimizer=ref.optimizer,
+        seed=seed,
+        learning_rate=0.01,
+    )
 
 
 @dataclass(frozen=True)
