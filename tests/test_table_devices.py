@@ -85,10 +85,30 @@ def test_cuda_timestamp_copies_one_reading_of_the_global_timer():
 def test_cuda_index_equals_cpu_index(policy):
     """>= 10**7 keys per policy through two fused evicting tables: every per-key output and the
     whole index agree after every batch; insert_or_assign and erase batches in between."""
-    cpu = TableIndex.create(CAPACITIES, WIDTHS, [policy, policy])
-    gpu = TableIndex.create(CAPACITIES, WIDTHS, [policy, policy], "cuda")
+    evicted = _run_both(policy, CAPACITIES, WIDTHS, 10_000_000, 250_000)
+    if policy is ScorePolicy.NO_EVICTION:
+        assert evicted == 0
+    else:
+        assert evicted > 1_000_000
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("policy", list(ScorePolicy), ids=lambda p: p.name)
+def test_cuda_wide_buckets_equal_cpu(policy):
+    """Buckets of 1024 and 256 slots (a cache's: a warp searches each on CUDA), few of them,
+    so each batch sends hundreds of keys to every bucket: outputs and index agree as above."""
+    evicted = _run_both(policy, [1 << 13, 1 << 12], [1024, 256], 1_000_000, 50_000)
+    if policy is not ScorePolicy.NO_EVICTION:
+        assert evicted > 100_000
+
+
+def _run_both(policy, capacities, widths, total, batch) -> int:
+    """The batches of _batches through a CPU and a CUDA index, compared after every batch;
+    returns how many keys evicted."""
+    cpu = TableIndex.create(capacities, widths, [policy, policy])
+    gpu = TableIndex.create(capacities, widths, [policy, policy], "cuda")
     evicted = 0
-    for step, (keys, tids, args, counts) in enumerate(_batches(policy, 10_000_000, 250_000, 1)):
+    for step, (keys, tids, args, counts) in enumerate(_batches(policy, total, batch, 1)):
         a = ops.find_or_insert(cpu, keys, tids, args, counts)
         b = ops.find_or_insert(gpu, keys.cuda(), tids.cuda(), args.cuda(), counts.cuda())
         for x, y in zip(a, b, strict=True):
@@ -113,10 +133,7 @@ def test_cuda_index_equals_cpu_index(policy):
             atol=0,
         )
         _assert_same_index(cpu, gpu)
-    if policy is ScorePolicy.NO_EVICTION:
-        assert evicted == 0
-    else:
-        assert evicted > 1_000_000
+    return evicted
 
 
 @pytest.mark.cuda

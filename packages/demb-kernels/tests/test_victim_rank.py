@@ -192,12 +192,15 @@ def test_ranked_victims_match_the_model(tables, batches):
 
 
 @pytest.mark.cuda
-def test_cpu_and_cuda_pick_the_same_ranked_victims():
+@pytest.mark.parametrize("width", [WIDTH, 256], ids=["narrow", "wide"])
+def test_cpu_and_cuda_pick_the_same_ranked_victims(width):
+    """Narrow buckets (a thread searches each) and wide ones (a warp does) alike."""
     gen = np.random.default_rng(7)
+    caps = [4 * width, 2 * width]
     make = {
         d: TableIndex.create(
-            [64, 32],
-            [WIDTH, WIDTH],
+            caps,
+            [width, width],
             [ScorePolicy.TIMESTAMP_LFU, ScorePolicy.LFU],
             device=d,
             ranked=[True, True],
@@ -205,10 +208,10 @@ def test_cpu_and_cuda_pick_the_same_ranked_victims():
         for d in ("cpu", "cuda")
     }
     for step in range(20):
-        keys = i64(gen.integers(0, 300, 48))
-        tids = i64(gen.integers(0, 2, 48))
-        counts = i64(gen.integers(0, 3, 48))
-        ranks = i64(gen.integers(-3, 3, 96))  # many ties
+        keys = i64(gen.integers(0, 300 * width // WIDTH, 3 * width))
+        tids = i64(gen.integers(0, 2, 3 * width))
+        counts = i64(gen.integers(0, 3, 3 * width))
+        ranks = i64(gen.integers(-3, 3, sum(caps)))  # many ties
         out = {}
         for d, index in make.items():
             index.victim_rank.copy_(ranks.to(d))

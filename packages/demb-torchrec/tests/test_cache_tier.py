@@ -10,7 +10,13 @@ from typing import Any
 
 import pytest
 import torch
-from demb_storage import RocksDBStorage, RowLayout, Storage, TableConfigError
+from demb_storage import (
+    DynamicEmbeddingTable,
+    RocksDBStorage,
+    RowLayout,
+    Storage,
+    TableConfigError,
+)
 from demb_torchrec import (
     DynamicEmbDump,
     DynamicEmbeddingTables,
@@ -177,12 +183,17 @@ def test_optimizers_and_pooling(optimizer: str, pooling: DynamicEmbPoolingMode):
 @pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
 def test_cached_training_on_cuda(pooling: DynamicEmbPoolingMode):
     """On a GPU: the cache in device memory, the host table's index on the device and its rows
-    in pinned host memory."""
+    in host memory the device maps (a hybrid table of no device rows: counted as host memory)."""
     twin, cached = _modules(0.1, "adam", pooling, device="cuda")
     assert cached.cache is not None
     below = cached.cache.below[0]
     assert below is not None
-    assert all(v.is_pinned() for v in below.storage.table.values)  # type: ignore[attr-defined]
+    storage = below.storage
+    assert isinstance(storage, DynamicEmbeddingTable)
+    assert all(c.device_rows == 0 for c in storage.table.configs)
+    assert all(v.is_cuda for v in storage.table.values)
+    values = sum(v.nbytes for v in storage.table.values)
+    assert storage.memory_usage().host == values
     _train_both(twin, cached, steps=8, n=1400)
     stats = cached.cache_stats()
     assert sum(s["storage_hits"] for s in stats.values()) > 0

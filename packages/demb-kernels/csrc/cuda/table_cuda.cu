@@ -18,6 +18,7 @@
 #include "cuda/cub_call.cuh"
 #include "cuda/host_copy.h"
 #include "cuda/table_bucket.cuh"
+#include "cuda/table_bucket_warp.cuh"
 #include "cuda/table_kernels.cuh"
 #include "gather_call.h"
 #include "lookup_checks.h"
@@ -64,14 +65,14 @@ at::Tensor read_back(const void* src, int64_t count, at::ScalarType dtype,
 // cuts. Two allocations back every array.
 struct Schedule {
   at::Tensor words;  // int64 (3, N): sort keys, sorted keys, run keys
-  at::Tensor ints;   // int32 (4N + 2): order, positions, run lengths, run offsets, run count,
-                     // missed flag
+  at::Tensor ints;   // int32 (5N + 3): order, positions, run lengths, run offsets, run count,
+                     // missed flag, the wide buckets' runs, their count
   int64_t n;         // entries the arrays hold, all of which build() schedules
   uint64_t skip;
 
   Schedule(const at::Tensor& like, int64_t n_, uint64_t skip_)
       : words(at::empty({3, n_}, like.options().dtype(at::kLong))),
-        ints(at::empty({4 * n_ + 2}, like.options().dtype(at::kInt))),
+        ints(at::empty({5 * n_ + 3}, like.options().dtype(at::kInt))),
         n(n_),
         skip(skip_) {}
 
@@ -93,10 +94,16 @@ struct Schedule {
     return host.const_data_ptr<int32_t>()[0] != 0;
   }
 
-  cuda::Runs runs() const { return cuda::Runs{word(2), int32(3), int32(2), int32(4), int32(1)}; }
+  int32_t* wide() const { return int32(4) + 2; }
+  int32_t* wide_count() const { return wide() + n; }
+
+  cuda::Runs runs() const {
+    return cuda::Runs{word(2), int32(3), int32(2), int32(4), int32(1), wide(), wide_count()};
+  }
 
   void build(cudaStream_t stream) const {
     const auto n32 = static_cast<int>(n);
+    C10_CUDA_CHECK(cudaMemsetAsync(wide_count(), 0, sizeof(int32_t), stream));
     const int end_bit = end_bit_for(skip);
     cub_sequence(
         words,
@@ -111,6 +118,18 @@ struct Schedule {
         [&](void* temp, size_t& bytes) {
           return cub::DeviceScan::ExclusiveSum(temp, bytes, int32(2), int32(3), n32, stream);
         });
+  }
+
+  // Phase B over the built schedule: bucket_kernel (a thread per run), then bucket_warp_kernel
+  // for the runs of wide buckets bucket_kernel left (none: its warps find a count of 0).
+  void phase_b(const TableView& v, BucketOp op, const cuda::BatchIn& in,
+               const cuda::BatchOut& out, cudaStream_t stream) const {
+    cuda::bucket_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, op, in, out, runs(), skip);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    cuda::bucket_warp_kernel<<<cuda::wide_blocks(n, sms), kThreads, 0, stream>>>(v, op, in, out,
+                                                                                  runs());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };
 
@@ -202,9 +221,7 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   plan.build(stream);
-  cuda::bucket_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, op, in, out, plan.runs(),
-                                                              skip);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  plan.phase_b(v, op, in, out, stream);
   return {slots, status, victim_keys, victim_scores};
 }
 
@@ -279,9 +296,7 @@ RowsOutputs table_find_or_insert_gated_cuda(
         v, in, out, plan.prep(false, stream), plan.n);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     plan.build(stream);
-    cuda::bucket_kernel<<<blocks_for(plan.n), kThreads, 0, stream>>>(
-        v, BucketOp::kInsert, in, out, plan.runs(), skip);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    plan.phase_b(v, BucketOp::kInsert, in, out, stream);
   }
   if (!go || !hit || !rows.defined()) rows = at::empty({0, dim}, keys.options().dtype(at::kFloat));
   return {slots, status, victim_keys, victim_scores, host, rows};

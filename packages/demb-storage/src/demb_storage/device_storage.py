@@ -155,13 +155,14 @@ class DynamicEmbeddingTable(Storage):
         return self.table.size(self._table(table_id))
 
     def memory_usage(self) -> MemoryUsage:
-        """The index's tensors and the value rows, on the device or on the host."""
+        """The index's tensors and the value rows, on the device or on the host (a hybrid
+        table's rows past its ``device_rows`` on the host)."""
         index = self.table.index
         tensors = [getattr(index, f.name) for f in dataclasses.fields(index)]
-        tensors = [x for x in tensors if isinstance(x, torch.Tensor)] + list(self.table.values)
-        device = sum(x.nbytes for x in tensors if x.device.type != "cpu")
-        host = sum(x.nbytes for x in tensors if x.device.type == "cpu")
-        return MemoryUsage(device=device, host=host)
+        used = MemoryUsage.of_tensors([x for x in tensors if isinstance(x, torch.Tensor)])
+        for values, config in zip(self.table.values, self.table.configs, strict=True):
+            used = used + MemoryUsage.of_values(values, config.device_rows)
+        return used
 
     # ----------------------------------------------------------------------------- internals
     def _read(self, batch: StorageBatch, slots: torch.Tensor) -> torch.Tensor:

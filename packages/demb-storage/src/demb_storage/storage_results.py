@@ -3,6 +3,7 @@ methods return: small frozen dataclasses of tensors with documented shapes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -154,3 +155,21 @@ class MemoryUsage:
         return MemoryUsage(
             self.device + other.device, self.host + other.host, self.external + other.external
         )
+
+    @classmethod
+    def of_tensors(cls, tensors: Sequence[torch.Tensor]) -> MemoryUsage:
+        """The bytes of ``tensors``: device memory for those on an accelerator, host memory
+        for the others."""
+        device = sum(x.nbytes for x in tensors if x.device.type != "cpu")
+        return cls(device=device, host=sum(x.nbytes for x in tensors) - device)
+
+    @classmethod
+    def of_values(cls, values: torch.Tensor, device_rows: int | None) -> MemoryUsage:
+        """The bytes of a table's ``(rows, width)`` value buffer: a hybrid buffer's rows past
+        ``device_rows`` (:attr:`TableConfig.device_rows`) are in host memory, though the
+        tensor is a CUDA one."""
+        if device_rows is None or not values.is_cuda:
+            return cls.of_tensors([values])
+        row = values.shape[1] * values.element_size()
+        device = min(values.shape[0], device_rows) * row
+        return cls(device=device, host=values.nbytes - device)

@@ -162,9 +162,9 @@ class CacheTier(CacheLookups):
             index = table.index
             lo, hi = index.slot_range(below.table_id)
             parts = [index.keys[lo:hi], index.digests[lo:hi], index.scores[:, lo:hi]]
-            parts.append(table.values[below.table_id])
-            device = sum(x.nbytes for x in parts if x.device.type != "cpu")
-            return MemoryUsage(device=device, host=sum(x.nbytes for x in parts) - device)
+            rows = table.configs[below.table_id].device_rows
+            values = MemoryUsage.of_values(table.values[below.table_id], rows)
+            return MemoryUsage.of_tensors(parts) + values
         sharing = sum(1 for b in self.below if b is not None and b.storage is storage)
         usage = storage.memory_usage()
         return MemoryUsage(

@@ -4,9 +4,10 @@ later while the live table goes on changing: what a non-blocking dump writes fro
 The copy is a clone of the index tensors (keys, digests, score words, sizes) and of the value
 rows of the chosen tables, made on the tensors' own devices: on CUDA the clones are queued on
 the current stream (device-to-device, no host transfer, no sync), so they hold the state as of
-every kernel queued before them. A reader on another stream must wait on that stream first
-(:meth:`torch.cuda.Stream.wait_stream`) and keep the snapshot alive until its reads are done
-(:meth:`TableSnapshot.record_stream`).
+every kernel queued before them. A hybrid table's value rows (most of them in host memory) are
+copied into host memory instead, in the stream's order, the host waiting for the copy. A
+reader on another stream must wait on that stream first (:meth:`torch.cuda.Stream.wait_stream`)
+and keep the snapshot alive until its reads are done (:meth:`TableSnapshot.record_stream`).
 """
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ class TableSnapshot:
                     torch.cuda.current_stream(self.device).synchronize()
                     synced = True
                 width = buf.shape[1] if state else self.configs[t].dim
-                self.values[t] = _copy(buf[:, :width])
+                # a hybrid table's rows are copied into host memory, where most of them live:
+                # a copy in device memory may not fit
+                hybrid = buf.is_cuda and self.configs[t].device_rows is not None
+                self.values[t] = _copy(buf[:, :width], to_host=hybrid)
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the snapshot owns (what a reader on another stream must keep alive)."""
@@ -142,7 +146,7 @@ _POOL = _HostPool()
 
 def release_snapshot_memory() -> int:
     """Free the host memory kept from finished non-blocking dumps for the next one (CPU
-    tables; device memory stays with PyTorch's caching allocator, see
+    tables and hybrid tables' rows; device memory stays with PyTorch's caching allocator, see
     ``torch.cuda.empty_cache``).
 
     Returns:
@@ -151,15 +155,17 @@ def release_snapshot_memory() -> int:
     return _POOL.clear()
 
 
-def _copy(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous copy of ``t``. On the CPU into a buffer kept from a finished snapshot of
-    the same shape, else into memory asked to be backed by huge pages before its first write
-    (:func:`demb_kernels.memory.advise_huge_pages`): a fresh copy of a big table otherwise
-    spends more time faulting in 4 KiB pages than copying."""
-    cpu = t.device.type == "cpu" and not t.is_pinned()
+def _copy(t: torch.Tensor, *, to_host: bool = False) -> torch.Tensor:
+    """A contiguous copy of ``t``, on its device or, ``to_host``, in host memory (a CUDA
+    tensor's copy is queued on the current stream and waited for). In host memory into a
+    buffer kept from a finished snapshot of the same shape, else into memory asked to be
+    backed by huge pages before its first write (:func:`demb_kernels.memory.advise_huge_pages`):
+    a fresh copy of a big table otherwise spends more time faulting in 4 KiB pages than
+    copying."""
+    cpu = to_host or (t.device.type == "cpu" and not t.is_pinned())
     out = _POOL.take(tuple(t.shape), t.dtype) if cpu else None
     if out is None:
-        out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        out = torch.empty(t.shape, dtype=t.dtype, device="cpu" if cpu else t.device)
         if cpu:
             advise_huge_pages(out)
     return out.copy_(t)

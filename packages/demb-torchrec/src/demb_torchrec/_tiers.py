@@ -140,10 +140,12 @@ def place_tables(
         if o.external_storage is None:
             host.append(t)
     if host:
+        # device_rows=0: every row in host memory that the device reads and writes itself
+        # (demb_kernels.hybrid), so a write-back is a kernel over the bus, not a copy through
+        # pageable memory
         shared = DynamicEmbeddingTable.create(
-            [dataclasses.replace(configs[t], retain_evicted=False) for t in host],
+            [dataclasses.replace(configs[t], retain_evicted=False, device_rows=0) for t in host],
             device,
-            value_device="cpu",
             names=[names[t] for t in host],
         )
         for i, t in enumerate(host):

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import torch
-from demb_storage import MemoryType, MemoryUsage, MultiTableKVCounter, TableConfig
+from demb_storage import MemoryType, MemoryUsage, MultiTableKVCounter
 from torch import nn
 
 from demb_torchrec.model_tables import ModelTable, dynamic_tables, is_caching
@@ -144,20 +143,6 @@ def _cache_fields(t: ModelTable, read: list[dict[str, int]] | None) -> dict[str,
     return {"stored": stored, **{f: counts[c] for f, c in _CACHE_FIELDS.items()}}
 
 
-def _bytes(tensors: list[torch.Tensor]) -> MemoryUsage:
-    device = sum(x.nbytes for x in tensors if x.device.type != "cpu")
-    return MemoryUsage(device=device, host=sum(x.nbytes for x in tensors) - device)
-
-
-def _values_bytes(values: torch.Tensor, config: TableConfig) -> MemoryUsage:
-    """A value buffer's bytes; a hybrid table's rows past ``device_rows`` are host memory."""
-    if config.device_rows is None or not values.is_cuda:
-        return _bytes([values])
-    row = values.shape[1] * values.element_size()
-    device = min(values.shape[0], config.device_rows) * row
-    return MemoryUsage(device=device, host=values.nbytes - device)
-
-
 def table_memory(model: nn.Module) -> dict[str, dict[str, MemoryUsage]]:
     """``{collection: {table: MemoryUsage}}``: the bytes each dynamic table of ``model`` holds on
     this rank, by kind of memory (``device``: GPU memory; ``host``: host memory, which is where
@@ -171,7 +156,9 @@ def table_memory(model: nn.Module) -> dict[str, dict[str, MemoryUsage]]:
         index = tables.index
         lo, hi = index.slot_range(t.index)
         slots = [index.keys[lo:hi], index.digests[lo:hi], index.scores[:, lo:hi]]
-        used = _bytes(slots) + _values_bytes(tables.values[t.index], tables.configs[t.index])
+        values = tables.values[t.index]
+        rows = tables.configs[t.index].device_rows
+        used = MemoryUsage.of_tensors(slots) + MemoryUsage.of_values(values, rows)
         admission = t.module.admission
         found = None if admission is None else admission.counter_of(t.index)
         if found is not None:
