@@ -72,8 +72,9 @@ __device__ __forceinline__ void write_slot(const TableView& v, int64_t g, int64_
 }
 
 // How one thread searches its bucket in phase B (ThreadSearch) or a warp together
-// (table_bucket_warp.cuh's WarpSearch): the same slots either way. `leads`: this thread writes
-// the step's results (every thread of a ThreadSearch; lane 0 of a WarpSearch).
+// (table_bucket_warp.cuh's WarpSearch, StagedSearch): the same slots either way. `leads`: this
+// thread writes the step's results (every thread of a ThreadSearch; lane 0 of a warp); it tells
+// the search what it wrote (`wrote`: a search that keeps a copy of the bucket updates it).
 struct ThreadSearch {
   __device__ int64_t find(const TableView& v, int64_t base, int64_t width, int64_t key,
                           uint8_t digest, int64_t start) const {
@@ -88,6 +89,8 @@ struct ThreadSearch {
     return thread_victim(v, base, width, start, by_rank);
   }
   __device__ bool leads() const { return true; }
+  // The leader wrote in-bucket slot j (its digest byte now `digest`).
+  __device__ void wrote(int64_t /*j*/, uint8_t /*digest*/) const {}
 };
 
 // One key of phase B. Returns the change of its table's size (+1 insert into an empty slot,
@@ -115,6 +118,7 @@ __device__ int64_t bucket_step(const TableView& v, BucketOp op, const BatchIn& i
     v.keys[found] = kEmptyKey;
     v.digests[found] = 0;
     for (int64_t w = 0; w < v.words; ++w) v.score(w, found) = 0;
+    search.wrote(found - base, 0);
     return -1;
   }
   int64_t target = found;
@@ -151,6 +155,7 @@ __device__ int64_t bucket_step(const TableView& v, BucketOp op, const BatchIn& i
     touch_scores(policy, status != InsertStatus::kHit, in.score_args[t], count, w0, w1);
   }
   write_slot(v, target, key, home.digest, w0, w1);
+  search.wrote(target - base, home.digest | kProtectedBit);
   out.slots[i] = target - offset;
   out.status[i] = static_cast<int64_t>(status);
   return status == InsertStatus::kInserted ? 1 : 0;

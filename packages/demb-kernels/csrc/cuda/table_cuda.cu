@@ -127,8 +127,8 @@ struct Schedule {
     cuda::bucket_kernel<<<blocks_for(n), kThreads, 0, stream>>>(v, op, in, out, runs(), skip);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    cuda::bucket_warp_kernel<<<cuda::wide_blocks(n, sms), kThreads, 0, stream>>>(v, op, in, out,
-                                                                                  runs());
+    cuda::bucket_warp_kernel<<<cuda::wide_blocks(n, sms), cuda::kWarp * cuda::kWideWarpsPerBlock,
+                               0, stream>>>(v, op, in, out, runs());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 };

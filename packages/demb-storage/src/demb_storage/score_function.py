@@ -53,7 +53,10 @@ __all__ = [
 
 CPU_SIGNATURE = "void(int64[:, ::1], int64[::1], int64, int64, int64, int64, int64)"
 """The signature of the CPU rank kernel (see :func:`_cpu_kernel`)."""
-CUDA_SIGNATURE = "void(int64[:, ::1], int64[::1], int64, int64, int64, int64, int64[::1], int64)"
+CUDA_SIGNATURE = (
+    "void(int64[:, ::1], int64[::1], int64, int64, int64[::1], int64, int64, int64, int64, "
+    "int64[::1])"
+)
 """The signature of :func:`cuda_rank_function`'s kernel."""
 
 _INT64_MIN = -(2**63)
@@ -136,8 +139,11 @@ def _cpu_kernel(function: Callable[..., object]) -> _CpuKernel:
 
 def cuda_rank_function(function: Callable[..., object]) -> Callable[..., None]:
     """The Python source of the CUDA twin of :func:`_cpu_kernel`, for ``numba.cuda.jit`` with
-    :data:`CUDA_SIGNATURE`: one thread per slot, ``rank(scores, rank, lo, hi, first, second,
-    score_args, t)`` reading ``now`` as ``score_args[t]`` on the device. Needs numba-cuda."""
+    :data:`CUDA_SIGNATURE`: one thread per slot ``g`` of ``[lo, hi)``, the slots of the
+    consecutive tables ``[t0, t1)`` (``rank(scores, rank, lo, hi, slot_offsets, t0, t1, first,
+    second, score_args)``), each reading ``now`` as ``score_args[t]`` of its table ``t``
+    (found in the index's ``slot_offsets``) on the device: one launch ranks every table of a
+    run that shares the function and its words. Needs numba-cuda."""
     cuda: Any = importlib.import_module("numba.cuda")
     libdevice: Any = importlib.import_module("numba.cuda.libdevice")
     user = cuda.jit(device=True)(function)
@@ -148,14 +154,23 @@ def cuda_rank_function(function: Callable[..., object]) -> Callable[..., None]:
         rank: Int64s,
         lo: int,
         hi: int,
+        offsets: Int64s,
+        t0: int,
+        t1: int,
         first: int,
         second: int,
         args: Int64s,
-        t: int,
     ) -> None:
         g = lo + cuda.grid(1)
         if g < hi:
-            value = user((scores[first, g], scores[second, g]), args[t]) * 1.0  # as float64
+            a, b = t0, t1 - 1  # the last table whose first slot is <= g
+            while a < b:
+                m = (a + b + 1) // 2
+                if offsets[m] <= g:
+                    a = m
+                else:
+                    b = m - 1
+            value = user((scores[first, g], scores[second, g]), args[a]) * 1.0  # as float64
             rank[g] = order(value, libdevice.double_as_longlong(value))
 
     return rank_slots
@@ -198,8 +213,9 @@ class VictimRanker:
         self._cpu: list[tuple[int, int, int, _CpuKernel]] = []
         """Per ranked table: ``(t, first, second, kernel)``, ``first`` and ``second`` the index
         words of its user columns."""
-        self._cuda: list[tuple[int, int, int, _CudaKernel]] = []
-        """The same with the CUDA kernels (a CUDA index)."""
+        self._cuda: list[tuple[int, int, int, int, _CudaKernel]] = []
+        """Runs of consecutive ranked tables sharing a function and its index words, with the
+        CUDA kernel (a CUDA index): ``(t0, t1, first, second, kernel)``, one launch each."""
         for t, config in enumerate(configs):
             function = config.score_function
             if function is None:
@@ -211,8 +227,14 @@ class VictimRanker:
                 self._cpu.append((t, first, second, _cpu_kernel(function)))
             except Exception as err:  # numba's typing and lowering errors share no base
                 _compile_error(label, function, "CPU", err)
-            if device.type == "cuda":
-                self._cuda.append((t, first, second, self._compile_cuda(label, function)))
+            if device.type != "cuda":
+                continue
+            kernel = self._compile_cuda(label, function)
+            last = self._cuda[-1] if self._cuda else None
+            if last is not None and last[1] == t and last[2:] == (first, second, kernel):
+                self._cuda[-1] = (last[0], t + 1, first, second, kernel)
+            else:
+                self._cuda.append((t, t + 1, first, second, kernel))
 
     @staticmethod
     def _compile_cuda(table: str, function: Callable[..., object]) -> _CudaKernel:
@@ -258,16 +280,17 @@ class VictimRanker:
         cuda: Any = importlib.import_module("numba.cuda")
         errors: Any = importlib.import_module("numba.core.errors")
         device = index.device
-        with cuda.gpus[device.index or 0]:
+        with cuda.gpus[device.index or 0], warnings.catch_warnings():
+            # small tables under-fill the GPU: expected
+            warnings.simplefilter("ignore", errors.NumbaPerformanceWarning)
             stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
             scores = cuda.as_cuda_array(index.scores, sync=False)
             rank = cuda.as_cuda_array(index.victim_rank, sync=False)
+            offsets = cuda.as_cuda_array(index.slot_offsets, sync=False)
             args = cuda.as_cuda_array(score_args.contiguous(), sync=False)
-            for t, first, second, kernel in self._cuda:
-                lo, hi = index.slot_range(t)
+            for t0, t1, first, second, kernel in self._cuda:
+                lo, hi = index.slot_range(t0)[0], index.slot_range(t1 - 1)[1]
                 blocks = math.ceil((hi - lo) / _CUDA_THREADS)
-                with warnings.catch_warnings():  # small tables under-fill the GPU: expected
-                    warnings.simplefilter("ignore", errors.NumbaPerformanceWarning)
-                    kernel[blocks, _CUDA_THREADS, stream](
-                        scores, rank, lo, hi, first, second, args, t
-                    )
+                kernel[blocks, _CUDA_THREADS, stream](
+                    scores, rank, lo, hi, offsets, t0, t1, first, second, args
+                )
