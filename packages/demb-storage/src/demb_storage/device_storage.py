@@ -12,6 +12,7 @@ from demb_kernels.table import InsertStatus
 
 from demb_storage._errors import TableConfigError
 from demb_storage._failures import count_failed
+from demb_storage.mixed_rows import read_mixed, write_mixed
 from demb_storage.options import TableConfig
 from demb_storage.scored_table import ScoredHashTable
 from demb_storage.storage import DEFAULT_CHUNK_ROWS, Storage, StorageBatch
@@ -118,9 +119,7 @@ class DynamicEmbeddingTable(Storage):
             self._read(victims, result.slots[gone]),  # before the new rows overwrite them
             result.victim_scores[:, gone],
         )
-        for t in batch.tables:
-            mine = (ids == t).nonzero().squeeze(1)
-            table.write(t, result.slots[mine], rows[mine])
+        write_mixed(table.values, ids, result.slots, rows, batch.tables)
         table.record_failures(count_failed(ids, status, self.num_tables), int(keys.shape[0]))
         new = torch.empty_like(status, dtype=torch.bool)
         new[order] = (status == InsertStatus.INSERTED) | (status == InsertStatus.EVICTED)
@@ -167,10 +166,7 @@ class DynamicEmbeddingTable(Storage):
     # ----------------------------------------------------------------------------- internals
     def _read(self, batch: StorageBatch, slots: torch.Tensor) -> torch.Tensor:
         """``(n, width)`` rows of ``batch``'s entries at their ``(n,)`` slots (-1: zeros)."""
-        if len(batch.tables) == 1:
-            return self.table.read(batch.tables[0], slots).to(self.device)
-        rows = torch.zeros((slots.shape[0], batch.width), dtype=batch.dtype, device=self.device)
-        for t in batch.tables:
-            mine = (batch.table_ids == t).nonzero().squeeze(1)
-            rows[mine] = self.table.read(t, slots[mine]).to(self.device)
-        return rows
+        if not batch.tables:
+            return torch.zeros((0, 0), dtype=torch.float32, device=self.device)
+        rows = read_mixed(self.table.values, batch.table_ids, slots, batch.tables)
+        return rows.to(self.device)

@@ -12,6 +12,7 @@ table is built (constructor arguments override them), never in a hot path.
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -524,10 +525,18 @@ class ScoredHashTable:
                     break
 
     def _evicted(self, result: ops.InsertResult, table_ids: torch.Tensor) -> EvictedRows:
+        """Two syncs: the evicted entries, then their count per table (each table's rows are
+        a slice of the entries sorted by table, stably)."""
         pos = (result.status == InsertStatus.EVICTED).nonzero().squeeze(1)
         ids = table_ids[pos]
         slots = result.slots[pos]
-        values = [self.read(t, slots[ids == t]) for t in range(self.num_tables)]
+        by_table = slots[torch.argsort(ids, stable=True)]
+        counts = torch.bincount(ids, minlength=self.num_tables).tolist()
+        ends = itertools.accumulate(counts)
+        values = [
+            self.read(t, by_table[end - n : end])
+            for t, (n, end) in enumerate(zip(counts, ends, strict=True))
+        ]
         return EvictedRows(
             result.victim_keys[pos], ids, result.victim_scores[:, pos].t(), slots, values
         )

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 
 import torch
 from demb_kernels.init_rows import NewRowsArgs, init_new_rows
-from demb_kernels.rows import gather_rows, scatter_rows
+from demb_kernels.rows import gather_rows
 from demb_kernels.table import InsertStatus, ScorePolicy
 from demb_storage import (
     InsertOutcome,
 )
+from demb_storage.mixed_rows import write_mixed
 from torch.autograd.function import FunctionCtx
 
 from demb_torchrec._cache_groups import (
@@ -302,12 +303,11 @@ class CacheLookups:
             return
         for group in self.groups:
             mine = group.member[ev.table_ids].nonzero().squeeze(1)
+            # sorted by table, stably: each table's victims in the order of its entries, the
+            # order of ev.values[t] (a bucket's entries keep their order: one table each)
+            mine = mine[torch.argsort(ev.table_ids[mine], stable=True)]
             ids = ev.table_ids[mine]
-            width = ev.values[group.tables[0]].shape[1]
-            dtype = ev.values[group.tables[0]].dtype
-            rows = torch.empty((mine.shape[0], width), dtype=dtype, device=ev.values[0].device)
-            for t in group.tables:  # each table's victims in the order of its entries
-                rows[(ids == t).to(rows.device)] = ev.values[t]
+            rows = torch.cat([ev.values[t] for t in group.tables])  # tables ascending
             words = ev.scores[mine].t()
             self._insert(group, ev.keys[mine], ids, rows, words, alive=(alive, alive_ids))
 
@@ -392,11 +392,7 @@ class CacheLookups:
         index = tables.index
         for group, p, rows, words in fetched:
             sub = ids[p]
-            for t in group.tables:
-                mine = (sub == t).nonzero().squeeze(1)
-                buf = tables.values[t]
-                picked = rows[mine.to(rows.device)].to(buf.device, buf.dtype)
-                scatter_rows(buf, slots[p[mine]], picked, check=False)
+            write_mixed(tables.values, sub, slots[p], rows, group.tables)
             up = self._counts[sub] & (slots[p] < self._caps[sub])
             where = index.slot_offsets[sub[up]] + slots[p][up]
             index.scores[0, where] += words[0][up].to(index.scores.device)
