@@ -218,9 +218,9 @@ def test_launched_find_or_insert_needs_counts_where_asked_for_them():
 @pytest.mark.parametrize("move_rows", [1 << 20, 7])
 def test_expansion_keeps_every_key_with_its_row_and_scores(monkeypatch, move_rows):
     """Also when the rows move a few at a time (7: many chunks, the last one short)."""
-    import demb_storage.scored_table as scored_table
+    import demb_storage._table_values as table_values
 
-    monkeypatch.setattr(scored_table, "_MOVE_ROWS", move_rows)
+    monkeypatch.setattr(table_values, "_MOVE_ROWS", move_rows)
     table = one_table(S.LFU, init_capacity=32, max_capacity=1024)
     keys = torch.arange(0, 400)
     for chunk in keys.split(50):
@@ -259,15 +259,17 @@ def test_no_eviction_never_evicts_and_never_loses_a_key():
 
 
 def test_no_eviction_keeps_training_when_memory_runs_out(monkeypatch):
-    table = one_table(S.NO_EVICTION, init_capacity=32, max_capacity=32)
-    real = table._allocate
+    import demb_storage.scored_table as scored_table
 
-    def allocate(rows, config):
+    table = one_table(S.NO_EVICTION, init_capacity=32, max_capacity=32)
+    real = scored_table.allocate_values
+
+    def allocate(rows, config, value_device, index_device):
         if rows > 64:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(rows, config)
+        return real(rows, config, value_device, index_device)
 
-    monkeypatch.setattr(table, "_allocate", allocate)
+    monkeypatch.setattr(scored_table, "allocate_values", allocate)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for chunk in torch.arange(0, 200).split(20):

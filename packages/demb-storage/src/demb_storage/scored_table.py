@@ -12,15 +12,12 @@ table is built (constructor arguments override them), never in a hot path.
 
 from __future__ import annotations
 
-import itertools
 import os
 import warnings
 from collections.abc import Callable, Sequence
 
 import torch
-from demb_kernels import memory
 from demb_kernels import table as ops
-from demb_kernels.hybrid import hybrid_zeros
 from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 
@@ -32,14 +29,16 @@ from demb_storage._outcome_counts import OutcomeCounts
 from demb_storage._outcomes import EvictedRows, InsertOutcome, TableExport
 from demb_storage._retained import KeyBuffer
 from demb_storage._scores import TIME_POLICIES, batch_scores, checked_scores, settled_clock
+from demb_storage._table_values import (
+    allocate_values,
+    evicted_rows,
+    move_rows,
+    zero_inserted_rows,
+)
 from demb_storage.options import SafeCheckMode, TableConfig
 from demb_storage.score_function import VictimRanker
 
 __all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
-
-
-_MOVE_ROWS = 1 << 20
-"""Rows a growing table moves at a time (their copy is scratch on the values' device)."""
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -106,7 +105,10 @@ class ScoredHashTable:
             self.device,
             ranked=ranked,
         )
-        self.values = [self._allocate(c.initial_capacity, c) for c in self.configs]
+        self.values = [
+            allocate_values(c.initial_capacity, c, self.value_device, self.device)
+            for c in self.configs
+        ]
         self.steps = [0] * self.num_tables
         self.custom_scores = [0] * self.num_tables
         self.failed_inserts = torch.zeros(self.num_tables, dtype=torch.int64, device=self.device)
@@ -293,14 +295,14 @@ class ScoredHashTable:
             self.index, keys, table_ids, args, counts, gather=gather, check=check
         )
         slots, status = result.slots, result.status
-        evicted = self._evicted(result, table_ids) if return_evicted else None
+        evicted = evicted_rows(self.values, result, table_ids) if return_evicted else None
         if all_hit:  # no row is new, none failed: nothing below has work
             return InsertOutcome(slots, status, evicted, all_hit=True, rows=rows)
         self.record_evictions(table_ids, status, result.victim_keys)
         slots, status = retry_no_eviction(self, keys, table_ids, counts, args, slots, status)
         self.outcomes.add(table_ids, status)
         if zero_new_rows:
-            self._zero_new_rows(table_ids, slots, status)
+            zero_inserted_rows(self.values, table_ids, slots, status)
         if count_failures:
             self._safe_check(table_ids, status)
         return InsertOutcome(slots, status, evicted)
@@ -441,7 +443,7 @@ class ScoredHashTable:
         cap = 2 * old_cap if new_capacity is None else new_capacity
         config = self.configs[table_id]
         try:
-            buf = self._allocate(cap, config)
+            buf = allocate_values(cap, config, self.value_device, self.device)
             new_index, old_slots, new_slots = ops.rehash(self.index, table_id, cap)
         except (torch.OutOfMemoryError, RuntimeError, ValueError) as err:
             warnings.warn(
@@ -452,31 +454,13 @@ class ScoredHashTable:
             self._can_grow[table_id] = False
             self._refresh_growth()
             return False
-        old = self.values[table_id]
-        src, dst = old_slots.to(old.device), new_slots.to(buf.device)
-        for start in range(0, src.shape[0], _MOVE_ROWS):  # bounded scratch: a hybrid table's
-            part = slice(start, start + _MOVE_ROWS)  # rows may not fit the device at once
-            scatter_rows(buf, dst[part], gather_rows(old, src[part], check=False), check=False)
+        move_rows(self.values[table_id], buf, old_slots, new_slots)
         self.index = new_index
         self._refresh_growth()
         self.values[table_id] = buf
         return True
 
     # ----------------------------------------------------------------------------- internals
-    def _allocate(self, rows: int, config: TableConfig) -> torch.Tensor:
-        hybrid = config.device_rows is not None and config.device_rows < rows
-        if hybrid and self.value_device.type == "cuda":  # its first rows on the device
-            assert config.device_rows is not None
-            return hybrid_zeros(
-                rows, config.width, config.dtype, self.value_device, config.device_rows
-            )
-        pin = self.value_device.type == "cpu" and self.device.type == "cuda"
-        # On the CPU (not pinned), backed by huge pages where Linux grants them: rows are read
-        # at random (demb_kernels.memory).
-        return memory.full(
-            (rows, config.width), 0, dtype=config.dtype, device=self.value_device, pin_memory=pin
-        )
-
     def _score_args(self) -> torch.Tensor:
         """``(T,)`` int64 batch score per table; advances the steps (one forward)."""
         self.steps = [s + 1 for s in self.steps]
@@ -523,34 +507,6 @@ class ScoredHashTable:
                     target = min(target, self.configs[t].max_capacity)
                 if not self.expand(t, target):
                     break
-
-    def _evicted(self, result: ops.InsertResult, table_ids: torch.Tensor) -> EvictedRows:
-        """Two syncs: the evicted entries, then their count per table (each table's rows are
-        a slice of the entries sorted by table, stably)."""
-        pos = (result.status == InsertStatus.EVICTED).nonzero().squeeze(1)
-        ids = table_ids[pos]
-        slots = result.slots[pos]
-        by_table = slots[torch.argsort(ids, stable=True)]
-        counts = torch.bincount(ids, minlength=self.num_tables).tolist()
-        ends = itertools.accumulate(counts)
-        values = [
-            self.read(t, by_table[end - n : end])
-            for t, (n, end) in enumerate(zip(counts, ends, strict=True))
-        ]
-        return EvictedRows(
-            result.victim_keys[pos], ids, result.victim_scores[:, pos].t(), slots, values
-        )
-
-    def _zero_new_rows(
-        self, table_ids: torch.Tensor, slots: torch.Tensor, status: torch.Tensor
-    ) -> None:
-        """Zero the rows of INSERTED / EVICTED slots (no sync: other keys target slot -1)."""
-        new = (status == InsertStatus.INSERTED) | (status == InsertStatus.EVICTED)
-        for t in range(self.num_tables):
-            buf = self.values[t]
-            target = torch.where(new & (table_ids == t), slots, -1).to(buf.device)
-            zeros = torch.zeros((target.shape[0], buf.shape[1]), dtype=buf.dtype, device=buf.device)
-            scatter_rows(buf, target, zeros, check=False)
 
     def _safe_check(self, table_ids: torch.Tensor, status: torch.Tensor) -> None:
         self.record_failures(count_failed(table_ids, status, self.num_tables), int(status.numel()))
