@@ -93,11 +93,13 @@ def test_cuda_index_equals_cpu_index(policy):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("widths", [[1024, 256], [2048, 256]], ids=["staged", "wider"])
 @pytest.mark.parametrize("policy", list(ScorePolicy), ids=lambda p: p.name)
-def test_cuda_wide_buckets_equal_cpu(policy):
-    """Buckets of 1024 and 256 slots (a cache's: a warp searches each on CUDA), few of them,
-    so each batch sends hundreds of keys to every bucket: outputs and index agree as above."""
-    evicted = _run_both(policy, [1 << 13, 1 << 12], [1024, 256], 1_000_000, 50_000)
+def test_cuda_wide_buckets_equal_cpu(policy, widths):
+    """Buckets of 1024 and 256 slots (a cache's: a warp searches a shared-memory copy of each
+    on CUDA) or 2048 (wider than the copy: the warp searches global memory), few of them, so
+    each batch sends hundreds of keys to every bucket: outputs and index agree as above."""
+    evicted = _run_both(policy, [1 << 13, 1 << 12], widths, 1_000_000, 50_000)
     if policy is not ScorePolicy.NO_EVICTION:
         assert evicted > 100_000
 
