@@ -13,6 +13,7 @@ from demb_storage import (
     KeyBuffer,
     ScoredHashTable,
     ScoreStrategy,
+    SlotWriteBatch,
     SlotWrites,
     TableConfig,
     TableConfigError,
@@ -133,3 +134,98 @@ def test_home_buckets_are_the_planners_home_slots(capacity):
     want = home_slots(keys.numpy(), capacity, width)
     assert bucket.tolist() == want.bucket.tolist()
     assert digest.tolist() == want.digest.tolist()
+
+
+def _three_tables() -> ScoredHashTable:
+    return ScoredHashTable(
+        [
+            TableConfig(dim=2, max_capacity=64, bucket_capacity=16, state_dim=1),
+            TableConfig(dim=2, max_capacity=128, bucket_capacity=32, state_dim=1),
+            TableConfig(dim=2, max_capacity=64, bucket_capacity=16, state_dim=1),
+        ]
+    )
+
+
+def _parts(gen: torch.Generator, keys_per_table: int = 12):
+    """Writes into tables 2 and 0 (out of order): the same keys in both tables, each at a
+    distinct slot of its home bucket, some already in the table at another slot."""
+    keys = torch.randperm(500, generator=gen)[:keys_per_table]
+    parts = []
+    for t, (capacity, bucket) in [(2, (64, 16)), (0, (64, 16))]:
+        used: set[int] = set()
+        slots = []
+        for k in keys.tolist():
+            offset = int(torch.randint(0, bucket, (1,), generator=gen))
+            while (slot := _slot_in_home(k, capacity, bucket, offset)) in used:
+                offset = (offset + 1) % bucket
+            used.add(slot)
+            slots.append(slot)
+        parts.append((t, keys.clone(), torch.tensor(slots)))
+    return parts
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_batch_of_tables_writes_as_each_table_alone(seed):
+    """SlotWriteBatch over several tables leaves the index (keys, digests, scores, sizes) and
+    reports the taken-over slots exactly as SlotWrites table by table."""
+    gen = torch.Generator().manual_seed(seed)
+    one, many = _three_tables(), _three_tables()
+    for table in (one, many):  # some keys already held elsewhere in their bucket
+        first = _parts(torch.Generator().manual_seed(seed + 100))
+        for t, k, s in first:
+            SlotWrites.check(table, t, k[:6], s[:6]).apply(torch.ones((1, 6), dtype=torch.int64))
+    parts = _parts(gen)
+    words = [torch.randint(0, 1000, (1, len(k)), generator=gen) for _, k, _ in parts]
+    taken_one = [
+        SlotWrites.check(one, t, k, s).apply(w) for (t, k, s), w in zip(parts, words, strict=True)
+    ]
+    batch = SlotWriteBatch.check(many, parts)
+    assert batch is not None
+    taken = batch.apply(torch.cat(words, dim=1))
+    for i, expected in enumerate(taken_one):
+        assert torch.equal(taken[batch.part(i)], expected)
+        assert torch.equal(batch.slots[batch.part(i)], parts[i][2])
+    for name in ("keys", "digests", "scores", "sizes"):
+        assert torch.equal(getattr(many.index, name), getattr(one.index, name)), name
+
+
+@pytest.mark.parametrize("fault", ["repeated key", "empty key", "outside", "other bucket"])
+def test_a_bad_part_fails_the_batch_check_and_its_own_check_names_it(fault):
+    table = _three_tables()
+    parts = _parts(torch.Generator().manual_seed(7))
+    t, keys, slots = parts[1]
+    if fault == "repeated key":
+        keys[3] = keys[2]
+        slots[3] = _slot_in_home(int(keys[2]), 64, 16, (int(slots[2]) + 1) % 16)
+    elif fault == "empty key":
+        keys[0] = -1
+    elif fault == "outside":
+        slots[0] = 64
+    else:
+        slots[0] = (slots[0] + 16) % 64
+    assert SlotWriteBatch.check(table, parts) is None
+    with pytest.raises(TableConfigError):
+        SlotWrites.check(table, t, keys, slots)
+    assert (table.index.keys == -1).all()
+
+
+def test_pairs_that_mix_alike_fall_back_to_each_tables_check():
+    """Key k in table 0 and key k ^ (2 << 52) in table 2 mix into one word: the batch check
+    cannot tell them apart and declines; each table's check passes them, and the batch built
+    after those checks writes them."""
+    table = _three_tables()
+    k0 = 5
+    k2 = k0 ^ (2 << 52)
+    parts = [
+        (0, torch.tensor([k0]), torch.tensor([_slot_in_home(k0)])),
+        (2, torch.tensor([k2]), torch.tensor([_slot_in_home(k2)])),
+    ]
+    assert SlotWriteBatch.check(table, parts) is None
+    for t, k, s in parts:
+        SlotWrites.check(table, t, k, s)
+    batch = SlotWriteBatch.check(table, parts, checked=True)
+    assert batch is not None
+    batch.apply(torch.tensor([[1, 2]]))
+    assert table.size(0) == 1
+    assert table.size(2) == 1
+    assert table.find(torch.tensor([k2]), torch.tensor([2])).tolist() == parts[1][2].tolist()

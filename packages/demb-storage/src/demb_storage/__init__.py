@@ -50,7 +50,7 @@ from demb_storage.options import (
 from demb_storage.rocksdb_storage import RocksDBStorage
 from demb_storage.score_function import ScoreFunction, float_rank
 from demb_storage.scored_table import EvictedRows, InsertOutcome, ScoredHashTable, TableExport
-from demb_storage.slot_writes import SlotWrites, clear_slots
+from demb_storage.slot_writes import SlotWriteBatch, SlotWrites, clear_slots
 from demb_storage.storage import Storage
 from demb_storage.storage_results import (
     EvictedEntries,
@@ -94,6 +94,7 @@ __all__ = [
     "ScoreLayout",
     "ScoreStrategy",
     "ScoredHashTable",
+    "SlotWriteBatch",
     "SlotWrites",
     "Storage",
     "StorageBatchError",

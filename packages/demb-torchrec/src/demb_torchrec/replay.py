@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from demb_kernels.table import EMPTY_KEY, ScorePolicy
 from demb_planner import owner_rank
-from demb_storage import SlotWrites, TableConfigError, clear_slots
+from demb_storage import SlotWriteBatch, SlotWrites, TableConfigError, clear_slots
 from torch import nn
 
 from demb_torchrec.errors import ConfigError
@@ -65,8 +65,9 @@ class _Plan:
 
     table: ModelTable
     keys: torch.Tensor
-    writes: SlotWrites | None
-    """The checked slot writes; None for a caching table (written by key, in its storage)."""
+    slots: torch.Tensor | None
+    """The keys' source slots, checked with every table's before any is written
+    (:func:`_checked_writes`); None for a caching table (written by key, in its storage)."""
     values: torch.Tensor
     state: torch.Tensor | None
     scores: torch.Tensor | None
@@ -162,21 +163,17 @@ def _plan(t: ModelTable, delta: DeltaDumpResult, i: int, content: ReplayContent)
         if freed.numel() and (int(freed.min()) < 0 or int(freed.max()) >= capacity):
             raise _fail(where, "erased_slot_index", f"a slot outside [0, {capacity})")
         freed = torch.unique(freed)
-    writes = None
+    slots = None
     if caching:  # written by key: each key once, none the empty key
         _check_keys(_take(keys, mine), where)
     else:
-        try:
-            slots = _take(meta["slot_index"], mine)
-            writes = SlotWrites.check(t.module.tables, t.index, _take(keys, mine), slots)
-        except TableConfigError as err:
-            raise _fail(where, err.option, str(err)) from None
+        slots = _take(meta["slot_index"], mine)
     values = delta.values[i]
     rows = _joined(values, state) if carry_state and state is not None else None
     return _Plan(
         table=t,
         keys=_take(keys, mine),
-        writes=writes,
+        slots=slots,
         values=_take(values, mine) if rows is None else _take(rows, mine),
         state=None if rows is not None or not carry_state or state is None else _take(state, mine),
         scores=_take(delta.scores[i], mine) if ReplayContent.SCORE in content else None,
@@ -251,22 +248,60 @@ def _index_words(plan: _Plan, fresh: int) -> torch.Tensor:
     return words
 
 
-def _apply(plan: _Plan, fresh: int) -> ReplayStats:
+def _checked_writes(plans: list[_Plan]) -> list[tuple[SlotWriteBatch, list[_Plan]]]:
+    """The slot-written plans (every non-caching table) grouped by table set, each group's
+    writes checked in one batch; when a check fails, each table's own check names it.
+
+    Raises:
+        ConfigError: a key or slot that cannot be written, naming the table and the field.
+    """
+    groups: dict[int, list[_Plan]] = {}
+    for plan in plans:
+        if plan.slots is not None:
+            groups.setdefault(id(plan.table.module.tables), []).append(plan)
+    out = []
+    for members in groups.values():
+        tables = members[0].table.module.tables
+        parts = [(p.table.index, p.keys, p.slots) for p in members if p.slots is not None]
+        batch = SlotWriteBatch.check(tables, parts)
+        if batch is None:  # some table's writes fail (or may): each table's own check says
+            for plan in members:
+                t = plan.table
+                try:
+                    assert plan.slots is not None
+                    SlotWrites.check(tables, t.index, plan.keys, plan.slots)
+                except TableConfigError as err:
+                    raise _fail(f"{t.collection}/{t.name}", err.option, str(err)) from None
+            batch = SlotWriteBatch.check(tables, parts, checked=True)
+            assert batch is not None
+        out.append((batch, members))
+    return out
+
+
+def _erase(plan: _Plan) -> int:
+    """Remove the erased keys from the table's index (a caching table's: from its cache) and
+    clear their source slots; how many it held."""
     t = plan.table
     tables = t.module.tables
-    config = tables.configs[t.index]
-    device = tables.device
     erased = 0
     if plan.erased.numel():
         ids = torch.full_like(plan.erased, t.index)
+        device = tables.device
         erased = int((tables.erase(plan.erased.to(device), ids.to(device)) >= 0).sum())
     if plan.erased_slots is not None and plan.erased_slots.numel():
         # a key an erased one had evicted may still sit there
         erased += clear_slots(tables, t.index, plan.erased_slots)
-    if plan.writes is None:
-        return _apply_by_key(plan, fresh, erased)
-    taken_over = plan.writes.apply(_index_words(plan, fresh))
-    slots = plan.writes.slots
+    return erased
+
+
+def _write_rows(
+    plan: _Plan, slots: torch.Tensor, taken_over: torch.Tensor, erased: int
+) -> ReplayStats:
+    """Write a slot-written table's rows at its keys' ``slots`` (their index entries written:
+    ``taken_over`` says which slots held another key or none before)."""
+    t = plan.table
+    tables = t.module.tables
+    config = tables.configs[t.index]
     buf = tables.values[t.index]
     values = plan.values.to(buf.device, buf.dtype, non_blocking=True)
     if plan.full_rows or not config.state_dim:
@@ -366,12 +401,24 @@ def replay_increment(
                 )
                 continue
             plans.append(_plan(t, delta, i, content))
+    batches = _checked_writes(plans)
     fresh = [0] * len(plans)
     if ReplayContent.SCORE not in content:  # keys are scored as just inserted
         fresh = current_scores([p.table for p in plans])
-    stats: dict[str, dict[str, ReplayStats]] = {}
+    score = {id(plan): f for plan, f in zip(plans, fresh, strict=True)}
+    done: dict[int, ReplayStats] = {}
     with torch.no_grad():
-        for plan, score in zip(plans, fresh, strict=True):
-            t = plan.table
-            stats.setdefault(t.collection, {})[t.name] = _apply(plan, score)
+        for batch, members in batches:  # tables of one set: their index written at once
+            erased = [_erase(plan) for plan in members]
+            words = torch.cat([_index_words(p, score[id(p)]) for p in members], dim=1)
+            taken_over = batch.apply(words)
+            for i, plan in enumerate(members):
+                part = batch.part(i)
+                done[id(plan)] = _write_rows(plan, batch.slots[part], taken_over[part], erased[i])
+        for plan in plans:
+            if plan.slots is None:  # the cache's copies of the erased keys go first
+                done[id(plan)] = _apply_by_key(plan, score[id(plan)], _erase(plan))
+    stats: dict[str, dict[str, ReplayStats]] = {}
+    for plan in plans:
+        stats.setdefault(plan.table.collection, {})[plan.table.name] = done[id(plan)]
     return stats
