@@ -410,8 +410,9 @@ def replay_increment(
     with torch.no_grad():
         for batch, members in batches:  # tables of one set: their index written at once
             erased = [_erase(plan) for plan in members]
-            words = torch.cat([_index_words(p, score[id(p)]) for p in members], dim=1)
-            taken_over = batch.apply(words)
+            device = members[0].table.module.tables.device
+            words = [_index_words(p, score[id(p)]).to(device) for p in members]
+            taken_over = batch.apply(torch.cat(words, dim=1))
             for i, plan in enumerate(members):
                 part = batch.part(i)
                 done[id(plan)] = _write_rows(plan, batch.slots[part], taken_over[part], erased[i])
