@@ -58,6 +58,29 @@ def _repeats(values: torch.Tensor) -> torch.Tensor:
     return (ordered[1:] == ordered[:-1]).any()
 
 
+def _failed_checks(
+    keys: torch.Tensor,
+    slots: torch.Tensor,
+    capacity: int | torch.Tensor,
+    width: int | torch.Tensor,
+    bucket: torch.Tensor,
+    distinct_keys: torch.Tensor,
+    distinct_slots: torch.Tensor,
+) -> list[bool]:
+    """The checks of slot writes, read back at once (one sync): the empty key, a repeated key
+    (a repeat in ``distinct_keys``), a slot outside its table, a repeated slot (a repeat in
+    ``distinct_slots``), a slot outside its key's home ``bucket``. ``capacity`` and ``width``
+    per table or per entry."""
+    flags = torch.zeros(5, dtype=torch.bool, device=keys.device)
+    if keys.numel():
+        flags[0] = (keys == EMPTY_KEY).any()
+        flags[1] = _repeats(distinct_keys)
+        flags[2] = ((slots < 0) | (slots >= capacity)).any()
+        flags[3] = _repeats(distinct_slots)
+        flags[4] = (bucket != torch.div(slots, width, rounding_mode="floor")).any()
+    return [bool(f) for f in flags.tolist()]
+
+
 def _raise(
     bad: list[bool],
     keys: torch.Tensor,
@@ -132,14 +155,7 @@ class SlotWrites:
         k = keys.to(device, non_blocking=True)
         s = slots.to(device, non_blocking=True)
         bucket, digest = home_buckets(k, capacity, width)
-        flags = torch.zeros(5, dtype=torch.bool, device=device)
-        if k.numel():
-            flags[0] = (k == EMPTY_KEY).any()
-            flags[1] = _repeats(k)
-            flags[2] = ((s < 0) | (s >= capacity)).any()
-            flags[3] = _repeats(s)
-            flags[4] = (bucket != torch.div(s, width, rounding_mode="floor")).any()
-        bad = flags.tolist()
+        bad = _failed_checks(k, s, capacity, width, bucket, k, s)
         if any(bad):
             _raise(bad, k, s, bucket, capacity, width)
         return cls(table, table_id, k, s, digest)
@@ -197,7 +213,7 @@ class SlotWriteBatch:
     in one pass each (the per-table :class:`SlotWrites` costs a few dozen small ops a table).
 
     Attributes:
-        bounds: where each part's entries start in the batch, then its length (``len(parts) +
+        bounds: each part's first entry in the batch, then the batch's length (``len(parts) +
             1`` ints).
         slots: ``(n,)`` int64 table-local slots of every part, on the index device.
     """
@@ -208,7 +224,6 @@ class SlotWriteBatch:
         ids: torch.Tensor,
         keys: torch.Tensor,
         slots: torch.Tensor,
-        lo: torch.Tensor,
         digests: torch.Tensor,
         bounds: list[int],
     ) -> None:
@@ -216,7 +231,6 @@ class SlotWriteBatch:
         self.ids = ids
         self.keys = keys
         self.slots = slots
-        self.lo = lo
         self.digests = digests
         self.bounds = bounds
 
@@ -254,19 +268,16 @@ class SlotWriteBatch:
         capacity = index.slot_offsets[ids + 1] - index.slot_offsets[ids]
         width = torch.tensor(index.bucket_width_list, device=device)[ids]
         bucket, digest = home_buckets(keys, capacity, width)
-        flags = torch.zeros(5, dtype=torch.bool, device=device)
-        if keys.numel() and not checked:
-            flags[0] = (keys == EMPTY_KEY).any()
-            # a key twice in one table: its (key, table) pair mixed into one word repeats (two
-            # pairs may also mix alike: then the tables' own checks decide)
-            flags[1] = _repeats(keys ^ ((ids % 2048) << _PAIR_SHIFT))
-            flags[2] = ((slots < 0) | (slots >= capacity)).any()
-            flags[3] = _repeats(slots + index.slot_offsets[ids])  # tables' ranges are disjoint
-            flags[4] = (bucket != torch.div(slots, width, rounding_mode="floor")).any()
-        if any(flags.tolist()):
+        # a key twice in one table: its (key, table) pair mixed into one word repeats (two
+        # pairs may also mix alike: then the tables' own checks decide); a slot twice in one
+        # table: its global slot repeats (the tables' ranges are disjoint)
+        pairs = keys ^ ((ids % 2048) << _PAIR_SHIFT)
+        global_slots = slots + index.slot_offsets[ids]
+        if not checked and any(
+            _failed_checks(keys, slots, capacity, width, bucket, pairs, global_slots)
+        ):
             return None
-        lo = index.slot_offsets[ids]
-        return cls(table, ids, keys, slots, lo, digest, bounds)
+        return cls(table, ids, keys, slots, digest, bounds)
 
     def part(self, i: int) -> slice:
         """The entries of part ``i`` in the batch."""
@@ -275,7 +286,8 @@ class SlotWriteBatch:
     def apply(self, words: torch.Tensor) -> torch.Tensor:
         """Write every part (``words``: ``(W, n)`` int64 index score words, in batch order);
         returns ``(n,)`` bool, as :meth:`SlotWrites.apply`."""
-        return _write(self.table, self.ids, self.keys, self.slots, self.lo, self.digests, words)
+        lo = self.table.index.slot_offsets[self.ids]
+        return _write(self.table, self.ids, self.keys, self.slots, lo, self.digests, words)
 
 
 def clear_slots(table: ScoredHashTable, table_id: int, slots: torch.Tensor) -> int:
