@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from demb_storage import TableConfigError
 from demb_storage.mixed_rows import read_mixed, write_mixed
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
@@ -86,3 +87,12 @@ def test_write_lands_each_row_in_its_table_and_skips_slot_minus_one(device: str,
             if int(ids[i]) == t and int(slots[i]) >= 0:
                 want[int(slots[i])] = rows[i].to(torch.float16)
         assert torch.equal(values[t].cpu(), want), t
+
+
+def test_no_table_is_a_named_error():
+    values = _buffers([4], [torch.float32], "cpu")
+    empty = torch.zeros(0, dtype=torch.int64)
+    with pytest.raises(TableConfigError, match="tables"):
+        read_mixed(values, empty, empty, ())
+    with pytest.raises(TableConfigError, match="tables"):
+        write_mixed(values, empty, empty, torch.zeros((0, 4)), ())

@@ -16,6 +16,8 @@ import torch
 from demb_kernels.lookup import gather_table_rows
 from demb_kernels.rows import gather_rows, scatter_rows
 
+from demb_storage._errors import TableConfigError
+
 __all__ = ["read_mixed", "write_mixed"]
 
 _MAX_GATHER_TABLES = 64
@@ -37,8 +39,11 @@ def read_mixed(
         table_ids: ``(n,)`` int64 table of each entry, each one of ``tables``.
         slots: ``(n,)`` int64 row of each entry, in range or -1 (not checked).
         tables: the tables the entries belong to (one row layout: width and dtype).
+
+    Raises:
+        TableConfigError: no table given.
     """
-    first = values[tables[0]]
+    first = _first(values, tables)
     where = first.device
     slots, table_ids = slots.to(where), table_ids.to(where)
     if len(tables) == 1:
@@ -68,8 +73,8 @@ def write_mixed(
     tables: Sequence[int],
 ) -> None:
     """Write ``rows[i]`` at ``values[table_ids[i]][slots[i]]`` (slot -1 skipped), converted to
-    the buffers' dtype; arguments as :func:`read_mixed`, ``rows`` ``(n, width)``."""
-    first = values[tables[0]]
+    the buffers' dtype; arguments and errors as :func:`read_mixed`, ``rows`` ``(n, width)``."""
+    first = _first(values, tables)
     where = first.device
     slots, table_ids = slots.to(where), table_ids.to(where)
     rows = rows.to(where, first.dtype).contiguous()
@@ -78,3 +83,9 @@ def write_mixed(
         return
     for t in tables:
         scatter_rows(values[t], torch.where(table_ids == t, slots, -1), rows, check=False)
+
+
+def _first(values: Sequence[torch.Tensor], tables: Sequence[int]) -> torch.Tensor:
+    if not tables:
+        raise TableConfigError("tables", tables, "a batch's rows need at least one table")
+    return values[tables[0]]
