@@ -103,6 +103,59 @@ def test_frequency_admitter_matches_the_model(threshold, buckets, batches, with_
             assert dict(zip(k.tolist(), c.tolist(), strict=True)) == model.contents(t)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    threshold=st.integers(1, 5),
+    buckets=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    batches=st.lists(
+        st.dictionaries(
+            st.tuples(st.integers(0, 80), st.integers(0, 1)), st.integers(0, 4), max_size=60
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_admit_distinct_equals_the_model_on_distinct_pairs(threshold, buckets, batches):
+    """The module's call (distinct, checked pairs: the counter skips its checks and the sum
+    over repeats) decides as :meth:`admit` would: the model, with buckets that overflow (a
+    pair that cannot be placed is judged on its own frequency) and keys leaving on admission."""
+    capacities = [b * WIDTH for b in buckets]
+    strategies = [FrequencyAdmissionStrategy(threshold, KVCounter(c, WIDTH)) for c in capacities]
+    admitter = FrequencyAdmissionStrategy.create_admitter(strategies, CPU)
+    model = FrequencyModel(threshold, capacities)
+    for batch in batches:
+        keys = [k for k, _ in batch]
+        tables = [t for _, t in batch]
+        freqs = list(batch.values())
+        got = admitter.admit_distinct(tensor(keys), tensor(tables), tensor(freqs))
+        assert got.tolist() == model.admit(keys, tables, freqs)
+        for t in range(2):
+            k, c = admitter.state().export(t)
+            assert dict(zip(k.tolist(), c.tolist(), strict=True)) == model.contents(t)
+
+
+def test_admit_distinct_judges_keys_its_full_bucket_cannot_place_on_their_frequency():
+    admitter = FrequencyAdmissionStrategy.create_admitter(
+        [FrequencyAdmissionStrategy(3, KVCounter(WIDTH, WIDTH))], CPU
+    )
+    keys = torch.arange(WIDTH + 8)
+    freqs = torch.tensor([2] * WIDTH + [3, 1] * 4)
+    got = admitter.admit_distinct(keys, zeros(keys.numel()), freqs)
+    model = FrequencyModel(3, [WIDTH]).admit(keys.tolist(), [0] * keys.numel(), freqs.tolist())
+    assert got.tolist() == model
+    assert got[WIDTH:].tolist() == [True, False] * 4  # not placed: their own frequency
+    assert admitter.state().size(0) == WIDTH
+
+
+def test_an_admitter_without_its_own_admit_distinct_is_asked_through_admit():
+    class EveryOther(MultiTableAdmitter):
+        def admit(self, keys, table_ids, frequencies=None):
+            return keys % 2 == 0
+
+    got = EveryOther().admit_distinct(tensor([1, 2, 4]), zeros(3), tensor([1, 1, 1]))
+    assert got.tolist() == [False, True, True]
+
+
 def test_frequency_admission_admits_at_the_threshold_and_forgets_admitted_keys():
     admitter = FrequencyAdmissionStrategy.create_admitter(
         [FrequencyAdmissionStrategy(3, KVCounter(64, WIDTH))], CPU

@@ -78,6 +78,18 @@ class MultiTableAdmitter(abc.ABC):
             ``(N,)`` bool on the keys' device: True where the key is admitted.
         """
 
+    def admit_distinct(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, frequencies: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`admit` of distinct ``(key, table)`` pairs whose data a caller has checked
+        (the table module's missing keys: deduplicated and checked with their batch). The
+        default calls :meth:`admit`; an admitter may skip the work only repeated or unchecked
+        pairs need.
+
+        Args / Returns: as :meth:`admit`, ``frequencies`` given.
+        """
+        return self.admit(keys, table_ids, frequencies)
+
     def state(self) -> Counter | None:
         """Persistent state the framework carries (memory accounting, checkpoints), or None."""
         return None
@@ -230,11 +242,23 @@ class MultiTableFrequencyAdmitter(MultiTableAdmitter):
 
         Args / Returns: as :meth:`MultiTableAdmitter.admit`; the keys on the counter's device.
         """
-        counts = self._counter.add(keys, table_ids, frequencies)
+        return self._decide(self._counter.add(keys, table_ids, frequencies), keys, table_ids)
+
+    def admit_distinct(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, frequencies: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`admit` of distinct checked pairs (:meth:`MultiTableAdmitter.admit_distinct`):
+        the counter neither checks them again nor sums the frequencies of unplaced keys over
+        their repeats (each key is one entry)."""
+        counts = self._counter.add(keys, table_ids, frequencies, distinct=True, check=False)
+        return self._decide(counts, keys, table_ids)
+
+    def _decide(self, counts: torch.Tensor, keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Admit the keys whose count reached the threshold and erase them from the counter."""
         admitted = counts >= self._threshold
         chosen = admitted.nonzero().squeeze(1)
         if chosen.numel():
-            self._counter.erase(keys[chosen], table_ids[chosen])
+            self._counter.erase(keys[chosen], ids[chosen], check=False)
         return admitted
 
     def state(self) -> MultiTableKVCounter:

@@ -286,6 +286,9 @@ class MultiTableKVCounter(Counter):
         keys: torch.Tensor,
         table_ids: torch.Tensor,
         frequencies: torch.Tensor | None = None,
+        *,
+        distinct: bool = False,
+        check: bool = True,
     ) -> torch.Tensor:
         """Add frequencies to these keys, inserting the new ones, and return their counts.
 
@@ -293,6 +296,11 @@ class MultiTableKVCounter(Counter):
             keys: ``(N,)`` int64 or int32 keys on the counter's device (never -1).
             table_ids: ``(N,)`` int64 or int32 table of each key, in ``[0, T)``.
             frequencies: ``(N,)`` int64 or int32 increments (>= 0); None adds 1 per entry.
+            distinct: the caller promises no ``(key, table)`` pair repeats (a key that could
+                not be placed then counts its own frequency, with no search for repeats: no
+                sync).
+            check: check the keys, table ids and frequencies on CUDA (one sync); a caller
+                that checked them passes False.
 
         Returns:
             ``(N,)`` int64 on the counter's device: each key's count after the whole call
@@ -307,7 +315,7 @@ class MultiTableKVCounter(Counter):
         if keys.numel() == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
         result, all_hit, _ = ops.find_or_insert_rows(
-            self._index, keys, table_ids, self._score_args, freq
+            self._index, keys, table_ids, self._score_args, freq, check=check
         )
         offsets = self._index.slot_offsets[table_ids]
         if all_hit:  # every key was counted before: no eviction, none failed
@@ -316,6 +324,8 @@ class MultiTableKVCounter(Counter):
         counts = self._index.scores[0, offsets + result.slots.clamp_min(0)]
         counts = torch.where(placed, counts, freq)
         self._count_evictions(table_ids, result.status)
+        if distinct:
+            return counts
         failed = (~placed).nonzero().squeeze(1)
         if failed.numel():
             pairs = torch.stack([table_ids[failed], keys[failed]], dim=1)
@@ -338,11 +348,12 @@ class MultiTableKVCounter(Counter):
         self._evicted.zero_()
         return out
 
-    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
-        """Remove these keys: ``(N,)`` keys and table ids; absent keys are ignored."""
+    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor, *, check: bool = True) -> None:
+        """Remove these keys: ``(N,)`` keys and table ids; absent keys are ignored. ``check``:
+        check them on CUDA (one sync), as :meth:`add`."""
         keys, table_ids = ops.as_batch(self._index, keys, table_ids)
         if keys.numel():
-            ops.erase(self._index, keys, table_ids)
+            ops.erase(self._index, keys, table_ids, check=check)
 
     def clear(self, table_id: int | None = None) -> None:
         """Empty one table, or all of them (evictions not counted)."""

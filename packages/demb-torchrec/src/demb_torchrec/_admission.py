@@ -43,6 +43,8 @@ class AdmissionGroup:
     """The module's table ids of the group, in its local order (local id = position)."""
     local: torch.Tensor
     """``(T,)`` int64 on the module's device: each module table's local id (-1: not here)."""
+    whole: bool
+    """The group holds every table of the module in order (local id = table id)."""
 
 
 class ModuleAdmission:
@@ -95,7 +97,8 @@ class ModuleAdmission:
                 ) from e
             local = torch.full((num_tables,), -1, dtype=torch.int64)
             local[tables] = torch.arange(len(tables))
-            self.groups.append(AdmissionGroup(admitter, tables, local.to(device)))
+            whole = tables == list(range(num_tables))
+            self.groups.append(AdmissionGroup(admitter, tables, local.to(device), whole))
             own = admitter.non_admitted_initializer
             if own is not None:
                 if not isinstance(own, InitializerArgs):
@@ -114,8 +117,8 @@ class ModuleAdmission:
             [None] * num_tables,
         )
         """What :meth:`fill_rejected` writes: per table its fill initializer, no state."""
-        self._admitted = torch.zeros(num_tables, dtype=torch.int64, device=device)
-        self._rejected = torch.zeros(num_tables, dtype=torch.int64, device=device)
+        self._decisions = torch.zeros((num_tables, 2), dtype=torch.int64, device=device)
+        """``(T, 2)`` keys admitted and rejected per table since the last read."""
         self._counter_evictions = torch.zeros(num_tables, dtype=torch.int64)
 
     @property
@@ -156,18 +159,21 @@ class ModuleAdmission:
         """
         rejected = torch.zeros_like(missing)
         for g in self.groups:
-            local = g.local[tables]
-            asked = (missing & (local >= 0)).nonzero().squeeze(1)
-            admit = g.admitter.admit(keys[asked], local[asked], counts[asked])
+            if g.whole:  # (the usual case: one strategy for every table)
+                asked = missing.nonzero().squeeze(1)
+                t = local = tables[asked]
+            else:
+                asked = (missing & (g.local[tables] >= 0)).nonzero().squeeze(1)
+                t = tables[asked]
+                local = g.local[t]
+            admit = g.admitter.admit_distinct(keys[asked], local, counts[asked])
             if admit.dtype != torch.bool or admit.shape != asked.shape:
                 raise TypeError(
                     f"{type(g.admitter).__name__}.admit returned {admit.dtype} "
                     f"{tuple(admit.shape)}, expected a bool mask of {tuple(asked.shape)}"
                 )
-            t = tables[asked]
             out = ~admit
-            self._admitted.index_add_(0, t, admit.to(torch.int64))
-            self._rejected.index_add_(0, t, out.to(torch.int64))
+            self._decisions.index_add_(0, t, torch.stack([admit, out], dim=1).to(torch.int64))
             rejected[asked] = out
         return rejected
 
@@ -202,14 +208,14 @@ class ModuleAdmission:
             state = g.admitter.state()
             if isinstance(state, MultiTableKVCounter):
                 evicted[g.tables] += state.evicted_since_last_read().cpu()
+        decisions = self._decisions.cpu().clone()
         out = {
-            "admitted": self._admitted.cpu().clone(),
-            "rejected": self._rejected.cpu().clone(),
+            "admitted": decisions[:, 0].clone(),
+            "rejected": decisions[:, 1].clone(),
             "counter_evictions": evicted.clone(),
         }
         if reset:
-            self._admitted.zero_()
-            self._rejected.zero_()
+            self._decisions.zero_()
             evicted.zero_()
         return out
 
