@@ -254,8 +254,35 @@ def test_no_eviction_never_evicts_and_never_loses_a_key():
         assert not (out.status == InsertStatus.FAILED).any()
         seen |= set(chunk.tolist())
         assert set(table.export(0).keys.tolist()) == seen
-        assert table.load_factor(0) <= 0.5
-    assert table.capacity(0) >= 4096  # grew past max_capacity: memory is the only limit
+        assert table.load_factor(0) <= 1.0
+    assert table.capacity(0) >= 2048  # grew past max_capacity: memory is the only limit
+
+
+def test_no_eviction_fills_its_rows_before_doubling():
+    """The spec's example: 100 keys of a table of init_capacity=128 fit in 128 value rows
+    (a table doubling at load factor 0.5 would hold them in 256)."""
+    table = one_table(S.NO_EVICTION, init_capacity=128, max_capacity=128, bucket_capacity=128)
+    for chunk in torch.arange(1000, 1100).split(25):
+        out = table.find_or_insert(chunk, ids(len(chunk)))
+        assert (out.status == InsertStatus.INSERTED).all()
+    assert table.size(0) == 100
+    assert table.capacity(0) == 128
+    assert table.values[0].shape[0] == 128
+    # Past its rows it doubles, keys and rows kept.
+    rows = table.read(0, table.find(torch.arange(1000, 1100), ids(100)))
+    table.find_or_insert(torch.arange(2000, 2040), ids(40))
+    assert table.capacity(0) == 256
+    assert table.size(0) == 140
+    assert torch.equal(table.read(0, table.find(torch.arange(1000, 1100), ids(100))), rows)
+
+
+def test_no_eviction_doubles_when_a_bucket_fills_below_its_row_count():
+    table = one_table(S.NO_EVICTION, init_capacity=32, max_capacity=32)  # 2 buckets of 16
+    keys = torch.tensor(colliding_keys(17, 32, 16))  # 17 keys of one bucket: 17 < 32 rows
+    out = table.find_or_insert(keys, ids(17))
+    assert (out.status == InsertStatus.INSERTED).all()
+    assert table.capacity(0) == 64
+    assert set(table.export(0).keys.tolist()) == set(keys.tolist())
 
 
 def test_no_eviction_keeps_training_when_memory_runs_out(monkeypatch):

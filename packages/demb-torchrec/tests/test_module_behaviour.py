@@ -19,6 +19,7 @@ from demb_torchrec import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
+from demb_torchrec.stats import table_memory
 
 CONST = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=0.5)
 
@@ -130,6 +131,36 @@ def test_a_batch_deduplicated_without_counts_says_so_when_asked_for_them():
     assert batch.occurrence_counts().tolist() == [2, 1]
     with pytest.raises(ValueError, match="counts: this batch was deduplicated without counts"):
         batch._replace(counts=None).occurrence_counts()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_no_eviction_holds_100_keys_of_init_capacity_128_in_128_rows(device):
+    """The spec's row_capacity example: the table's value rows (with their optimizer state)
+    stay at init_capacity until its keys outnumber them, and each key keeps its row."""
+    module = tables(
+        optimizer="adam",
+        device=device,
+        max_capacity=128,
+        init_capacity=128,
+        score_strategy=DynamicEmbScoreStrategy.NO_EVICTION,
+    )
+    ids = torch.arange(100, device=device) * 7919
+    for chunk in ids.split(30):
+        module(chunk, torch.arange(chunk.numel() + 1, device=device)).sum().backward()
+    assert module.tables.size(0) == 100
+    assert module.tables.capacity(0) == 128
+    assert module.tables.values[0].shape[0] == 128
+    used = table_memory(torch.nn.ModuleDict({"m": module}))
+    row_bytes = module.tables.values[0][0].nbytes
+    index_bytes = 128 * (8 + 1 + 8)  # key, digest, one score word a slot
+    assert sum(m.total for c in used.values() for m in c.values()) == 128 * row_bytes + index_bytes
+    before = module.tables.read(0, module.tables.find(ids, torch.zeros_like(ids)))
+    more = torch.arange(100, 160, device=device) * 7919  # 160 keys > 128 rows: it doubles
+    module(more, torch.arange(more.numel() + 1, device=device)).sum().backward()
+    assert module.tables.capacity(0) == 256
+    assert module.tables.size(0) == 160
+    after = module.tables.read(0, module.tables.find(ids, torch.zeros_like(ids)))
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
 def test_step_scores_advance_per_forward():

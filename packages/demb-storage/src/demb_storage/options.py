@@ -116,7 +116,9 @@ class TableConfig:
     A value row is ``[embedding | optimizer state]``: ``dim + state_dim`` elements of ``dtype``.
     The table starts with ``init_capacity`` slots and doubles (at most to ``max_capacity``)
     whenever a batch would take its load factor above ``max_load_factor``. NO_EVICTION tables
-    use a fixed load factor of 0.5 and keep doubling past ``max_capacity`` until memory runs out.
+    fill their slots (a value row each) before they double, when a batch's new keys outnumber
+    the free slots or a key finds its bucket full, and keep doubling past ``max_capacity``
+    until memory runs out.
     """
 
     dim: int
@@ -224,7 +226,10 @@ class TableConfig:
 
     @property
     def load_factor_limit(self) -> float:
-        """The load factor that triggers doubling (0.5 for NO_EVICTION)."""
+        """The load factor that triggers doubling. NO_EVICTION ignores ``max_load_factor``: its
+        tables double when a batch's new keys would outnumber the free rows, or when a key
+        finds its bucket full (one value row a slot, filled before the table doubles; see
+        docs/hash_table.md)."""
         if self.score_layout.policy is ScorePolicy.NO_EVICTION:
-            return 0.5
+            return 1.0
         return float(self.max_load_factor)
