@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from demb_kernels.init_rows import NewRowsArgs, init_new_rows
-from demb_kernels.rows import gather_rows
 from demb_kernels.table import InsertStatus, ScorePolicy
 from demb_storage import (
     InsertOutcome,
 )
-from demb_storage.mixed_rows import write_mixed
+from demb_storage.mixed_rows import read_mixed, write_mixed
 from torch.autograd.function import FunctionCtx
 
 from demb_torchrec._cache_groups import (
@@ -63,15 +62,19 @@ keys' positions in the batch ``(n,)``, their rows ``(n, width)`` and index score
 ``(W, n)``."""
 
 
+Overflow = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""A forward's overflow entries: ``(n,)`` keys, their ``(n,)`` caching tables, their scratch
+rows (row ``rows[i]`` of the forward's buffer of table ``ids[i]``) and ``(W, n)`` score
+words."""
+
+
 @dataclass(eq=False)
 class _Pending:
-    """A forward's overflow rows, to write back to the storage: per caching table the keys,
-    their scratch rows (rows of ``buffers[t]``, the buffers of that forward) and score words."""
+    """A forward's overflow rows, to write back to the storage (:data:`Overflow`; None: a
+    forward without overflow), read from ``buffers``, the value buffers of that forward."""
 
     buffers: list[torch.Tensor]
-    keys: dict[int, torch.Tensor] = field(default_factory=dict)
-    rows: dict[int, torch.Tensor] = field(default_factory=dict)
-    words: dict[int, torch.Tensor] = field(default_factory=dict)
+    entries: Overflow | None = None
     graph_alive: bool = False
     """A backward may still update the rows (its autograd graph exists)."""
 
@@ -128,7 +131,10 @@ class CacheLookups:
         self._eval_rows = eval_rows
         policies = [c.score_layout.policy for c in tables.configs]
         self._counts = torch.tensor([p in _COUNTS_WORD for p in policies], device=device)
-        self._policies = policies
+        """``(T,)`` bool: the tables whose score word 0 counts accesses."""
+        compound = [p is ScorePolicy.TIMESTAMP_LFU for p in policies]
+        self._compound = torch.tensor(compound, device=device)
+        """``(T,)`` bool: the tables whose score word 1 is the batch's timestamp."""
         self._caps = torch.tensor(
             [tables.capacity(t) for t in range(state.num_tables)], device=device
         )
@@ -241,18 +247,17 @@ class CacheLookups:
         keys the cache holds by now (a later forward moved them up) are skipped. ``release``:
         its scratch rows are free again (its backward has run, or it has none)."""
         tables = self._state.tables
-        for group in self.groups:
-            mine = [t for t in group.tables if t in pending.keys]
-            if not mine:
-                continue
-            keys = torch.cat([pending.keys[t] for t in mine])
-            ids = torch.cat([torch.full_like(pending.keys[t], t) for t in mine])
-            rows = torch.cat(
-                [gather_rows(pending.buffers[t], pending.rows[t], check=False) for t in mine]
-            )
-            words = torch.cat([pending.words[t] for t in mine], dim=1)
-            outside = (tables.find(keys, ids, check=False) < 0).nonzero().squeeze(1)
-            self._insert(group, keys[outside], ids[outside], rows[outside], words[:, outside])
+        if pending.entries is not None:
+            for group in self.groups:
+                keys, ids, rows, words = pending.entries
+                if len(self.groups) > 1:  # this group's entries (one group: all of them)
+                    mine = group.member[ids].nonzero().squeeze(1)
+                    keys, ids, rows, words = keys[mine], ids[mine], rows[mine], words[:, mine]
+                if keys.numel() == 0:
+                    continue
+                rows = read_mixed(pending.buffers, ids, rows, group.tables)
+                outside = (tables.find(keys, ids, check=False) < 0).nonzero().squeeze(1)
+                self._insert(group, keys[outside], ids[outside], rows[outside], words[:, outside])
         if release:
             self._release(pending)
 
@@ -345,10 +350,12 @@ class CacheLookups:
         if staged is not None and keys.numel():
             self.staged[g] = staged.without(keys, ids, group.tables)
 
-    def _add(self, column: int, ids: torch.Tensor) -> None:
-        """Count each entry of tables ``ids`` in :attr:`stats`' ``column`` (no sync)."""
-        n = self._state.num_tables
-        self.stats[:, column] += torch.bincount(ids.to(self.stats.device), minlength=n)
+    def _add(self, column: int, ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Count each entry of tables ``ids`` (where ``mask``, when given) in :attr:`stats`'
+        ``column`` (no sync)."""
+        ids = ids.to(self.stats.device)
+        ones = torch.ones_like(ids) if mask is None else mask.to(ids.device, torch.int64)
+        self.stats[:, column].index_add_(0, ids, ones)
 
     def _reserve(
         self, ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, pending: _Pending
@@ -360,9 +367,17 @@ class CacheLookups:
             return
         tables = self._state.tables
         sub = ids[positions]
-        for t in torch.unique(sub).tolist():
-            mine = positions[sub == t]
-            n, start, cap = int(mine.numel()), self._ends[t], tables.capacity(t)
+        order = torch.argsort(sub, stable=True)  # by table; each table's keys in batch order
+        per_table = torch.zeros_like(self._caps).index_add_(0, sub, torch.ones_like(sub))
+        counts = per_table.tolist()
+        first = []  # per table: its first scratch row, and where its keys start in ``order``
+        begin = 0
+        for t, n in enumerate(counts):
+            start, cap = self._ends[t], tables.capacity(t)
+            first.append((cap + start - begin, begin))
+            begin += n
+            if n == 0:
+                continue
             buf = tables.values[t]
             if buf.shape[0] < cap + start + n:
                 grown = torch.zeros(
@@ -371,7 +386,10 @@ class CacheLookups:
                 grown[: buf.shape[0]] = buf
                 tables.values[t] = pending.buffers[t] = grown
             self._ends[t] = start + n
-            slots[mine] = torch.arange(cap + start, cap + start + n, device=slots.device)
+        shift = torch.tensor([f for f, _ in first], device=slots.device)
+        sorted_ids = sub[order]
+        rank = torch.arange(sub.shape[0], device=slots.device)  # position in ``order``
+        slots[positions[order]] = shift[sorted_ids] + rank
 
     def _release(self, pending: _Pending) -> None:
         if pending in self._live:
@@ -391,11 +409,12 @@ class CacheLookups:
         tables = self._state.tables
         index = tables.index
         for group, p, rows, words in fetched:
-            sub = ids[p]
-            write_mixed(tables.values, sub, slots[p], rows, group.tables)
-            up = self._counts[sub] & (slots[p] < self._caps[sub])
-            where = index.slot_offsets[sub[up]] + slots[p][up]
-            index.scores[0, where] += words[0][up].to(index.scores.device)
+            sub, at = ids[p], slots[p]
+            write_mixed(tables.values, sub, at, rows, group.tables)
+            up = self._counts[sub] & (at >= 0) & (at < self._caps[sub])
+            where = torch.where(up, index.slot_offsets[sub] + at, 0)  # others add 0 to slot 0
+            added = torch.where(up, words[0].to(up.device), 0)
+            index.scores[0].index_add_(0, where.to(index.scores.device), added.to(index.scores))
 
     def _pend(
         self,
@@ -412,26 +431,19 @@ class CacheLookups:
         ``(W, U)`` words of the batch's keys found in the storage)."""
         index = self._state.tables.index
         sub = batch.tables[overflow]
-        for t in torch.unique(sub).tolist():
-            mine = overflow[sub == t]
-            words = torch.zeros((index.score_words, mine.numel()), dtype=torch.int64)
-            words = words.to(stored.device)
-            policy = self._policies[t]
-            now = scores[t].to(stored.device)
-            frequency = counts[mine].to(stored.device) + stored[0, mine]
-            if policy is ScorePolicy.LFU:
-                words[0] = frequency
-            elif policy is ScorePolicy.TIMESTAMP_LFU:
-                words[0], words[1] = frequency, now
-            else:
-                words[0] = now
-            pending.keys[t] = batch.keys[mine]
-            pending.rows[t] = slots[mine]
-            pending.words[t] = words
+        where = stored.device
+        now = scores.to(where)[sub]
+        frequency = counts[overflow].to(where) + stored[0, overflow]
+        words = torch.zeros((index.score_words, overflow.shape[0]), dtype=torch.int64)
+        words = words.to(where)
+        words[0] = torch.where(self._counts[sub].to(where), frequency, now)
+        if index.score_words > 1:  # (TIMESTAMP, LFU): the count, then the timestamp
+            words[1] = torch.where(self._compound[sub].to(where), now, 0)
+        pending.entries = (batch.keys[overflow], sub, slots[overflow], words)
 
     def _count(self, ids: torch.Tensor, masks: list[torch.Tensor], overflow: torch.Tensor) -> None:
         """Add the batch's cache hits, storage hits and new keys (``masks``) and overflows to
         :attr:`stats`."""
         for column, mask in enumerate(masks):
-            self._add(column, ids[mask])
+            self._add(column, ids, mask)
         self._add(4, ids[overflow])
