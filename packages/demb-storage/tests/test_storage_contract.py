@@ -210,6 +210,56 @@ def test_a_bounded_storage_reports_what_it_evicts(make, tmp_path, ops):
     model.check(tables=(0,), probe=list(range(41)))
 
 
+@settings(max_examples=20, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["insert", "erase", "find"]),
+            st.lists(st.tuples(st.integers(0, 1), st.integers(0, 60)), unique=True, max_size=30),
+            st.integers(0, 2**31),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_a_device_storage_told_its_batch_tables_does_what_it_does_untold(ops):
+    """``tables=`` (a caller that checked its batch: no checks, no sync) changes nothing a
+    call returns or leaves behind, evictions included (16-slot tables)."""
+    lays = layouts()
+    told, unt = (make_device(lays, 1, None, capacity=16) for _ in range(2))
+    for op, pairs, seed in ops:
+        keys, ids, values, scores = batch(pairs, lays[0], 1, seed)
+        tables = sorted({t for t, _ in pairs})
+        if op == "insert":
+            a = told.insert(keys, ids, values, scores, tables=tables)
+            b = unt.insert(keys, ids, values, scores)
+            assert torch.equal(a.inserted, b.inserted)
+            assert torch.equal(a.stored, b.stored)
+            assert torch.equal(a.evicted.keys, b.evicted.keys)
+            assert torch.equal(a.evicted.values, b.evicted.values)
+        elif op == "erase":
+            assert told.erase(keys, ids, tables=tables) == unt.erase(keys, ids)
+        else:
+            a, b = told.find(keys, ids, tables=tables), unt.find(keys, ids)
+            assert torch.equal(a.found, b.found)
+            assert torch.equal(a.values, b.values)
+            assert torch.equal(a.scores, b.scores)
+    for t in (0, 1):
+        a, b = told.table.export(t), unt.table.export(t)
+        assert torch.equal(a.keys, b.keys)
+        assert torch.equal(a.slots, b.slots)
+        assert torch.equal(told.table.read(t, a.slots), unt.table.read(t, b.slots))
+
+
+def test_tables_told_to_a_device_storage_are_checked():
+    storage = make_device(layouts(), 1, None)
+    keys = torch.tensor([1, 2])
+    with pytest.raises(StorageBatchError, match="out of range"):
+        storage.find(keys, torch.tensor([0, 3]), tables=[0, 3])
+    with pytest.raises(StorageBatchError, match="rows differ"):
+        storage.find(keys, torch.tensor([0, 2]), tables=[0, 2])
+
+
 # --------------------------------------------------------------------------------- behaviour
 @pytest.mark.parametrize("make", IMPLS)
 @pytest.mark.parametrize("dtype", DTYPES)

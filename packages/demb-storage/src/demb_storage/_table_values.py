@@ -62,7 +62,8 @@ def evicted_rows(
     ids = table_ids[pos]
     slots = result.slots[pos]
     by_table = slots[torch.argsort(ids, stable=True)]
-    counts = torch.bincount(ids, minlength=len(values)).tolist()
+    per_table = torch.zeros(len(values), dtype=torch.int64, device=ids.device)
+    counts = per_table.index_add_(0, ids, torch.ones_like(ids)).tolist()  # (bincount: 2 syncs)
     ends = itertools.accumulate(counts)
     rows = [
         gather_rows(values[t], by_table[end - n : end].to(values[t].device))

@@ -71,12 +71,20 @@ class DynamicEmbeddingTable(Storage):
         )
 
     # ----------------------------------------------------------------------------- interface
-    def find(self, keys: torch.Tensor, table_ids: torch.Tensor | int) -> FoundEntries:
-        """See :meth:`Storage.find`; no score is touched."""
-        batch = self.checked_batch(keys, table_ids)
+    def find(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor | int,
+        *,
+        tables: Sequence[int] | None = None,
+    ) -> FoundEntries:
+        """See :meth:`Storage.find`; no score is touched. ``tables``: the distinct tables of
+        ``table_ids`` when the caller knows them and has checked the batch (a caching table's
+        storage group): nothing is checked again and nothing waits on the device."""
+        batch = self.checked_batch(keys, table_ids, tables)
         if not batch.tables:
             return self.empty_found(batch)
-        slots = self.table.find(batch.keys, batch.table_ids)
+        slots = self.table.find(batch.keys, batch.table_ids, check=tables is None)
         found = slots >= 0
         index = self.table.index
         where = torch.where(found, index.slot_offsets[batch.table_ids] + slots, 0)
@@ -89,11 +97,15 @@ class DynamicEmbeddingTable(Storage):
         table_ids: torch.Tensor | int,
         values: torch.Tensor,
         scores: torch.Tensor,
+        *,
+        tables: Sequence[int] | None = None,
     ) -> InsertedEntries:
         """See :meth:`Storage.insert`: the table's ``insert_or_assign`` with rows, reporting the
-        keys it evicted (their rows read before the new rows are written)."""
-        batch = self.checked_batch(keys, table_ids)
-        rows, scores = self.checked_rows(batch, values, scores)
+        keys it evicted (their rows read before the new rows are written). ``tables``: as
+        :meth:`find` (the caller also vouches that no key repeats in a table)."""
+        vouched = tables is not None
+        batch = self.checked_batch(keys, table_ids, tables)
+        rows, scores = self.checked_rows(batch, values, scores, distinct=vouched)
         if not batch.tables:
             none = torch.zeros(0, dtype=torch.bool, device=self.device)
             return InsertedEntries(none, none.clone(), self.no_evictions(batch))
@@ -101,13 +113,14 @@ class DynamicEmbeddingTable(Storage):
         # Present keys first: an overwrite never evicts and protects its slot, so the new keys
         # after it evict only keys outside the call.
         order = torch.argsort(
-            (table.find(batch.keys, batch.table_ids) < 0).to(torch.int8), stable=True
+            (table.find(batch.keys, batch.table_ids, check=not vouched) < 0).to(torch.int8),
+            stable=True,
         )
         keys, ids = batch.keys[order], batch.table_ids[order]
         rows, scores = rows[order], scores[:, order]
-        table.grow_for(keys, ids)  # the growth ScoredHashTable.insert_or_assign does first
+        table.grow_for(keys, ids, check=not vouched)  # as ScoredHashTable.insert_or_assign
         table.rank_victims(table.next_score_args())  # nothing unless a table has score_function
-        result = ops.insert_or_assign(table.index, keys, ids, scores)
+        result = ops.insert_or_assign(table.index, keys, ids, scores, check=not vouched)
         status = result.status
         table.record_evictions(ids, status, result.victim_keys)
         table.outcomes.add(ids, status)
@@ -127,12 +140,20 @@ class DynamicEmbeddingTable(Storage):
         stored[order] = status != InsertStatus.FAILED
         return InsertedEntries(new, stored, evicted)
 
-    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor | int) -> int:
-        """See :meth:`Storage.erase` (rows of erased keys are left as they are)."""
-        batch = self.checked_batch(keys, table_ids)
+    def erase(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor | int,
+        *,
+        tables: Sequence[int] | None = None,
+    ) -> int:
+        """See :meth:`Storage.erase` (rows of erased keys are left as they are); ``tables``: as
+        :meth:`find`."""
+        batch = self.checked_batch(keys, table_ids, tables)
         if not batch.tables:
             return 0
-        return int((self.table.erase(batch.keys, batch.table_ids) >= 0).sum())
+        freed = self.table.erase(batch.keys, batch.table_ids, check=tables is None)
+        return int((freed >= 0).sum())
 
     def export_chunks(
         self, table_id: int, chunk_rows: int = DEFAULT_CHUNK_ROWS

@@ -356,11 +356,17 @@ class ScoredHashTable:
         return InsertOutcome(result.slots, result.status, None)
 
     def erase(
-        self, keys: torch.Tensor, table_ids: torch.Tensor, *, record: bool = False
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        *,
+        record: bool = False,
+        check: bool = True,
     ) -> torch.Tensor:
         """Remove keys; ``(N,)`` int64 the freed slot of each erased key, else -1. With
-        ``record``, the keys removed are kept in :attr:`erased_keys`."""
-        freed = ops.erase(self.index, keys, table_ids)
+        ``record``, the keys removed are kept in :attr:`erased_keys`. ``check``: as
+        :meth:`find`."""
+        freed = ops.erase(self.index, keys, table_ids, check=check)
         if record:
             keys, table_ids = ops.as_batch(self.index, keys, table_ids)
             self.erased_keys.add(torch.where(freed >= 0, keys, -1), table_ids, freed)
@@ -487,17 +493,19 @@ class ScoredHashTable:
         no_eviction = self.index.policy_list[t] is ScorePolicy.NO_EVICTION
         return no_eviction or self.index.capacities[t] < self.configs[t].max_capacity
 
-    def grow_for(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
+    def grow_for(self, keys: torch.Tensor, table_ids: torch.Tensor, *, check: bool = True) -> None:
         """Double the tables the ``(N,)`` int64 ``keys`` of ``table_ids``, where missing, could
         take above their load factor (what find_or_insert and insert_or_assign do first; a
-        caller inserting through the index itself calls it before)."""
+        caller inserting through the index itself calls it before). One sync while a table
+        can grow (``check``: as :meth:`find`, one more on CUDA)."""
         if not self._any_growable:
             return
         growable = [t for t in range(self.num_tables) if self._growable(t)]
         if not growable or keys.numel() == 0:
             return
-        missing = ops.find(self.index, keys, table_ids) < 0
-        per_table = torch.bincount(table_ids[missing], minlength=self.num_tables)
+        missing = ops.find(self.index, keys, table_ids, check=check) < 0
+        per_table = torch.zeros_like(self.index.sizes)
+        per_table.index_add_(0, table_ids, missing.to(per_table.dtype))
         needed = (per_table + self.index.sizes).tolist()
         for t in growable:
             limit = self.configs[t].load_factor_limit

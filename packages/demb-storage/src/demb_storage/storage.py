@@ -298,8 +298,17 @@ class Storage(abc.ABC):
         self.close()
 
     # ----------------------------------------------------------------------------- helpers
-    def checked_batch(self, keys: torch.Tensor, table_ids: torch.Tensor | int) -> StorageBatch:
+    def checked_batch(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor | int,
+        tables: Sequence[int] | None = None,
+    ) -> StorageBatch:
         """``keys`` and ``table_ids`` checked and moved to :attr:`device` (one sync).
+
+        ``tables``: the distinct tables of the ids, when the caller knows them (a caching
+        table's storage group): the ids are then trusted to be among them and only the tables
+        are checked (no sync).
 
         Raises:
             StorageBatchError: keys not ``(N,)`` int64, table ids not ``(N,)`` integers or one
@@ -320,7 +329,9 @@ class Storage(abc.ABC):
                 f"{table_ids.dtype}",
             )
         ids = table_ids.to(self._device, torch.int64)
-        tables = tuple(int(t) for t in torch.unique(ids).tolist())
+        if tables is None:
+            tables = torch.unique(ids).tolist()
+        tables = tuple(sorted(int(t) for t in tables))
         bad = [t for t in tables if not 0 <= t < self.num_tables]
         if bad:
             raise StorageBatchError(
@@ -340,10 +351,15 @@ class Storage(abc.ABC):
         return StorageBatch(keys, ids, tables, first)
 
     def checked_rows(
-        self, batch: StorageBatch, values: torch.Tensor, scores: torch.Tensor
+        self,
+        batch: StorageBatch,
+        values: torch.Tensor,
+        scores: torch.Tensor,
+        distinct: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``values`` as ``(N, width)`` rows of the batch's dtype and ``scores`` as ``(W, N)``
-        int64, both on :attr:`device`, for an insert of ``batch`` with keys unique per table.
+        int64, both on :attr:`device`, for an insert of ``batch`` with keys unique per table
+        (``distinct``: the caller vouches for that; not checked, no sync).
 
         Raises:
             StorageBatchError: wrong shapes or dtypes, or a key twice in one table.
@@ -367,7 +383,7 @@ class Storage(abc.ABC):
                 "scores",
                 f"expected ({self._score_words}, {n}) score words, got {tuple(scores.shape)}",
             )
-        if n > 1 and _repeats(batch.keys, batch.table_ids, len(batch.tables)):
+        if n > 1 and not distinct and _repeats(batch.keys, batch.table_ids, len(batch.tables)):
             raise StorageBatchError("keys", f"a key appears twice in one insert ({label})")
         rows = values.to(self._device, batch.dtype).contiguous()
         return rows, scores.to(self._device).contiguous()

@@ -192,7 +192,7 @@ class CacheLookups:
         for group, p, _, _ in fetched:  # found keys that got a cache slot moved up
             up = p[slots[p] >= 0]
             self._changed(group, keys[up], ids[up])
-            group.erase(keys[up], ids[up])
+            group.erase(keys[up], ids[up], vouched=True)
         overflow = (cached & (status == InsertStatus.FAILED)).nonzero().squeeze(1)
         self._spill(outcome, keys[overflow], ids[overflow])
         pending = _Pending(list(tables.values))
@@ -277,17 +277,17 @@ class CacheLookups:
         ``keep``."""
         out: Fetched = []
         for g, group in enumerate(self.groups):
-            mine = positions[group.member[ids[positions]]]
+            mine = positions if group.whole else positions[group.member[ids[positions]]]
             if mine.numel() == 0:  # (its shape is known: the indexing synchronized)
                 continue
             staged = self.staged[g]
             at = torch.full_like(mine, -1)
             if staged is not None:
                 at = match_pairs(staged.keys, staged.ids, keys[mine], ids[mine], group.tables)
-            rest = mine[at < 0]
+            rest = mine if staged is None else mine[at < 0]
             found, rows, words = group.find(keys[rest], ids[rest])
-            hit = found.to(rows.device)
-            p, rows, words = rest[found], rows[hit].to(keys.device), words[:, found]
+            f = found.nonzero().squeeze(1)
+            p, rows, words = rest[f], rows[f.to(rows.device)].to(keys.device), words[:, f]
             if staged is not None:
                 used = at[at >= 0]
                 self._add(6, ids[mine[at >= 0]])
@@ -307,7 +307,10 @@ class CacheLookups:
         if ev is None or ev.keys.numel() == 0:
             return
         for group in self.groups:
-            mine = group.member[ev.table_ids].nonzero().squeeze(1)
+            if group.whole:
+                mine = torch.arange(ev.table_ids.shape[0], device=ev.table_ids.device)
+            else:
+                mine = group.member[ev.table_ids].nonzero().squeeze(1)
             # sorted by table, stably: each table's victims in the order of its entries, the
             # order of ev.values[t] (a bucket's entries keep their order: one table each)
             mine = mine[torch.argsort(ev.table_ids[mine], stable=True)]
@@ -326,13 +329,14 @@ class CacheLookups:
         alive: tuple[torch.Tensor, torch.Tensor] | None = None,
         written: bool = True,
     ) -> None:
-        """Insert entries of caching tables ``ids`` into ``group``'s storage (counted as
-        written back unless ``written=False``); count (and, under ``RETAIN_KEY``, record)
-        what leaves the storage, except keys still ``alive`` in this step's scratch rows."""
+        """Insert entries of caching tables ``ids`` into ``group``'s storage: the step's own
+        (distinct, checked keys, counted as written back) unless ``written=False`` (the caller's
+        keys); count (and, under ``RETAIN_KEY``, record) what leaves the storage, except keys
+        still ``alive`` in this step's scratch rows."""
         if written:
             self._add(3, ids)
         self._changed(group, keys, ids)
-        gone, tables = group.insert(keys, ids, rows, words)
+        gone, tables = group.insert(keys, ids, rows, words, vouched=written)
         if alive is not None and alive[0].numel() and gone.numel():
             still = torch.zeros_like(gone, dtype=torch.bool)
             for t in group.tables:

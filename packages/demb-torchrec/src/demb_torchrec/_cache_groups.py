@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from demb_storage import Storage, TableConfig
+from demb_storage import DynamicEmbeddingTable, Storage, TableConfig
 
 __all__ = ["Staged", "StorageGroup", "StorageSlot", "fit_words", "match_pairs", "storage_groups"]
 
@@ -105,8 +105,15 @@ class StorageGroup:
         """The module table of each storage table (-1: none of this group's)."""
         self.member = (local >= 0).to(device)
         """``(T,)`` bool: the module's tables in this group."""
+        self.whole = bool((local >= 0).all())
+        """Every table of the module is in this group."""
         self.device = device
         self.words = words
+        self._vouched: dict[str, tuple[int, ...]] = {}
+        """Keyword arguments of a :class:`DynamicEmbeddingTable` storage's calls: the storage
+        tables of the group (the module checked its batches; the storage need not)."""
+        if isinstance(storage, DynamicEmbeddingTable):
+            self._vouched = {"tables": tuple(sorted(s for _, s in members))}
 
     def find(
         self, keys: torch.Tensor, ids: torch.Tensor
@@ -114,15 +121,22 @@ class StorageGroup:
         """``(n,)`` bool found, ``(n, width)`` rows and ``(W, n)`` index score words of keys of
         the group's module tables ``ids``; found and words on :attr:`device`."""
         where = self.storage.device
-        got = self.storage.find(keys.to(where), self.local[ids].to(where))
+        got = self.storage.find(keys.to(where), self.local[ids].to(where), **self._vouched)
         return got.found.to(self.device), got.values, fit_words(got.scores, self.words)
 
     def insert(
-        self, keys: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, words: torch.Tensor
+        self,
+        keys: torch.Tensor,
+        ids: torch.Tensor,
+        rows: torch.Tensor,
+        words: torch.Tensor,
+        vouched: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Insert or overwrite entries of module tables ``ids`` with their rows and ``(W, n)``
-        index score words. Returns the keys that left the storage, and their module tables,
-        on :attr:`device`: those it evicted and those it had no room for."""
+        index score words (``vouched``: the module's own entries, distinct and checked; a
+        :class:`DynamicEmbeddingTable` storage then checks nothing again). Returns the keys that
+        left the storage, and their module tables, on :attr:`device`: those it evicted and
+        those it had no room for."""
         if keys.numel() == 0:
             empty = torch.zeros(0, dtype=torch.int64, device=self.device)
             return empty, empty
@@ -131,18 +145,21 @@ class StorageGroup:
         keys = keys.to(where)
         ids = ids.to(where)
         words = fit_words(words, s.score_words).to(where)
-        done = s.insert(keys, self.local.to(where)[ids], rows.to(where), words)
-        unstored = ~done.stored
+        vouch = self._vouched if vouched else {}
+        done = s.insert(keys, self.local.to(where)[ids], rows.to(where), words, **vouch)
+        unstored = (~done.stored).nonzero().squeeze(1)
         gone = torch.cat([done.evicted.keys, keys[unstored]])
         tables = torch.cat([self.back[done.evicted.table_ids], ids[unstored]])
         return gone.to(self.device), tables.to(self.device)
 
-    def erase(self, keys: torch.Tensor, ids: torch.Tensor) -> int:
-        """Remove keys of module tables ``ids``; returns how many were stored."""
+    def erase(self, keys: torch.Tensor, ids: torch.Tensor, vouched: bool = False) -> int:
+        """Remove keys of module tables ``ids`` (``vouched``: as :meth:`insert`); returns how
+        many were stored."""
         if keys.numel() == 0:
             return 0
         where = self.storage.device
-        return self.storage.erase(keys.to(where), self.local[ids].to(where))
+        vouch = self._vouched if vouched else {}
+        return self.storage.erase(keys.to(where), self.local[ids].to(where), **vouch)
 
 
 def storage_groups(
