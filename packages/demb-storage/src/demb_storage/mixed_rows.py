@@ -81,8 +81,12 @@ def write_mixed(
     if len(tables) == 1:
         scatter_rows(first, slots, rows, check=False)
         return
+    # Every buffer's slots (-1 where an entry is another table's), made in one pass (an
+    # arange, not a copy of ``tables`` to the device: that would wait on it).
+    every = torch.arange(len(values), device=where)
+    per_table = torch.where(table_ids == every[:, None], slots, -1).unbind(0)
     for t in tables:
-        scatter_rows(values[t], torch.where(table_ids == t, slots, -1), rows, check=False)
+        scatter_rows(values[t], per_table[t], rows, check=False)
 
 
 def _first(values: Sequence[torch.Tensor], tables: Sequence[int]) -> torch.Tensor:

@@ -373,15 +373,15 @@ class CacheLookups:
         sub = ids[positions]
         order = torch.argsort(sub, stable=True)  # by table; each table's keys in batch order
         per_table = torch.zeros_like(self._caps).index_add_(0, sub, torch.ones_like(sub))
-        counts = per_table.tolist()
-        first = []  # per table: its first scratch row, and where its keys start in ``order``
-        begin = 0
-        for t, n in enumerate(counts):
-            start, cap = self._ends[t], tables.capacity(t)
-            first.append((cap + start - begin, begin))
-            begin += n
+        # Table t's k-th key gets row caps[t] + ends[t] + k; its keys start at ``begins[t]`` in
+        # ``order`` (the host's ``ends`` copied without waiting on the device).
+        ends = torch.tensor(self._ends, dtype=torch.int64).to(slots.device, non_blocking=True)
+        begins = torch.cumsum(per_table, 0) - per_table
+        shift = self._caps + ends - begins
+        for t, n in enumerate(per_table.tolist()):
             if n == 0:
                 continue
+            start, cap = self._ends[t], tables.capacity(t)
             buf = tables.values[t]
             if buf.shape[0] < cap + start + n:
                 grown = torch.zeros(
@@ -390,7 +390,6 @@ class CacheLookups:
                 grown[: buf.shape[0]] = buf
                 tables.values[t] = pending.buffers[t] = grown
             self._ends[t] = start + n
-        shift = torch.tensor([f for f, _ in first], device=slots.device)
         sorted_ids = sub[order]
         rank = torch.arange(sub.shape[0], device=slots.device)  # position in ``order``
         slots[positions[order]] = shift[sorted_ids] + rank
