@@ -265,9 +265,9 @@ def add_tiers_parser(bench: _Subparsers) -> None:
         bench,
         "tiers",
         "the train step and eval forward of caching tables (a device cache of 1.0x and 0.8x a "
-        "step's unique ids over a host table) beside the all-device tables and beside the copy "
-        "floor of the rows that cross between the tiers; lists the modes not built yet (hybrid, "
-        "no device memory); fails if a mode evicted or lost a key",
+        "step's unique ids over a host table) and of hybrid tables (a tenth of the value bytes "
+        "on the device; none) beside the all-device tables and beside the copy floor of the "
+        "rows that cross between the tiers; fails if a mode evicted or lost a key",
         device=True,
         scale="rows and ids times this (default 1 on a GPU: 10 tables x 3,355,443 rows, "
         "1,048,576 ids a step, about 16 GB of GPU memory and 16 GB of pinned host memory with "

@@ -1,6 +1,6 @@
 """The parts of ``demb bench tiers`` (:mod:`demb_torchrec.bench.tiers_bench`): the copy floor
-of the rows that cross between the tiers, the modes not built yet (each probed, with its
-reason), the reference system's published figures and the printed report."""
+of the rows that cross between the tiers, the reference system's published figures and the
+printed report."""
 
 from __future__ import annotations
 
