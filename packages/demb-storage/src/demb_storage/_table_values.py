@@ -16,6 +16,7 @@ from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import InsertStatus
 
 from demb_storage._outcomes import EvictedRows
+from demb_storage.mixed_rows import read_mixed
 from demb_storage.options import TableConfig
 
 __all__ = ["allocate_values", "evicted_rows", "move_rows", "zero_inserted_rows"]
@@ -61,14 +62,21 @@ def evicted_rows(
     pos = (result.status == InsertStatus.EVICTED).nonzero().squeeze(1)
     ids = table_ids[pos]
     slots = result.slots[pos]
-    by_table = slots[torch.argsort(ids, stable=True)]
+    order = torch.argsort(ids, stable=True)
+    by_table = slots[order]
     per_table = torch.zeros(len(values), dtype=torch.int64, device=ids.device)
     counts = per_table.index_add_(0, ids, torch.ones_like(ids)).tolist()  # (bincount: 2 syncs)
-    ends = itertools.accumulate(counts)
-    rows = [
-        gather_rows(values[t], by_table[end - n : end].to(values[t].device))
-        for t, (n, end) in enumerate(zip(counts, ends, strict=True))
-    ]
+    first = values[0]
+    if all(v.shape[1] == first.shape[1] and v.dtype == first.dtype for v in values):
+        # one layout: one gather for every table (a launch, not one a table), split by table
+        every = list(range(len(values)))
+        rows = list(read_mixed(values, ids[order], by_table, every).split(counts))
+    else:
+        ends = itertools.accumulate(counts)
+        rows = [
+            gather_rows(values[t], by_table[end - n : end].to(values[t].device))
+            for t, (n, end) in enumerate(zip(counts, ends, strict=True))
+        ]
     return EvictedRows(result.victim_keys[pos], ids, result.victim_scores[:, pos].t(), slots, rows)
 
 
