@@ -60,6 +60,7 @@ from demb_storage.storage_results import (
     RowLayout,
     StorageExport,
 )
+from demb_storage.table_counts import per_table_counts
 
 __all__ = [
     "DEFAULT_COUNTER_CAPACITY",
@@ -110,6 +111,7 @@ __all__ = [
     "float_rank",
     "initialize_rows",
     "new_rows_spec",
+    "per_table_counts",
     "resolve_score_strategy",
     "table_seed",
 ]

@@ -11,12 +11,9 @@ from demb_kernels.table import InsertStatus
 
 from demb_storage._errors import InsertFailedError
 from demb_storage.options import SafeCheckMode, TableConfig
+from demb_storage.table_counts import per_table_counts
 
 __all__ = ["count_failed", "raise_or_warn"]
-
-_ONE_HOT_TABLES = 64
-"""Up to this many tables, failed inserts are counted per table by a reduction over a
-``(N, T)`` mask; beyond, by ``index_add_`` (whose atomics on few addresses serialize)."""
 
 
 def count_failed(table_ids: torch.Tensor, status: torch.Tensor, num_tables: int) -> torch.Tensor:
@@ -27,12 +24,7 @@ def count_failed(table_ids: torch.Tensor, status: torch.Tensor, num_tables: int)
         status: ``(N,)`` int64 :class:`InsertStatus` of each entry.
         num_tables: ``T``.
     """
-    failed = status == InsertStatus.FAILED
-    if num_tables <= _ONE_HOT_TABLES:  # a reduction: no atomics on T addresses
-        tables = torch.arange(num_tables, device=table_ids.device)
-        return ((table_ids[:, None] == tables) & failed[:, None]).sum(0)
-    zeros = torch.zeros(num_tables, dtype=torch.int64, device=status.device)
-    return zeros.index_add_(0, table_ids, failed.to(torch.int64))
+    return per_table_counts(table_ids, num_tables, status == InsertStatus.FAILED)
 
 
 def raise_or_warn(configs: Sequence[TableConfig], counts: list[int], batch_size: int) -> None:

@@ -18,6 +18,7 @@ from demb_kernels.table import InsertStatus
 from demb_storage._outcomes import EvictedRows
 from demb_storage.mixed_rows import read_mixed
 from demb_storage.options import TableConfig
+from demb_storage.table_counts import per_table_counts
 
 __all__ = ["allocate_values", "evicted_rows", "move_rows", "zero_inserted_rows"]
 
@@ -64,13 +65,12 @@ def evicted_rows(
     slots = result.slots[pos]
     order = torch.argsort(ids, stable=True)
     by_table = slots[order]
-    per_table = torch.zeros(len(values), dtype=torch.int64, device=ids.device)
-    counts = per_table.index_add_(0, ids, torch.ones_like(ids)).tolist()  # (bincount: 2 syncs)
+    counts = per_table_counts(ids, len(values)).tolist()
     first = values[0]
     if all(v.shape[1] == first.shape[1] and v.dtype == first.dtype for v in values):
         # one layout: one gather for every table (a launch, not one a table), split by table
         every = list(range(len(values)))
-        rows = list(read_mixed(values, ids[order], by_table, every).split(counts))
+        rows = list(torch.split(read_mixed(values, ids[order], by_table, every), counts))
     else:
         ends = itertools.accumulate(counts)
         rows = [

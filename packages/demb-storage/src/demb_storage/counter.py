@@ -30,6 +30,7 @@ from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
 from demb_planner import BUCKET_ALIGNMENT
 
 from demb_storage._errors import AdmissionConfigError, CounterDataError
+from demb_storage.table_counts import per_table_counts
 
 __all__ = [
     "Counter",
@@ -336,8 +337,8 @@ class MultiTableKVCounter(Counter):
         return counts
 
     def _count_evictions(self, table_ids: torch.Tensor, status: torch.Tensor) -> None:
-        evicted = (status == InsertStatus.EVICTED).to(torch.int64)
-        self._evicted.index_add_(0, table_ids, evicted)
+        evicted = status == InsertStatus.EVICTED
+        self._evicted += per_table_counts(table_ids, self.num_tables, evicted)
 
     def evicted_since_last_read(self) -> torch.Tensor:
         """``(T,)`` int64 keys the counter evicted per table since the previous call.

@@ -37,6 +37,7 @@ from demb_storage._table_values import (
 )
 from demb_storage.options import SafeCheckMode, TableConfig
 from demb_storage.score_function import VictimRanker
+from demb_storage.table_counts import per_table_counts
 
 __all__ = ["EvictedRows", "InsertOutcome", "ScoredHashTable", "TableExport"]
 
@@ -504,9 +505,8 @@ class ScoredHashTable:
         if not growable or keys.numel() == 0:
             return
         missing = ops.find(self.index, keys, table_ids, check=check) < 0
-        per_table = torch.zeros_like(self.index.sizes)
-        per_table.index_add_(0, table_ids, missing.to(per_table.dtype))
-        needed = (per_table + self.index.sizes).tolist()
+        per_table = per_table_counts(table_ids, self.num_tables, missing)
+        needed = (per_table.to(self.index.sizes.device) + self.index.sizes).tolist()
         for t in growable:
             limit = self.configs[t].load_factor_limit
             while needed[t] > limit * self.capacity(t) and self._growable(t):

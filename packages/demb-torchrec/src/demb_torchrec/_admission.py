@@ -27,6 +27,7 @@ from demb_storage import (
     MultiTableAdmitter,
     MultiTableKVCounter,
     new_rows_spec,
+    per_table_counts,
 )
 
 from demb_torchrec.errors import ConfigError, NotSupportedError
@@ -173,7 +174,8 @@ class ModuleAdmission:
                     f"{tuple(admit.shape)}, expected a bool mask of {tuple(asked.shape)}"
                 )
             out = ~admit
-            self._decisions.index_add_(0, t, torch.stack([admit, out], dim=1).to(torch.int64))
+            self._decisions[:, 0] += per_table_counts(t, self.num_tables, admit)
+            self._decisions[:, 1] += per_table_counts(t, self.num_tables, out)
             rejected[asked] = out
         return rejected
 

@@ -25,6 +25,7 @@ from demb_storage import (
     InsertOutcome,
 )
 from demb_storage.mixed_rows import read_mixed, write_mixed
+from demb_storage.table_counts import per_table_counts
 from torch.autograd.function import FunctionCtx
 
 from demb_torchrec._cache_groups import (
@@ -132,6 +133,7 @@ class CacheLookups:
         policies = [c.score_layout.policy for c in tables.configs]
         self._counts = torch.tensor([p in _COUNTS_WORD for p in policies], device=device)
         """``(T,)`` bool: the tables whose score word 0 counts accesses."""
+        self._any_counts = any(p in _COUNTS_WORD for p in policies)
         compound = [p is ScorePolicy.TIMESTAMP_LFU for p in policies]
         self._compound = torch.tensor(compound, device=device)
         """``(T,)`` bool: the tables whose score word 1 is the batch's timestamp."""
@@ -357,9 +359,8 @@ class CacheLookups:
     def _add(self, column: int, ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         """Count each entry of tables ``ids`` (where ``mask``, when given) in :attr:`stats`'
         ``column`` (no sync)."""
-        ids = ids.to(self.stats.device)
-        ones = torch.ones_like(ids) if mask is None else mask.to(ids.device, torch.int64)
-        self.stats[:, column].index_add_(0, ids, ones)
+        counts = per_table_counts(ids, self._state.num_tables, mask)
+        self.stats[:, column] += counts.to(self.stats.device)
 
     def _reserve(
         self, ids: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, pending: _Pending
@@ -372,7 +373,7 @@ class CacheLookups:
         tables = self._state.tables
         sub = ids[positions]
         order = torch.argsort(sub, stable=True)  # by table; each table's keys in batch order
-        per_table = torch.zeros_like(self._caps).index_add_(0, sub, torch.ones_like(sub))
+        per_table = per_table_counts(sub, self._state.num_tables)
         # Table t's k-th key gets row caps[t] + ends[t] + k; its keys start at ``begins[t]`` in
         # ``order`` (the host's ``ends`` copied without waiting on the device).
         ends = torch.tensor(self._ends, dtype=torch.int64).to(slots.device, non_blocking=True)
@@ -414,10 +415,11 @@ class CacheLookups:
         for group, p, rows, words in fetched:
             sub, at = ids[p], slots[p]
             write_mixed(tables.values, sub, at, rows, group.tables)
-            up = self._counts[sub] & (at >= 0) & (at < self._caps[sub])
-            where = torch.where(up, index.slot_offsets[sub] + at, 0)  # others add 0 to slot 0
-            added = torch.where(up, words[0].to(up.device), 0)
-            index.scores[0].index_add_(0, where.to(index.scores.device), added.to(index.scores))
+            if not self._any_counts:
+                continue
+            up = (self._counts[sub] & (at >= 0) & (at < self._caps[sub])).nonzero().squeeze(1)
+            where = (index.slot_offsets[sub[up]] + at[up]).to(index.scores.device)
+            index.scores[0].index_add_(0, where, words[0][up.to(words.device)].to(index.scores))
 
     def _pend(
         self,
