@@ -466,3 +466,49 @@ def test_prefetch_checks_its_batch_and_is_a_no_op_without_caching():
         cached.prefetch(torch.tensor([1, 2]), torch.tensor([0, 5]))
     twin.prefetch(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))  # no cache: nothing to do
     assert twin.tables.size(0) == 0
+
+
+def test_prefetch_over_a_storage_that_evicts_changes_nothing():
+    """A storage of 2,048 slots a table under 6,000 keys evicts every step: a module that
+    prefetches each next batch trains exactly as the same module without prefetch (an entry
+    the storage evicts after it was read ahead is not read from the prefetch)."""
+    kw: dict[str, Any] = {"table_names": NAMES, "device": "cpu", "optimizer": "adam"}
+    kw["pooling_mode"] = DynamicEmbPoolingMode.NONE
+    row_bytes = _row_bytes("adam")
+
+    def build() -> DynamicEmbeddingTables:
+        options = _options(0.1, "adam")
+        for o in options:
+            o.max_capacity = o.init_capacity = 2048
+            o.local_hbm_for_values = 256 * row_bytes
+        return DynamicEmbeddingTables(options, **kw)
+
+    plain, ahead = build(), build()
+    gen = torch.Generator().manual_seed(5)
+    batches = [_batch(gen, 1400, False) for _ in range(9)]
+    for step, (indices, offsets) in enumerate(batches[:-1]):
+        a, b = plain(indices, offsets), ahead(indices, offsets)
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"step {step}")
+        ahead.prefetch(*batches[step + 1])
+        grad = torch.randn(a.shape, generator=gen)
+        a.backward(grad)
+        b.backward(grad)
+    stats = ahead.cache_stats()
+    assert sum(s["evictions"] for s in stats.values()) > 0
+    assert sum(s["prefetched"] for s in stats.values()) > 0
+
+
+def test_a_key_erased_after_its_prefetch_is_new_at_the_next_forward():
+    """Prefetch reads a stored key ahead; erase_keys removes it; the next forward must treat
+    it as a new key (its initializer's row), as the all-device twin does, not read the
+    prefetched copy."""
+    twin, cached = _modules(0.1)
+    _train_both(twin, cached, steps=3, n=1400)
+    stored = _storage_rows(cached, 0)[0][:20]
+    indices = torch.cat([stored, stored])  # user table, then item table: the same ids
+    offsets = torch.arange(indices.numel() + 1)
+    cached.prefetch(indices, offsets)
+    for module in (twin, cached):
+        erase_keys(module, {"model": {"user": stored}})
+    torch.testing.assert_close(cached(indices, offsets), twin(indices, offsets), rtol=0, atol=0)
+    _assert_union_equals_twin(twin, cached)

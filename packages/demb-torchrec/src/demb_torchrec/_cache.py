@@ -339,6 +339,7 @@ class CacheLookups:
             self._add(3, ids)
         self._changed(group, keys, ids)
         gone, tables = group.insert(keys, ids, rows, words, vouched=written)
+        self._changed(group, gone, tables)  # their storage copies are gone with them
         if alive is not None and alive[0].numel() and gone.numel():
             still = torch.zeros_like(gone, dtype=torch.bool)
             for t in group.tables:

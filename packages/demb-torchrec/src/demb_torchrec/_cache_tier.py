@@ -92,6 +92,7 @@ class CacheTier(CacheLookups):
         keys = keys.to(self._state.device)
         ids = torch.full_like(keys, t)
         held = group.find(keys, ids)[0]
+        self._changed(group, keys, ids)  # a prefetch's copies of them go too
         removed = group.erase(keys, ids)
         if record and removed:
             gone = keys[held]
