@@ -24,9 +24,9 @@ class CacheTier(CacheLookups):
     def prefetch(self, bags: Bags, forward_stream: torch.cuda.Stream | None = None) -> None:
         """Read ahead the storage rows of ``bags``' keys that the caches miss, for the next
         forward (which then reads them from the device instead of the storage; an entry the
-        storage changes meanwhile is read again). The caches and the scores do not change.
-        ``forward_stream``: the CUDA stream the next forward runs on, when another one than the
-        current (the staged rows are recorded as used on it)."""
+        storage changes, evicts or erases meanwhile is read again). The caches and the scores
+        do not change. ``forward_stream``: the CUDA stream the next forward runs on, when
+        another one than the current (the staged rows are recorded as used on it)."""
         s = self._state
         tables = s.tables
         batch = dedup_bags(s, bags)
