@@ -22,8 +22,6 @@ from demb_storage.admission import (
     FrequencyAdmissionStrategy,
     MultiTableAdmitter,
     MultiTableFrequencyAdmitter,
-    MultiTableProbabilisticAdmitter,
-    ProbabilisticAdmissionStrategy,
 )
 from demb_storage.counter import (
     Counter,
@@ -46,6 +44,10 @@ from demb_storage.options import (
     ScoreStrategy,
     TableConfig,
     resolve_score_strategy,
+)
+from demb_storage.probabilistic_admission import (
+    MultiTableProbabilisticAdmitter,
+    ProbabilisticAdmissionStrategy,
 )
 from demb_storage.rocksdb_storage import RocksDBStorage
 from demb_storage.score_function import ScoreFunction, float_rank
