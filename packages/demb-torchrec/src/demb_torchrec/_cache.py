@@ -131,9 +131,10 @@ class CacheLookups:
         self._cached = torch.tensor([b is not None for b in below], device=device)
         self._eval_rows = eval_rows
         policies = [c.score_layout.policy for c in tables.configs]
-        self._counts = torch.tensor([p in _COUNTS_WORD for p in policies], device=device)
+        counting = [p in _COUNTS_WORD for p in policies]
+        self._counts = torch.tensor(counting, device=device)
         """``(T,)`` bool: the tables whose score word 0 counts accesses."""
-        self._any_counts = any(p in _COUNTS_WORD for p in policies)
+        self._any_counts = any(counting)
         compound = [p is ScorePolicy.TIMESTAMP_LFU for p in policies]
         self._compound = torch.tensor(compound, device=device)
         """``(T,)`` bool: the tables whose score word 1 is the batch's timestamp."""
@@ -279,7 +280,9 @@ class CacheLookups:
         ``keep``."""
         out: Fetched = []
         for g, group in enumerate(self.groups):
-            mine = positions if group.whole else positions[group.member[ids[positions]]]
+            # (the positions are of caching tables: one group holds them all)
+            one = len(self.groups) == 1
+            mine = positions if one else positions[group.member[ids[positions]]]
             if mine.numel() == 0:  # (its shape is known: the indexing synchronized)
                 continue
             staged = self.staged[g]
@@ -287,7 +290,7 @@ class CacheLookups:
             if staged is not None:
                 at = match_pairs(staged.keys, staged.ids, keys[mine], ids[mine], group.tables)
             rest = mine if staged is None else mine[at < 0]
-            found, rows, words = group.find(keys[rest], ids[rest])
+            found, rows, words = group.find(keys[rest], ids[rest], vouched=True)
             f = found.nonzero().squeeze(1)
             p, rows, words = rest[f], rows[f.to(rows.device)].to(keys.device), words[:, f]
             if staged is not None:

@@ -116,12 +116,14 @@ class StorageGroup:
             self._vouched = {"tables": tuple(sorted(s for _, s in members))}
 
     def find(
-        self, keys: torch.Tensor, ids: torch.Tensor
+        self, keys: torch.Tensor, ids: torch.Tensor, vouched: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(n,)`` bool found, ``(n, width)`` rows and ``(W, n)`` index score words of keys of
-        the group's module tables ``ids``; found and words on :attr:`device`."""
+        the group's module tables ``ids`` (``vouched``: as :meth:`insert`); found and words on
+        :attr:`device`."""
         where = self.storage.device
-        got = self.storage.find(keys.to(where), self.local[ids].to(where), **self._vouched)
+        vouch = self._vouched if vouched else {}
+        got = self.storage.find(keys.to(where), self.local[ids].to(where), **vouch)
         return got.found.to(self.device), got.values, fit_words(got.scores, self.words)
 
     def insert(
