@@ -20,7 +20,9 @@ def per_table_counts(
     is set, when given). No sync.
 
     Args:
-        table_ids: ``(N,)`` int64 table of each entry, in ``[0, T)``.
+        table_ids: ``(N,)`` int64 table of each entry, in ``[0, T)`` (not checked: a check
+            would wait on the device; up to ``ONE_HOT_TABLES`` tables an id outside is not
+            counted, beyond it ``index_add_`` raises).
         num_tables: ``T``.
         mask: ``(N,)`` bool, or None for every entry.
     """
