@@ -37,10 +37,15 @@ def registry() -> Iterator[None]:
 
 @pytest.fixture
 def run_ranks(tmp_path: Path) -> Callable[..., list[Any]]:
-    """A launcher of multi-rank tests: ``run(script, world, *args)`` starts ``world``
-    processes ``python SCRIPT RANK WORLD STORE OUT *args`` sharing a FileStore under
-    ``tmp_path``, checks that each exits 0 (its log's tail in the message) and returns what each
-    rank saved to its ``OUT`` (``torch.load``)."""
+    """A launcher of multi-rank tests: ``run(script, world, *args)`` runs ``world`` ranks of
+    ``python SCRIPT RANK WORLD STORE OUT *args`` sharing a FileStore under ``tmp_path``, checks
+    that each exits 0 (its log's tail in the message) and returns what each rank saved to its
+    ``OUT`` (``torch.load``).
+
+    Without a visible GPU the ranks are forked from a server process that imported torch,
+    TorchRec and demb once (``forkserver``, :mod:`_rank_launch`); each still runs the script as
+    ``__main__`` in a process of its own. With a GPU each rank is a fresh interpreter: a process
+    forked after those imports asked CUDA for its devices could not use CUDA."""
 
     runs = [0]
 
@@ -50,17 +55,54 @@ def run_ranks(tmp_path: Path) -> Callable[..., list[Any]]:
         runs[0] += 1  # each run its own store and outputs (a test may launch several)
         store = tmp_path / f"store{runs[0]}"
         outs = [tmp_path / f"run{runs[0]}-rank{r}.pt" for r in range(world)]
-        procs = [
-            subprocess.Popen(
-                [sys.executable, str(script), *map(str, (r, world, store, outs[r])), *args],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-            )
-            for r in range(world)
-        ]
-        logs = [p.communicate(timeout=900)[0].decode(errors="replace") for p in procs]
-        for r, p in enumerate(procs):
-            assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+        argv = [[*map(str, (r, world, store, outs[r])), *args] for r in range(world)]
+        if torch.cuda.is_available():
+            logs, codes = _fresh_ranks(script, argv)
+        else:
+            logs, codes = _forked_ranks(script, argv, tmp_path / f"run{runs[0]}")
+        for r, code in enumerate(codes):
+            assert code == 0, f"rank {r} failed (exit code {code}):\n{logs[r][-4000:]}"
         return [torch.load(o, weights_only=False) for o in outs]
 
     return run
+
+
+def _fresh_ranks(script: Path, argv: list[list[str]]) -> tuple[list[str], list[int | None]]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), *a], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        for a in argv
+    ]
+    logs = [p.communicate(timeout=_RANK_TIMEOUT)[0].decode(errors="replace") for p in procs]
+    return logs, [p.returncode for p in procs]
+
+
+def _forked_ranks(
+    script: Path, argv: list[list[str]], prefix: Path
+) -> tuple[list[str], list[int | None]]:
+    import multiprocessing
+
+    import _rank_launch
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_rank_launch.PRELOAD)
+    paths = [Path(f"{prefix}-rank{r}.log") for r in range(len(argv))]
+    procs = [
+        ctx.Process(target=_rank_launch.run_script, args=(str(script), a, str(log)))
+        for a, log in zip(argv, paths, strict=True)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=_RANK_TIMEOUT)
+    for p in procs:
+        if p.is_alive():  # a hung rank: stopped, reported as failed
+            p.kill()
+            p.join()
+    logs = [log.read_text(errors="replace") if log.exists() else "" for log in paths]
+    return logs, [p.exitcode for p in procs]
+
+
+_RANK_TIMEOUT = 900
+"""Seconds a multi-rank run may take."""
