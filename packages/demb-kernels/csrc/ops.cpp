@@ -25,7 +25,7 @@ TORCH_LIBRARY(demb, m) {
       "table_find_or_insert(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor(d!) sizes, Tensor keys, "
       "Tensor table_ids, Tensor score_args, Tensor? counts, Tensor? victim_rank=None, "
-      "Tensor? ranked=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? ranked=None, bool wait=True) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // find_or_insert that also gathers each of N occurrences' row (gather_table_rows of the
   // slots it found, through `inverse`) when every key was found; else rows is (0, dim). On
   // CUDA the gather is queued before the host waits for the all-found flag.

@@ -50,7 +50,9 @@ at::Tensor table_lookup_op(const at::Tensor& index_keys, const at::Tensor& diges
 // it (make_view) rank the victims of the tables flagged.
 // For kInsert, *all_hit tells whether the lookup phase found every key, and `speculate`
 // (given its slots) is called at most once: on the CPU when every key was found, on CUDA
-// before the host knows (then all_hit tells whether its work is right).
+// before the host knows (then all_hit tells whether its work is right). A null all_hit
+// (find_or_insert's wait=false): on CUDA the host does not wait for the flag and phase B always
+// runs (all_hit reads false).
 template <auto Bucket>
 struct TableOps {
   static FoundOutputs find_or_insert(const at::Tensor& index_keys, const at::Tensor& digests,
@@ -60,13 +62,13 @@ struct TableOps {
                                      const at::Tensor& table_ids, const at::Tensor& score_args,
                                      const std::optional<at::Tensor>& counts,
                                      const std::optional<at::Tensor>& victim_rank,
-                                     const std::optional<at::Tensor>& ranked) {
+                                     const std::optional<at::Tensor>& ranked, bool wait) {
     const IndexTensors ix = checked_index(index_keys, digests, scores, slot_offsets,
                                           bucket_widths, policies, victim_rank, ranked);
     bool all_hit = false;
     const auto [slots, status, victim_keys, victim_scores] =
         Bucket(ix, sizes, BucketOp::kInsert, keys, table_ids, score_args, counts, std::nullopt,
-               &all_hit, Speculate());
+               wait ? &all_hit : nullptr, Speculate());
     return {slots, status, victim_keys, victim_scores, at::scalar_tensor(all_hit, at::kBool)};
   }
 

@@ -156,6 +156,76 @@ def test_an_admitter_without_its_own_admit_distinct_is_asked_through_admit():
     assert got.tolist() == [False, True, True]
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    threshold=st.integers(1, 5),
+    buckets=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    batches=st.lists(
+        st.dictionaries(
+            st.tuples(st.integers(0, 80), st.integers(0, 1)),
+            st.tuples(st.integers(0, 4), st.booleans()),
+            max_size=60,
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_admit_masked_decides_only_the_asked_pairs_as_the_model(threshold, buckets, batches):
+    """The module's sync-free call (every unique pair of a batch, the asked ones masked): the
+    asked pairs are decided as the model decides them alone, the others are neither admitted
+    nor counted."""
+    capacities = [b * WIDTH for b in buckets]
+    strategies = [FrequencyAdmissionStrategy(threshold, KVCounter(c, WIDTH)) for c in capacities]
+    admitter = FrequencyAdmissionStrategy.create_admitter(strategies, CPU)
+    model = FrequencyModel(threshold, capacities)
+    for batch in batches:
+        pairs = list(batch)
+        asked = [batch[p][1] for p in pairs]
+        freqs = [batch[p][0] for p in pairs]
+        got = admitter.admit_masked(
+            tensor([k for k, _ in pairs]),
+            tensor([t for _, t in pairs]),
+            tensor(freqs),
+            torch.tensor(asked, dtype=torch.bool),
+        )
+        chosen = [i for i, a in enumerate(asked) if a]
+        want = model.admit(
+            [pairs[i][0] for i in chosen], [pairs[i][1] for i in chosen], [freqs[i] for i in chosen]
+        )
+        expected = [False] * len(pairs)
+        for i, w in zip(chosen, want, strict=True):
+            expected[i] = w
+        assert got.tolist() == expected
+        for t in range(2):
+            k, c = admitter.state().export(t)
+            assert dict(zip(k.tolist(), c.tolist(), strict=True)) == model.contents(t)
+
+
+def test_an_admitter_without_its_own_admit_masked_is_asked_its_masked_keys():
+    asked_with = []
+
+    class EveryOther(MultiTableAdmitter):
+        def admit(self, keys, table_ids, frequencies=None):
+            asked_with.append(keys.tolist())
+            return keys % 2 == 0
+
+    mask = torch.tensor([True, False, True, True])
+    got = EveryOther().admit_masked(tensor([1, 2, 4, 6]), zeros(4), tensor([1, 1, 1, 1]), mask)
+    assert got.tolist() == [False, False, True, True]
+    assert asked_with == [[1, 4, 6]]
+
+
+def test_a_default_admit_masked_names_an_admit_that_returns_no_mask():
+    class Counts(MultiTableAdmitter):
+        def admit(self, keys, table_ids, frequencies=None):
+            return keys
+
+    with pytest.raises(TypeError, match=r"Counts\.admit returned torch\.int64"):
+        Counts().admit_masked(
+            tensor([1, 2]), zeros(2), tensor([1, 1]), torch.ones(2, dtype=torch.bool)
+        )
+
+
 def test_frequency_admission_admits_at_the_threshold_and_forgets_admitted_keys():
     admitter = FrequencyAdmissionStrategy.create_admitter(
         [FrequencyAdmissionStrategy(3, KVCounter(64, WIDTH))], CPU

@@ -22,15 +22,16 @@
 namespace demb {
 namespace {
 
-// Data checks, free on the CPU: table ids in range, no empty key, counts >= 0.
-void check_batch_data(const TableView& v, const int64_t* keys, const int64_t* table_ids,
+// Data checks, free on the CPU: table ids in range, counts >= 0. An entry whose key is -1 (the
+// empty key) is skipped, as the CUDA kernels skip it (slot -1; find_or_insert and
+// insert_or_assign: FAILED): a caller masks entries out that way without compacting its batch.
+// The Python wrappers reject -1 keys when asked to check (demb_kernels.table).
+void check_batch_data(const TableView& v, const int64_t* /*keys*/, const int64_t* table_ids,
                       const int64_t* counts, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK_VALUE(table_ids[i] >= 0 && table_ids[i] < v.num_tables, "table_ids[", i,
                       "]=", table_ids[i], " is out of range for an index of ", v.num_tables,
                       " tables");
-    TORCH_CHECK_VALUE(keys[i] != kEmptyKey, "keys[", i,
-                      "] is -1, the empty-key sentinel, which can never be a key");
     TORCH_CHECK_VALUE(!counts || counts[i] >= 0, "counts[", i, "]=", counts ? counts[i] : 0,
                       " is negative");
   }
@@ -323,19 +324,35 @@ InsertOutputs insert_cpu(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
   const Outputs out{slots.data_ptr<int64_t>(), status.data_ptr<int64_t>(),
                     victim_keys.data_ptr<int64_t>(), victim_scores.data_ptr<int64_t>(), n};
   std::vector<int64_t> todo;
+  bool skipped = false;  // an entry of the empty key: slot -1, FAILED, in no phase B
+  const auto skip = [&](int64_t i) {
+    out.slots[i] = -1;
+    out.status[i] = static_cast<int64_t>(InsertStatus::kFailed);
+    skipped = true;
+  };
   if (op == BucketOp::kInsert) {
     lookup_phase(v, in.keys, in.table_ids, in.score_args, cnt, true, n, out.slots);
     for (int64_t i = 0; i < n; ++i) {
-      if (out.slots[i] < 0) todo.push_back(i);
+      if (in.keys[i] == kEmptyKey) {
+        skip(i);
+      } else if (out.slots[i] < 0) {
+        todo.push_back(i);
+      }
     }
-    if (all_hit != nullptr) *all_hit = todo.empty();
+    if (all_hit != nullptr) *all_hit = todo.empty() && !skipped;
   } else {
-    todo.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) todo[static_cast<size_t>(i)] = i;
+    todo.reserve(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      if (in.keys[i] == kEmptyKey) {
+        skip(i);
+      } else {
+        todo.push_back(i);
+      }
+    }
   }
   bucket_phase(v, op, in, out, todo);
   unprotect(v, in.table_ids, out.slots, n);
-  if (op == BucketOp::kInsert && todo.empty() && speculate) speculate(slots);
+  if (op == BucketOp::kInsert && todo.empty() && !skipped && speculate) speculate(slots);
   return {slots, status, victim_keys, victim_scores};
 }
 

@@ -157,7 +157,8 @@ at::Tensor lookup_cuda(const IndexTensors& ix, const at::Tensor& keys_in,
 
 // find_or_insert (kInsert), insert_or_assign (kAssign) and erase (kErase); TableOps' bucket op.
 // For kInsert, *all_hit tells whether phase A found every key (false too while the stream is
-// captured), and `speculate` (find_or_insert_rows' gather) is queued behind phase A and the
+// captured; a null all_hit: the host never waits for the flag, phase B always runs), and
+// `speculate` (find_or_insert_rows' gather) is queued behind phase A and the
 // flag's copy, before the host waits for the flag (never while the stream is captured: phase B
 // always runs then).
 InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp op,
@@ -202,7 +203,7 @@ InsertOutputs bucket_op_cuda(const IndexTensors& ix, at::Tensor& sizes, BucketOp
     // while the stream is captured into a CUDA graph (no sync there: phase B always runs).
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    const bool may_skip = capture == cudaStreamCaptureStatusNone;
+    const bool may_skip = capture == cudaStreamCaptureStatusNone && all_hit != nullptr;
     cuda::lookup_kernel<<<cuda::blocks_for_lanes(n), kThreads, 0, stream>>>(
         v, in, out, plan.prep(may_skip, stream));
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -82,11 +82,20 @@ def _checked(
     counts: torch.Tensor | None,
     check: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`as_batch`, then, when ``check``, the data checks for non-CPU devices (the CPU
-    kernels check for free): one sync."""
+    """:func:`as_batch`, then, when ``check``, the data checks: on CUDA all of them (one
+    sync); on the CPU the empty key (the kernels check table ids and counts for free, and skip
+    an entry of the empty key, as the CUDA kernels do: see :func:`find_or_insert`)."""
     keys, table_ids = as_batch(index, keys, table_ids)
-    if check and index.device.type != "cpu" and keys.numel() > 0:
-        _check_data(index, keys, table_ids, counts)
+    if check and keys.numel() > 0:
+        if index.device.type == "cpu":
+            empty = (keys == EMPTY_KEY).nonzero()
+            if empty.numel():
+                raise ValueError(
+                    f"keys[{int(empty[0, 0])}] is -1, the empty-key sentinel, which can never "
+                    "be a key"
+                )
+        else:
+            _check_data(index, keys, table_ids, counts)
     return keys, table_ids
 
 
@@ -217,6 +226,7 @@ def find_or_insert(
     counts: torch.Tensor | None = None,
     *,
     check: bool = True,
+    wait: bool = True,
 ) -> InsertResult:
     """Find each key, inserting the missing ones (evicting in full buckets); see docs/hash_table.md.
 
@@ -229,7 +239,13 @@ def find_or_insert(
 
     On CUDA the op reads back whether any key missed (one sync, after the lookup pass) and,
     when every key was found, skips the insert pass's schedule (a sort of the whole batch).
-    While the stream is captured into a CUDA graph it does not sync and always runs both.
+    While the stream is captured into a CUDA graph, or with ``wait=False``, it does not sync
+    and always runs both.
+
+    An entry whose key is -1 (the empty key; only unchecked, ``check=False``) is skipped: slot
+    -1, status FAILED, nothing in the index changes for it (a caller leaves entries out of a
+    batch that way without compacting it, which on CUDA would sync). The same holds for
+    :func:`find` (-1), :func:`erase` (-1) and :func:`insert_or_assign` (FAILED).
 
     Args:
         index: the index (mutated).
@@ -238,11 +254,16 @@ def find_or_insert(
         score_args: ``(T,)`` int64 batch score per table.
         counts: ``(N,)`` int64 frequency of each key for LFU words (default 1 each).
         check: check the data on CUDA (one more sync).
+        wait: on CUDA, wait for the lookup pass's all-found flag (one sync) to skip the insert
+            pass when every key was found; False: no sync, the insert pass always runs (a batch
+            that is expected to miss).
 
     Returns:
         :class:`InsertResult`.
     """
-    return find_or_insert_rows(index, keys, table_ids, score_args, counts, check=check).result
+    return find_or_insert_rows(
+        index, keys, table_ids, score_args, counts, check=check, wait=wait
+    ).result
 
 
 class RowGather(NamedTuple):
@@ -279,6 +300,7 @@ def find_or_insert_rows(
     *,
     gather: RowGather | None = None,
     check: bool = True,
+    wait: bool = True,
 ) -> FoundRows:
     """:func:`find_or_insert`, whether every key was found and, with ``gather``, when every
     key was found, each occurrence's row. On CUDA that gather is queued behind the lookup pass
@@ -286,8 +308,9 @@ def find_or_insert_rows(
     they are the right ones.
 
     Args:
-        index, keys, table_ids, score_args, counts, check: as :func:`find_or_insert`.
-        gather: the rows to read (:class:`RowGather`), or None.
+        index, keys, table_ids, score_args, counts, check, wait: as :func:`find_or_insert`.
+        gather: the rows to read (:class:`RowGather`), or None (needs ``wait``: the rows are
+            kept only when the flag says every key was found).
 
     Returns:
         :class:`FoundRows`.
@@ -300,8 +323,10 @@ def find_or_insert_rows(
     ranks = index._ranks()
     tensors = (*index._tensors(), index.sizes, keys, table_ids, score_args, counts)
     if gather is None:
-        *out, all_hit = torch.ops.demb.table_find_or_insert(*tensors, *ranks)
+        *out, all_hit = torch.ops.demb.table_find_or_insert(*tensors, *ranks, wait)
         return FoundRows(InsertResult(*out), bool(all_hit), None)
+    if not wait:
+        raise ValueError("find_or_insert_rows: a gather needs wait=True (its all-found flag)")
     values, inverse, dim = gather
     *out, hit, rows = torch.ops.demb.table_find_or_insert_rows(
         *tensors, values, inverse, dim, *ranks

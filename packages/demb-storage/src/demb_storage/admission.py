@@ -25,6 +25,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import torch
+from demb_kernels.table import EMPTY_KEY
 
 from demb_storage._errors import AdmissionConfigError
 from demb_storage.counter import Counter, KVCounter, MultiTableKVCounter
@@ -86,6 +87,40 @@ class MultiTableAdmitter(abc.ABC):
         Args / Returns: as :meth:`admit`, ``frequencies`` given.
         """
         return self.admit(keys, table_ids, frequencies)
+
+    def admit_masked(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        frequencies: torch.Tensor,
+        asked: torch.Tensor,
+    ) -> torch.Tensor:
+        """:meth:`admit_distinct` of the entries ``asked`` selects in a batch the caller does
+        not compact (on CUDA compacting syncs): the table module's unique keys, of which only
+        the missing ones are asked. The default compacts them (one sync on CUDA) and calls
+        :meth:`admit_distinct`; an admitter that can decide on the whole batch overrides it.
+
+        Args:
+            keys: ``(U,)`` int64 distinct checked ``(key, table)`` pairs.
+            table_ids: ``(U,)`` int64 each key's table, in ``[0, T)`` (an entry not asked
+                still names a valid table).
+            frequencies: ``(U,)`` int64 each key's occurrences in this batch.
+            asked: ``(U,)`` bool the entries to decide.
+
+        Returns:
+            ``(U,)`` bool: True where an asked key is admitted (False where not asked).
+
+        Raises:
+            TypeError: :meth:`admit_distinct` returned no bool mask of its keys.
+        """
+        at = asked.nonzero().squeeze(1)
+        admit = self.admit_distinct(keys[at], table_ids[at], frequencies[at])
+        if admit.dtype != torch.bool or admit.shape != at.shape:
+            raise TypeError(
+                f"{type(self).__name__}.admit returned {admit.dtype} {tuple(admit.shape)}, "
+                f"expected a bool mask of {tuple(at.shape)}"
+            )
+        return torch.zeros_like(asked).index_put_((at,), admit.to(asked.device))
 
     def state(self) -> Counter | None:
         """Persistent state the framework carries (memory accounting, checkpoints), or None."""
@@ -249,6 +284,24 @@ class MultiTableFrequencyAdmitter(MultiTableAdmitter):
         their repeats (each key is one entry)."""
         counts = self._counter.add(keys, table_ids, frequencies, distinct=True, check=False)
         return self._decide(counts, keys, table_ids)
+
+    def admit_masked(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        frequencies: torch.Tensor,
+        asked: torch.Tensor,
+    ) -> torch.Tensor:
+        """:meth:`MultiTableAdmitter.admit_masked` without compacting: the entries not asked
+        go to the counter as the empty key, which its kernels skip, and the admitted keys
+        are erased the same way (on CUDA no sync at all)."""
+        asked_keys = torch.where(asked, keys, EMPTY_KEY)
+        counts = self._counter.add(
+            asked_keys, table_ids, frequencies, distinct=True, check=False, skips=True
+        )
+        admitted = asked & (counts >= self._threshold)
+        self._counter.erase(torch.where(admitted, keys, EMPTY_KEY), table_ids, check=False)
+        return admitted
 
     def _decide(self, counts: torch.Tensor, keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Admit the keys whose count reached the threshold and erase them from the counter."""

@@ -290,6 +290,7 @@ class MultiTableKVCounter(Counter):
         *,
         distinct: bool = False,
         check: bool = True,
+        skips: bool = False,
     ) -> torch.Tensor:
         """Add frequencies to these keys, inserting the new ones, and return their counts.
 
@@ -302,6 +303,9 @@ class MultiTableKVCounter(Counter):
                 sync).
             check: check the keys, table ids and frequencies on CUDA (one sync); a caller
                 that checked them passes False.
+            skips: with ``distinct`` and ``check=False``: entries of key -1 stand for no key
+                (nothing is counted for them; their count reads as their frequency), and on CUDA
+                the call does not sync at all (the batch is expected to hold new keys).
 
         Returns:
             ``(N,)`` int64 on the counter's device: each key's count after the whole call
@@ -315,8 +319,12 @@ class MultiTableKVCounter(Counter):
         freq = self._frequencies(keys, frequencies)
         if keys.numel() == 0:
             return torch.empty(0, dtype=torch.int64, device=self.device)
+        if skips and (check or not distinct):
+            raise ValueError(
+                "skips: needs distinct=True and check=False (checked keys are never -1)"
+            )
         result, all_hit, _ = ops.find_or_insert_rows(
-            self._index, keys, table_ids, self._score_args, freq, check=check
+            self._index, keys, table_ids, self._score_args, freq, check=check, wait=not skips
         )
         offsets = self._index.slot_offsets[table_ids]
         if all_hit:  # every key was counted before: no eviction, none failed

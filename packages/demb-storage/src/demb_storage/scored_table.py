@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 from demb_kernels import table as ops
 from demb_kernels.rows import gather_rows, scatter_rows
-from demb_kernels.table import InsertStatus, ScorePolicy, TableIndex
+from demb_kernels.table import EMPTY_KEY, InsertStatus, ScorePolicy, TableIndex
 
 from demb_storage._errors import TableConfigError
 from demb_storage._export import export_table
@@ -253,6 +253,7 @@ class ScoredHashTable:
         count_failures: bool = True,
         score_args: torch.Tensor | None = None,
         gather_rows: tuple[torch.Tensor, int] | None = None,
+        skips: bool = False,
     ) -> InsertOutcome:
         """Find each key or insert it (a forward: STEP tables advance one step).
 
@@ -279,6 +280,10 @@ class ScoredHashTable:
                 (``inverse``: ``(N_occ,)`` int64 position in ``keys`` of each occurrence; values
                 on the index's device). On CUDA the read is queued before the host learns that
                 every key was found.
+            skips: the batch (unchecked, ``check=False``) has entries of the empty key, -1,
+                that stand for no key: each is left alone (slot -1, status HIT: nothing to
+                initialize, no failure), and on CUDA the op does not wait to learn whether every
+                key was found (no sync: a batch with entries left out is expected to miss).
 
         Raises:
             InsertFailedError: keys failed in a table whose safe-check mode is ERROR.
@@ -293,9 +298,12 @@ class ScoredHashTable:
         gather = None if gather_rows is None else ops.RowGather(self.values, *gather_rows)
         self.rank_victims(args)
         result, all_hit, rows = ops.find_or_insert_rows(
-            self.index, keys, table_ids, args, counts, gather=gather, check=check
+            self.index, keys, table_ids, args, counts, gather=gather, check=check, wait=not skips
         )
         slots, status = result.slots, result.status
+        if skips:  # the kernels leave an empty-key entry FAILED: here it is no key at all
+            status = torch.where(keys == EMPTY_KEY, int(InsertStatus.HIT), status)
+            result = result._replace(status=status)
         evicted = evicted_rows(self.values, result, table_ids) if return_evicted else None
         if all_hit:  # no row is new, none failed: nothing below has work
             return InsertOutcome(slots, status, evicted, all_hit=True, rows=rows)
@@ -504,7 +512,7 @@ class ScoredHashTable:
         growable = [t for t in range(self.num_tables) if self._growable(t)]
         if not growable or keys.numel() == 0:
             return
-        missing = ops.find(self.index, keys, table_ids, check=check) < 0
+        missing = (ops.find(self.index, keys, table_ids, check=check) < 0) & (keys != EMPTY_KEY)
         per_table = per_table_counts(table_ids, self.num_tables, missing)
         needed = (per_table.to(self.index.sizes.device) + self.index.sizes).tolist()
         for t in growable:

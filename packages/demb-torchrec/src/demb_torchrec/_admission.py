@@ -161,22 +161,22 @@ class ModuleAdmission:
         rejected = torch.zeros_like(missing)
         for g in self.groups:
             if g.whole:  # (the usual case: one strategy for every table)
-                asked = missing.nonzero().squeeze(1)
-                t = local = tables[asked]
-            else:
-                asked = (missing & (g.local[tables] >= 0)).nonzero().squeeze(1)
-                t = tables[asked]
-                local = g.local[t]
-            admit = g.admitter.admit_distinct(keys[asked], local, counts[asked])
+                asked, local = missing, tables
+            else:  # another group's keys are not asked (and name table 0 here)
+                local = g.local[tables]
+                asked = missing & (local >= 0)
+                local = local.clamp_min(0)
+            admit = g.admitter.admit_masked(keys, local, counts, asked)
             if admit.dtype != torch.bool or admit.shape != asked.shape:
                 raise TypeError(
-                    f"{type(g.admitter).__name__}.admit returned {admit.dtype} "
+                    f"{type(g.admitter).__name__}.admit_masked returned {admit.dtype} "
                     f"{tuple(admit.shape)}, expected a bool mask of {tuple(asked.shape)}"
                 )
-            out = ~admit
-            self._decisions[:, 0] += per_table_counts(t, self.num_tables, admit)
-            self._decisions[:, 1] += per_table_counts(t, self.num_tables, out)
-            rejected[asked] = out
+            admit = admit & asked
+            out = asked & ~admit
+            self._decisions[:, 0] += per_table_counts(tables, self.num_tables, admit)
+            self._decisions[:, 1] += per_table_counts(tables, self.num_tables, out)
+            rejected |= out
         return rejected
 
     def fill_rejected(

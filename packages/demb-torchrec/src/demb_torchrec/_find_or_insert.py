@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 from demb_kernels.init_rows import init_new_rows
+from demb_kernels.table import EMPTY_KEY
 from demb_storage import InsertOutcome
 
 from demb_torchrec._dedup import DedupedBatch, dedup_bags
@@ -83,20 +84,19 @@ class FindOrInsert:
         missing = tables.find(batch.keys, batch.tables, check=False) < 0
         rejected = s.admission.rejected(batch.keys, batch.tables, counts, missing)
         s.rejected[0] = rejected
-        kept = (~rejected).nonzero().squeeze(1)
+        # the rejected keys stay in the batch as the empty key, which the insert skips (slot
+        # -1, status HIT): no compaction, no sync
         outcome = tables.find_or_insert(
-            batch.keys[kept],
-            batch.tables[kept],
-            counts=counts[kept],
+            torch.where(rejected, EMPTY_KEY, batch.keys),
+            batch.tables,
+            counts=counts,
             zero_new_rows=False,
             check=False,
             count_failures=False,
             score_args=scores,
+            skips=True,
         )
-        slots = torch.full_like(batch.keys, -1)
-        slots[kept] = outcome.slots
-        status = torch.zeros_like(batch.keys)  # HIT
-        status[kept] = outcome.status
+        slots, status = outcome.slots, outcome.status
         s.found_whole[0] = False
         init_new_rows(s.tables.values, slots, batch.keys, batch.tables, status, s.new_rows)
         return batch, slots, status, None
