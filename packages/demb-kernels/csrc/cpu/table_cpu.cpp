@@ -375,8 +375,16 @@ at::Tensor table_erase_cpu(const at::Tensor& index_keys, const at::Tensor& diges
   const Inputs in{keys.const_data_ptr<int64_t>(), table_ids.const_data_ptr<int64_t>(), nullptr,
                   nullptr, nullptr};
   const Outputs out{slots.data_ptr<int64_t>(), nullptr, nullptr, nullptr, n};
-  std::vector<int64_t> todo(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) todo[static_cast<size_t>(i)] = i;
+  std::vector<int64_t> todo;  // an entry of the empty key is skipped (slot -1), as in insert_cpu
+  todo.reserve(static_cast<size_t>(n));
+  int64_t* s = out.slots;
+  for (int64_t i = 0; i < n; ++i) {
+    if (in.keys[i] == kEmptyKey) {
+      s[i] = -1;
+    } else {
+      todo.push_back(i);
+    }
+  }
   bucket_phase(v, BucketOp::kErase, in, out, todo);
   return slots;
 }

@@ -88,11 +88,11 @@ def _checked(
     keys, table_ids = as_batch(index, keys, table_ids)
     if check and keys.numel() > 0:
         if index.device.type == "cpu":
-            empty = (keys == EMPTY_KEY).nonzero()
-            if empty.numel():
+            empty = keys == EMPTY_KEY
+            if bool(empty.any()):
                 raise ValueError(
-                    f"keys[{int(empty[0, 0])}] is -1, the empty-key sentinel, which can never "
-                    "be a key"
+                    f"keys[{int(empty.nonzero()[0, 0])}] is -1, the empty-key sentinel, which "
+                    "can never be a key"
                 )
         else:
             _check_data(index, keys, table_ids, counts)

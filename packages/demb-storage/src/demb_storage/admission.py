@@ -299,16 +299,21 @@ class MultiTableFrequencyAdmitter(MultiTableAdmitter):
         counts = self._counter.add(
             asked_keys, table_ids, frequencies, distinct=True, check=False, skips=True
         )
-        admitted = asked & (counts >= self._threshold)
-        self._counter.erase(torch.where(admitted, keys, EMPTY_KEY), table_ids, check=False)
-        return admitted
+        return self._decide(counts, keys, table_ids, asked)
 
-    def _decide(self, counts: torch.Tensor, keys: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Admit the keys whose count reached the threshold and erase them from the counter."""
+    def _decide(
+        self,
+        counts: torch.Tensor,
+        keys: torch.Tensor,
+        ids: torch.Tensor,
+        asked: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Admit the (``asked``) keys whose count reached the threshold and erase them from the
+        counter (the others as empty-key entries, which the erase skips: no sync)."""
         admitted = counts >= self._threshold
-        chosen = admitted.nonzero().squeeze(1)
-        if chosen.numel():
-            self._counter.erase(keys[chosen], ids[chosen], check=False)
+        if asked is not None:
+            admitted &= asked
+        self._counter.erase(torch.where(admitted, keys, EMPTY_KEY), ids, check=False)
         return admitted
 
     def state(self) -> MultiTableKVCounter:

@@ -303,7 +303,6 @@ class ScoredHashTable:
         slots, status = result.slots, result.status
         if skips:  # the kernels leave an empty-key entry FAILED: here it is no key at all
             status = torch.where(keys == EMPTY_KEY, int(InsertStatus.HIT), status)
-            result = result._replace(status=status)
         evicted = evicted_rows(self.values, result, table_ids) if return_evicted else None
         if all_hit:  # no row is new, none failed: nothing below has work
             return InsertOutcome(slots, status, evicted, all_hit=True, rows=rows)
