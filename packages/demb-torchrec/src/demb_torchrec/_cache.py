@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from demb_kernels.init_rows import NewRowsArgs, init_new_rows
-from demb_kernels.table import InsertStatus, ScorePolicy
+from demb_kernels.table import EMPTY_KEY, InsertStatus, ScorePolicy
 from demb_storage import (
     InsertOutcome,
 )
@@ -174,24 +174,22 @@ class CacheLookups:
         cached = self._cached[ids]
         absent = tables.find(keys, ids, check=False) < 0
         fetched = self._fetch(keys, ids, (cached & absent).nonzero().squeeze(1))
-        kept: torch.Tensor | None = None
         rejected: torch.Tensor | None = None
+        inserted = keys
         if s.admission is not None:  # a key is missing when neither tier holds it
             missing = absent.clone()
             for _, p, _, _ in fetched:
                 missing[p] = False
             rejected = s.admission.rejected(keys, ids, counts, missing)
             s.rejected[0] = rejected
-            kept = (~rejected).nonzero().squeeze(1)
-        pick = slice(None) if kept is None else kept
+            # a rejected key stays in the batch as the empty key, which the insert skips (slot
+            # -1, status HIT: nothing to initialize)
+            inserted = torch.where(rejected, EMPTY_KEY, keys)
         outcome = tables.find_or_insert(
-            keys[pick], ids[pick], counts=counts[pick], return_evicted=True,
-            zero_new_rows=False, check=False, count_failures=False, score_args=scores,
+            inserted, ids, counts=counts, return_evicted=True, zero_new_rows=False,
+            check=False, count_failures=False, score_args=scores, skips=rejected is not None,
         )  # fmt: skip
         slots, status = outcome.slots.clone(), outcome.status
-        if kept is not None:  # a rejected key: no slot, nothing to initialize
-            slots = torch.full_like(keys, -1).index_copy_(0, kept, outcome.slots)
-            status = torch.zeros_like(keys).index_copy_(0, kept, outcome.status)
         for group, p, _, _ in fetched:  # found keys that got a cache slot moved up
             up = p[slots[p] >= 0]
             self._changed(group, keys[up], ids[up])
