@@ -435,28 +435,90 @@ def test_the_storage_grows_while_the_cache_writes_back():
     _assert_union_equals_twin(twin, cached)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def _slow_prefetch_stream(cached: DynamicEmbeddingTables) -> None:
+    """On CUDA, hold the module's prefetch stream up (about 20 ms) before its next storage
+    reads: a forward that did not wait for them on the device would read rows not yet
+    copied."""
+    assert cached.cache is not None
+    if cached.device.type != "cuda":
+        return
+    if cached.cache._prefetch_stream is None:
+        cached.cache._prefetch_stream = torch.cuda.Stream(cached.device)
+    with torch.cuda.stream(cached.cache._prefetch_stream):
+        torch.cuda._sleep(20_000_000)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
 def test_prefetch_of_the_next_batch_changes_nothing_but_where_rows_come_from(
-    pooling: DynamicEmbPoolingMode,
+    pooling: DynamicEmbPoolingMode, device: str
 ):
     """Each step prefetches the next batch between its forward and its backward (whose
     overflow write-backs then change some prefetched entries): the outputs, rows and scores
-    stay those of the all-device twin, and most storage hits come from the prefetch."""
-    twin, cached = _modules(0.1, pooling=pooling)
+    stay those of the all-device twin, and most storage hits come from the prefetch. On CUDA
+    the prefetch's reads are held up on its stream, so the backward's write-backs and the next
+    forward must wait for them on the device."""
+    twin, cached = _modules(0.1, pooling=pooling, device=device)
     pooled = pooling is not DynamicEmbPoolingMode.NONE
     gen = torch.Generator().manual_seed(4)
-    batches = [_batch(gen, 1400, pooled) for _ in range(9)]
-    grads: list[torch.Tensor] = []
+    batches = [_batch(gen, 1400, pooled, device) for _ in range(9)]
     for step, (indices, offsets) in enumerate(batches[:-1]):
         a, b = twin(indices, offsets), cached(indices, offsets)
-        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"step {step}")
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}")
+        _slow_prefetch_stream(cached)
         cached.prefetch(*batches[step + 1])
-        grads.append(torch.randn(a.shape, generator=gen))
-        a.backward(grads[-1])
-        b.backward(grads[-1])
+        grad = torch.randn(a.shape, generator=gen).to(device)
+        a.backward(grad)
+        b.backward(grad)
     stats = cached.cache_stats()
     hits = sum(s["storage_hits"] for s in stats.values())
     assert sum(s["prefetched"] for s in stats.values()) > hits // 2 > 0
+    _assert_union_equals_twin(twin, cached)
+
+
+@pytest.mark.cuda
+def test_prefetch_for_a_forward_on_another_stream():
+    """CUDA: the prefetch runs on the default stream, the next forward and backward on another
+    (``forward_stream``): the outputs and tables stay the twin's."""
+    twin, cached = _modules(0.1, device="cuda")
+    gen = torch.Generator().manual_seed(6)
+    batches = [_batch(gen, 1400, False, "cuda") for _ in range(7)]
+    other = torch.cuda.Stream()
+    for step, (indices, offsets) in enumerate(batches[:-1]):
+        a = twin(indices, offsets)
+        other.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(other):
+            b = cached(indices, offsets)
+            grad = torch.randn(a.shape, generator=gen).to("cuda")
+            b.backward(grad)
+        torch.cuda.current_stream().wait_stream(other)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}")
+        a.backward(grad)
+        _slow_prefetch_stream(cached)
+        cached.prefetch(*batches[step + 1], forward_stream=other)
+    _assert_union_equals_twin(twin, cached)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_load_after_a_prefetch_is_what_the_next_forward_reads(device: str, tmp_path: Path):
+    """Prefetch reads stored keys ahead, then a checkpoint of an earlier state is loaded: the
+    next forward reads the loaded rows, as the all-device twin does, not the prefetched
+    ones."""
+    twin, cached = _modules(0.1, device=device)
+    _train_both(twin, cached, steps=3, n=1400)
+    DynamicEmbDump(str(tmp_path / "ckpt"), twin, optim=True)
+    _train_both(twin, cached, steps=3, n=1400, seed=1)  # both move on past the checkpoint
+    stored = _storage_rows(cached, 0)[0][:50].to(device)
+    indices = torch.cat([stored, stored])  # user table, then item table: the same ids
+    offsets = torch.arange(indices.numel() + 1, device=device)
+    _slow_prefetch_stream(cached)
+    cached.prefetch(indices, offsets)
+    for module in (twin, cached):
+        DynamicEmbLoad(str(tmp_path / "ckpt"), module, optim=True)
+    torch.testing.assert_close(cached(indices, offsets), twin(indices, offsets), rtol=0, atol=0)
     _assert_union_equals_twin(twin, cached)
 
 
@@ -468,11 +530,12 @@ def test_prefetch_checks_its_batch_and_is_a_no_op_without_caching():
     assert twin.tables.size(0) == 0
 
 
-def test_prefetch_over_a_storage_that_evicts_changes_nothing():
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetch_over_a_storage_that_evicts_changes_nothing(device: str):
     """A storage of 2,048 slots a table under 6,000 keys evicts every step: a module that
     prefetches each next batch trains exactly as the same module without prefetch (an entry
     the storage evicts after it was read ahead is not read from the prefetch)."""
-    kw: dict[str, Any] = {"table_names": NAMES, "device": "cpu", "optimizer": "adam"}
+    kw: dict[str, Any] = {"table_names": NAMES, "device": device, "optimizer": "adam"}
     kw["pooling_mode"] = DynamicEmbPoolingMode.NONE
     row_bytes = _row_bytes("adam")
 
@@ -485,12 +548,13 @@ def test_prefetch_over_a_storage_that_evicts_changes_nothing():
 
     plain, ahead = build(), build()
     gen = torch.Generator().manual_seed(5)
-    batches = [_batch(gen, 1400, False) for _ in range(9)]
+    batches = [_batch(gen, 1400, False, device) for _ in range(9)]
     for step, (indices, offsets) in enumerate(batches[:-1]):
         a, b = plain(indices, offsets), ahead(indices, offsets)
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"step {step}")
+        _slow_prefetch_stream(ahead)
         ahead.prefetch(*batches[step + 1])
-        grad = torch.randn(a.shape, generator=gen)
+        grad = torch.randn(a.shape, generator=gen).to(device)
         a.backward(grad)
         b.backward(grad)
     stats = ahead.cache_stats()
@@ -498,15 +562,17 @@ def test_prefetch_over_a_storage_that_evicts_changes_nothing():
     assert sum(s["prefetched"] for s in stats.values()) > 0
 
 
-def test_a_key_erased_after_its_prefetch_is_new_at_the_next_forward():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_key_erased_after_its_prefetch_is_new_at_the_next_forward(device: str):
     """Prefetch reads a stored key ahead; erase_keys removes it; the next forward must treat
     it as a new key (its initializer's row), as the all-device twin does, not read the
     prefetched copy."""
-    twin, cached = _modules(0.1)
+    twin, cached = _modules(0.1, device=device)
     _train_both(twin, cached, steps=3, n=1400)
-    stored = _storage_rows(cached, 0)[0][:20]
+    stored = _storage_rows(cached, 0)[0][:20].to(device)
     indices = torch.cat([stored, stored])  # user table, then item table: the same ids
-    offsets = torch.arange(indices.numel() + 1)
+    offsets = torch.arange(indices.numel() + 1, device=device)
+    _slow_prefetch_stream(cached)
     cached.prefetch(indices, offsets)
     for module in (twin, cached):
         erase_keys(module, {"model": {"user": stored}})

@@ -10,10 +10,11 @@ import math
 
 import pytest
 import torch
-from demb_torchrec.bench._tiers_parts import HYBRID_MODES, PUBLISHED
+from demb_torchrec.bench._tiers_parts import HYBRID_MODES, PREFETCH_MODES, PUBLISHED
 from demb_torchrec.bench.tiers_bench import TiersWorkload, run
 
-MEASURED = ["all-device", "caching 1.0", "caching 0.8", *HYBRID_MODES]
+PREFETCHING = [f"caching 1.0, prefetch {how}" for how in PREFETCH_MODES]
+MEASURED = ["all-device", "caching 1.0", "caching 0.8", *PREFETCHING, *HYBRID_MODES]
 
 
 def _check_figure(f: dict, target: float | None) -> None:
@@ -41,7 +42,8 @@ def _check_report(report: dict, steps: int, row: int) -> None:
         assert m["keys_held"] == w["distinct_keys_per_table"]
     assert not modes["all-device"]["caching"]
     unique = w["unique_keys_per_table_step"]
-    for name, ratio in (("caching 1.0", 1.0), ("caching 0.8", 0.8)):
+    caching = [("caching 1.0", 1.0), ("caching 0.8", 0.8), *((p, 1.0) for p in PREFETCHING)]
+    for name, ratio in caching:
         m = modes[name]
         assert m["caching"]
         assert m["budget_bytes"] == math.ceil(ratio * unique) * row
@@ -71,7 +73,31 @@ def _check_report(report: dict, steps: int, row: int) -> None:
         assert figures[f"{name}: train step"]["bytes"] == modes[name]["bytes_per_step"]
         _check_figure(figures[f"{name}: train step vs all-device"], None)
         _check_figure(figures[f"{name}: eval forward vs all-device"], None)
-    assert len(figures) == 3 * (len(MEASURED) - 1)
+    over, serial = (modes[name] for name in PREFETCHING)
+    assert (over["prefetch"], serial["prefetch"]) == PREFETCH_MODES
+    # the same batches: the same hits, misses and write-backs with or without prefetch
+    for name in PREFETCHING:
+        got = dict(modes[name]["cache_stats"], prefetched=0)
+        assert got == dict(modes["caching 1.0"]["cache_stats"], prefetched=0)
+    assert over["prefetch_alone"] is None
+    if steps == 1:  # the only step has no next batch: nothing prefetched, no figure
+        assert serial["prefetch_alone"] is None
+        assert len(figures) == 3 * (len(MEASURED) - 1)
+        return
+    assert over["cache_stats"]["prefetched"] > 0
+    assert len(serial["prefetch_alone"]["seconds"]) == steps - 1
+    hidden = figures[f"{PREFETCHING[0]}: the prefetch's time not hidden (overlapped step - "
+                     "serial step without its prefetch)"]  # fmt: skip
+    _check_figure(hidden, 1 - 0.7)
+    assert hidden["baseline"]["seconds"] == serial["prefetch_alone"]["seconds"]
+    alone = hidden["baseline"]["seconds"]
+    rest = [t - p for t, p in zip(serial["step"]["seconds"][: steps - 1], alone, strict=True)]
+    overlapped = over["step"]["seconds"][: steps - 1]
+    want = [max(0.0, o - r) for o, r in zip(overlapped, rest, strict=True)]
+    assert hidden["seconds"] == pytest.approx(want)
+    assert hidden["hidden_share"] == pytest.approx(1 - hidden["ratio"])
+    _check_figure(figures[f"{PREFETCHING[0]}: train step vs without prefetch"], None)
+    assert len(figures) == 3 * (len(MEASURED) - 1) + 2
     assert set(report["published"]["figures"]) == {"caching 0.8", "caching 1.0", *HYBRID_MODES}
     assert "not measured here" in report["published"]["what"]
 

@@ -152,6 +152,11 @@ class CacheLookups:
         self.staged: list[Staged | None] = [None] * len(self.groups)
         """Per group, the storage entries ``prefetch`` read for the next forward (each dropped
         when the storage's copy changes), or None."""
+        self.staged_ready: torch.cuda.Event | None = None
+        """On CUDA, recorded on the prefetch stream after the staged entries' reads: nothing
+        reads them, and nothing writes the storage, before the current stream waits on it."""
+        self._prefetch_stream: torch.cuda.Stream | None = None
+        """On CUDA, the stream of the storage reads ``prefetch`` starts (made at first use)."""
 
     # ----------------------------------------------------------------------------- lookups
     def train_lookup(
@@ -277,6 +282,7 @@ class CacheLookups:
         ``prefetch`` staged, the others read now. The staged entries are used up unless
         ``keep``."""
         out: Fetched = []
+        self.await_staged()
         for g, group in enumerate(self.groups):
             # (the positions are of caching tables: one group holds them all)
             one = len(self.groups) == 1
@@ -351,8 +357,17 @@ class CacheLookups:
         kept = torch.where(self._retains[tables], gone, -1)
         self._state.tables.evicted_keys.add(kept, tables)
 
+    def await_staged(self) -> None:
+        """Make the current stream wait for a prefetch still reading the storage (before
+        anything reads what it staged or writes the storage); no host wait."""
+        ready, self.staged_ready = self.staged_ready, None
+        if ready is not None:
+            torch.cuda.current_stream(ready.device).wait_event(ready)
+
     def _changed(self, group: StorageGroup, keys: torch.Tensor, ids: torch.Tensor) -> None:
-        """The storage's copies of these entries change: drop them from the staged ones."""
+        """The storage's copies of these entries change (called before the storage is
+        written): drop them from the staged ones."""
+        self.await_staged()
         g = self.groups.index(group)
         staged = self.staged[g]
         if staged is not None and keys.numel():

@@ -4,9 +4,11 @@ erases, memory and statistics read of the storage tier (docs/tiers.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
+from demb_kernels.table import EMPTY_KEY
 from demb_storage import DynamicEmbeddingTable, MemoryUsage, TableExport
 
 from demb_torchrec._cache import STAT_NAMES, CacheLookups
@@ -17,6 +19,14 @@ from demb_torchrec._state import Bags
 __all__ = ["CacheTier"]
 
 
+def _used_on(tensor: torch.Tensor, streams: Sequence[torch.cuda.Stream]) -> None:
+    """Keep ``tensor``'s memory from reuse until ``streams``' work so far is done (a CUDA
+    tensor used on a stream other than the one it was made on)."""
+    if tensor.is_cuda:
+        for stream in streams:
+            tensor.record_stream(stream)
+
+
 class CacheTier(CacheLookups):
     """The storage tier of a module's caching tables: its lookups
     (:class:`~demb_torchrec._cache.CacheLookups`) and the calls below."""
@@ -25,20 +35,56 @@ class CacheTier(CacheLookups):
         """Read ahead the storage rows of ``bags``' keys that the caches miss, for the next
         forward (which then reads them from the device instead of the storage; an entry the
         storage changes, evicts or erases meanwhile is read again). The caches and the scores
-        do not change. ``forward_stream``: the CUDA stream the next forward runs on, when
-        another one than the current (the staged rows are recorded as used on it)."""
+        do not change.
+
+        On CUDA the caches are searched on the current stream (the host waits for it once);
+        the storage reads and their copies run on the tier's own stream, after the current
+        stream's work so far, and the call returns without waiting for them: the rest of the
+        step overlaps them. The next forward, and anything that writes the storage first,
+        waits for them on the device. ``forward_stream``: the CUDA stream the next forward
+        runs on, when another one than the current (the staged rows are kept for it)."""
         s = self._state
         tables = s.tables
         batch = dedup_bags(s, bags)
         keys, ids = batch.keys, batch.tables
         absent = self._cached[ids] & (tables.find(keys, ids, check=False) < 0)
+        positions = absent.nonzero().squeeze(1)
         self.staged = [None] * len(self.groups)  # a later prefetch replaces an earlier one
-        fetched = self._fetch(keys, ids, absent.nonzero().squeeze(1), keep=True)
-        for group, p, rows, words in fetched:
-            on_device = rows.to(s.device, non_blocking=True)
-            if forward_stream is not None and on_device.is_cuda:
-                on_device.record_stream(forward_stream)
-            self.staged[self.groups.index(group)] = Staged(keys[p], ids[p], on_device, words)
+        one = len(self.groups) == 1
+        wanted = [  # per group, its keys and tables (the split waits here, not on the side)
+            (positions if one else positions[g.member[ids[positions]]]) for g in self.groups
+        ]
+        picked = [(keys[p], ids[p]) for p in wanted]
+        side = self._side_stream() if keys.is_cuda else None
+        uses = [forward_stream or torch.cuda.current_stream(keys.device)] if side else []
+        on_side: contextlib.AbstractContextManager[object] = (
+            contextlib.nullcontext() if side is None else torch.cuda.stream(side)
+        )
+        with on_side:
+            for g, (group, (k, i)) in enumerate(zip(self.groups, picked, strict=True)):
+                if k.numel() == 0:
+                    continue
+                for t in (k, i):
+                    _used_on(t, [side] if side is not None else [])
+                found, rows, words = group.find(k, i, vouched=True)
+                rows = rows.to(s.device, non_blocking=True)
+                # keys not stored stay as the empty key, which matches no key later: no
+                # compaction (it would wait on the device)
+                stored = torch.where(found, k, EMPTY_KEY)
+                for t in (stored, i, rows, words):
+                    _used_on(t, uses)
+                self.staged[g] = Staged(stored, i, rows, words)
+            if side is not None:
+                self.staged_ready = side.record_event()
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        """The tier's prefetch stream (made at first use), after the current stream's work
+        so far."""
+        device = self._state.device
+        if self._prefetch_stream is None:
+            self._prefetch_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self._prefetch_stream.wait_stream(torch.cuda.current_stream(device))
+        return self._prefetch_stream
 
     def flush(self) -> None:
         """Write every cached row (and every pending overflow row) to the storage and empty
@@ -144,7 +190,10 @@ class CacheTier(CacheLookups):
         )
 
     def clear_storage(self, t: int) -> None:
-        """Remove every entry of caching table ``t`` from its storage."""
+        """Remove every entry of caching table ``t`` from its storage (and what a prefetch
+        read ahead)."""
+        self.await_staged()
+        self.staged = [None] * len(self.groups)
         below = self.below[t]
         assert below is not None
         keys = [c.keys for c in below.storage.export_chunks(below.table_id)]

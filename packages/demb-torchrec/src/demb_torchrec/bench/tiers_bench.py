@@ -62,8 +62,10 @@ from demb_torchrec.batched_tables import DynamicEmbeddingTables
 from demb_torchrec.bench._delta_report import figure, stats
 from demb_torchrec.bench._tiers_parts import (
     HYBRID_MODES,
+    PREFETCH_MODES,
     PUBLISHED,
     copy_floor,
+    prefetch_figures,
     print_report,
 )
 from demb_torchrec.bench.compare import check_counts, machine_info
@@ -104,6 +106,8 @@ class TiersWorkload:
     ratios: tuple[float, ...] = (1.0, 0.8)
     copy_iters: int = 10
     """Copies of each direction timed for the floor (the fastest counts)."""
+    prefetch_ratio: float | None = 1.0
+    """The cache ratio of the two prefetch modes (None: no prefetch modes)."""
     tables: int = 10
     dim: int = 128
     alpha: float = 1.05
@@ -117,6 +121,9 @@ class TiersWorkload:
             raise ValueError(f"optimizer={self.optimizer!r}: must be 'adam' or 'sgd'")
         if not self.ratios or not all(r > 0 and math.isfinite(r) for r in self.ratios):
             raise ValueError(f"ratios={self.ratios!r}: must be finite numbers > 0")
+        p = self.prefetch_ratio
+        if p is not None and not (p > 0 and math.isfinite(p)):
+            raise ValueError(f"prefetch_ratio={p!r}: must be a finite number > 0 or None")
 
     @property
     def reference(self) -> Workload:
@@ -177,29 +184,49 @@ def _build(
 
 
 def _time(
-    model: DynamicEmbeddingTables, batches: list[Batch], w: TiersWorkload, device: torch.device
-) -> tuple[list[float], list[float], dict[str, int]]:
+    model: DynamicEmbeddingTables,
+    batches: list[Batch],
+    w: TiersWorkload,
+    device: torch.device,
+    prefetch: str | None = None,
+) -> tuple[list[float], list[float], dict[str, int], list[float]]:
     """Warm-up, then the timed train steps and eval forwards; the cache counts of the timed
-    train steps (summed over the tables)."""
+    train steps (summed over the tables). ``prefetch``: each step also prefetches the next
+    batch, ``"overlapped"`` between its forward and its backward, ``"serial"`` after its
+    backward, timed on its own (the fourth list: those timings; the last step has no next
+    batch)."""
     ref = w.reference
     grad = torch.full((ref.tables * ref.samples, ref.dim), _GRAD, device=device)
+    alone: list[float] = []
 
-    def step(batch: Batch) -> None:
-        torch.autograd.backward([model(*batch)], [grad])
+    def step(batch: Batch, after: Batch | None = None) -> None:
+        out = model(*batch)
+        if after is not None and prefetch == "overlapped":
+            model.prefetch(*after)
+        torch.autograd.backward([out], [grad])
+        if after is not None and prefetch == "serial":
+            alone.append(timed(partial(model.prefetch, *after), device))
 
     def lookup(batch: Batch) -> None:
         with torch.no_grad():
             model(*batch)
 
+    nexts: list[Batch | None] = [*batches[1:], None] if prefetch else [None] * len(batches)
     model.train()
-    for batch in batches[: w.warmup]:
-        step(batch)
+    for batch, after in zip(batches[: w.warmup], nexts, strict=False):
+        step(batch, after)
     timed_batches = batches[w.warmup :]
     model.eval()
-    lookup(timed_batches[0])
+    lookup(timed_batches[0])  # (it takes what the last warm-up step prefetched)
     model.train()
+    if prefetch:
+        model.prefetch(*timed_batches[0])
     model.cache_stats()  # the warm-up's counts
-    train = [timed(partial(step, b), device) for b in timed_batches]
+    alone.clear()
+    train = [
+        timed(partial(step, b, a), device)
+        for b, a in zip(timed_batches, nexts[w.warmup :], strict=True)
+    ]
     counted: dict[str, int] = {}
     for per_table in model.cache_stats().values():
         for name, n in per_table.items():
@@ -207,7 +234,7 @@ def _time(
     model.eval()
     evals = [timed(partial(lookup, b), device) for b in timed_batches]
     model.train()
-    return train, evals, counted
+    return train, evals, counted, alone
 
 
 def _held(model: DynamicEmbeddingTables) -> list[int]:
@@ -245,11 +272,13 @@ def _mode(
     budget: int | None,
     row: int,
     caching: bool = True,
+    prefetch: str | None = None,
 ) -> dict[str, Any]:
-    """Build, time and check one mode; its entry of the report (the module freed after)."""
+    """Build, time and check one mode; its entry of the report (the module freed after).
+    ``prefetch``: as :func:`_time`."""
     caching = caching and budget is not None
     model = _build(w, device, init, budget, caching)
-    train, evals, counted = _time(model, batches, w, device)
+    train, evals, counted, alone = _time(model, batches, w, device, prefetch)
     held = _held(model)
     if held != keys.distinct:
         raise TiersCheckError(
@@ -266,6 +295,8 @@ def _mode(
         "eval": stats(evals),
         "keys_held": held,
     }
+    if prefetch is not None:
+        out.update(prefetch=prefetch, prefetch_alone=stats(alone) if alone else None)
     if not caching:
         grown = [model.tables.capacity(t) for t in range(model.num_tables)]
         if any(c != init for c in grown):
@@ -368,10 +399,17 @@ def run(w: TiersWorkload, device: torch.device) -> dict[str, Any]:
         modes.append(
             _mode(f"caching {float(ratio)!r}", w, device, batches, keys, init, budget, row)
         )
+    if w.prefetch_ratio is not None:
+        budget = math.ceil(w.prefetch_ratio * unique) * row
+        for how in PREFETCH_MODES:
+            name = f"caching {float(w.prefetch_ratio)!r}, prefetch {how}"
+            mode = _mode(name, w, device, batches, keys, init, budget, row, prefetch=how)
+            modes.append(mode)
     tenth = math.ceil(init / 10) * row  # a tenth of the value bytes; then none
     for name, budget in zip(HYBRID_MODES, (tenth, 0), strict=True):
         modes.append(_mode(name, w, device, batches, keys, init, budget, row, caching=False))
     figures = _figures(modes)
+    figures += prefetch_figures(modes, device)
     report: dict[str, Any] = {
         "benchmark": "tiers",
         "device": str(device),
