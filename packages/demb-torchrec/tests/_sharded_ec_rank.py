@@ -1,5 +1,7 @@
 """One rank of test_sharded_collection.py: an EmbeddingCollection (KIND ``ec``; ``ec-admit``:
 with frequency admission, threshold 2; ``ec-cache``: caching tables of 16 rows a rank;
+``ec-cache-pipeline``: the same trained by TorchRec's PrefetchTrainPipelineSparseDist, which
+prefetches each next batch between a step's forward and its backward;
 ``ec-hybrid``: hybrid tables, 16 rows a rank on the device) or an
 EmbeddingBagCollection (``ebc-sum``, ``ebc-mean``) of dynamic tables planned by
 DynamicEmbeddingShardingPlanner, sharded row-wise by the dynamic-table sharder under
@@ -51,6 +53,67 @@ def gradient(step: int, rank: int, feature: int, n: int, dim: int) -> torch.Tens
     return torch.randn(n, dim, generator=gen)
 
 
+def pipelined(dmp: torch.nn.Module, rank: int, device: torch.device) -> list[list[torch.Tensor]]:
+    """Train ``dmp`` (a DistributedModelParallel of a :func:`net`) by TorchRec's
+    PrefetchTrainPipelineSparseDist over this rank's batches, with the gradients of the plain
+    loop (the loss is the sum of rows times gradients); each step's rows."""
+    from _rank_common import features
+    from torchrec.datasets.utils import Batch
+    from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist
+
+    names = [f for _, f, _, _ in TABLES]
+
+    class PipelineBatch(Batch):  # type: ignore[misc]
+        """A Batch whose record_stream is nothing on the CPU (the pipeline calls it with the
+        CPU's stand-in stream, which tensors do not take)."""
+
+        def record_stream(self, stream: Any) -> None:
+            if self.dense_features.is_cuda:
+                super().record_stream(stream)
+
+        def to(self, device: torch.device, non_blocking: bool = False) -> PipelineBatch:
+            b = super().to(device, non_blocking=non_blocking)
+            return PipelineBatch(b.dense_features, b.sparse_features, b.labels)
+
+    def batches():  # type: ignore[no-untyped-def]
+        for step in range(STEPS):
+            lengths, values = batch(step, rank)
+            grads = [gradient(step, rank, i, v.numel(), TABLES[i][2]) for i, v in enumerate(values)]
+            kjt = features(names, lengths, values, device)
+            yield PipelineBatch(torch.cat(grads).to(device), kjt, torch.zeros(1, device=device))
+
+    idle = torch.zeros(1, requires_grad=True)  # the pipeline steps an optimizer: one of nothing
+    pipeline = PrefetchTrainPipelineSparseDist(dmp, torch.optim.SGD([idle], lr=0.0), device)
+    it = batches()
+    outputs = []
+    while True:
+        try:
+            rows = pipeline.progress(it)
+        except StopIteration:
+            return outputs
+        outputs.append([r.detach().cpu() for r in rows])
+
+
+def net(collection: torch.nn.Module) -> torch.nn.Module:
+    """A module whose forward takes a torchrec ``Batch`` and returns ``(loss, rows)``: the
+    collection's rows per feature of ``batch.sparse_features`` and the sum of the rows times
+    ``batch.dense_features`` (each feature's gradients, concatenated)."""
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ec = collection
+
+        def forward(self, b: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+            out = self.ec(b.sparse_features)
+            rows = [out[f].values() for _, f, _, _ in TABLES]
+            grads = b.dense_features.split([r.shape[0] for r in rows])
+            loss = sum((rows[i] * grads[i]).sum() for i in range(len(rows)))
+            return loss.reshape(1), rows
+
+    return Net()
+
+
 def main() -> None:
     from _rank_join import join, leave  # beside this script (also loaded as a module by tests)
 
@@ -68,7 +131,8 @@ def main() -> None:
 
     model: torch.nn.Module
     admit = kind == "ec-admit"  # ec with frequency admission on every table
-    cache = kind == "ec-cache"  # ec with a small device cache over a host table, every table
+    pipeline = kind == "ec-cache-pipeline"  # ec-cache trained by TorchRec's prefetch pipeline
+    cache = kind in ("ec-cache", "ec-cache-pipeline")  # a small device cache, every table
     hybrid = kind == "ec-hybrid"  # ec with hybrid tables: 16 rows a rank on the device
     kind = "ec" if admit or cache or hybrid else kind
     if kind == "ec":
@@ -104,14 +168,17 @@ def main() -> None:
         )
         for n, _, _, _ in TABLES
     }
-    dmp = common.shard(model, common.table_configs(model), constraints, [sharder], device)
-    kernels = common.dynamic_kernels(dmp.module)
+    configs = common.table_configs(model)
+    if pipeline:
+        model = net(model)
+    dmp = common.shard(model, configs, constraints, [sharder], device)
+    kernels = common.dynamic_kernels(dmp.module.ec if pipeline else dmp.module)
     assert kernels
     received: list[int] = []
     for k in kernels:
         k.register_forward_pre_hook(lambda _, args: received.append(args[0].values().numel()))
-    outputs = []
-    for step in range(STEPS):
+    outputs = pipelined(dmp, rank, device) if pipeline else []
+    for step in range(0 if pipeline else STEPS):
         lengths, values = batch(step, rank)
         out = dmp(common.features([f for _, f, _, _ in TABLES], lengths, values, device))
         # ec: rows per feature; ebc: the (B, sum of dims) bags, features in order

@@ -167,6 +167,24 @@ def test_sharded_caching_equals_one_unsharded_module(run_ranks, world, optimizer
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.slow), 2])
+def test_torchrec_prefetch_pipeline_prefetches_caching_tables(run_ranks, world):
+    """The caching tables of ``ec-cache`` trained by TorchRec's PrefetchTrainPipelineSparseDist
+    (each next batch prefetched between a step's forward and its backward, through the
+    sharded collection's lookups): the storage hits come from the prefetch, and the rows and
+    scores still equal one all-device unsharded module's."""
+    results = run_ranks(RANK_SCRIPT, world, "roundrobin", "adam", "ec-cache-pipeline")
+    ranks = _rank_module()
+    assert all(len(res["outputs"]) == ranks.STEPS for res in results)
+    counted = [
+        st for res in results for per_kernel in res["cache_stats"] for st in per_kernel.values()
+    ]
+    assert sum(st["prefetched"] for st in counted) > 0, counted
+    exact = {"rtol": 0.0, "atol": 0.0} if world == 1 else {"rtol": 1e-6, "atol": 1e-7}
+    check_rows(results, world, "adam", exact)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_sharded_hybrid_tables_equal_one_unsharded_module(run_ranks, world):
     """Hybrid tables (16 rows a rank on the device, the rest in host memory: on the CPU one
     kind of memory) train like one all-device unsharded module."""
@@ -194,6 +212,17 @@ def test_sharded_bags_equal_one_unsharded_module(run_ranks, world, kind, optimiz
     # reduce-scatter), then MEAN divides (TorchRec's callback): equal up to rounding.
     exact = world == 1 and kind == "ebc-sum"
     check_bags(results, world, kind, optimizer, {"rtol": 0.0, "atol": 0.0} if exact else CLOSE)
+
+
+@pytest.mark.cuda
+@pytest.mark.multiproc
+def test_torchrec_prefetch_pipeline_on_a_gpu(run_ranks):
+    """The same on one GPU over NCCL: TorchRec's pipeline runs its prefetch on a stream of its
+    own and the tables read the storage on theirs; equal up to float rounding."""
+    results = run_ranks(RANK_SCRIPT, 1, "roundrobin", "adam", "ec-cache-pipeline", "cuda")
+    counted = [st for per_kernel in results[0]["cache_stats"] for st in per_kernel.values()]
+    assert sum(st["prefetched"] for st in counted) > 0, counted
+    check_rows(results, 1, "adam", CLOSE)
 
 
 GPU_CASES = [

@@ -11,7 +11,7 @@ naming it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -231,6 +231,22 @@ class DynamicEmbeddingKernel(BaseEmbedding):  # type: ignore[misc]
         return iter(())
 
 
+def _prefetch(
+    kernels: Iterable[object],
+    splits: list[int],
+    features: KeyedJaggedTensor,
+    forward_stream: torch.cuda.Stream | None,
+) -> None:
+    """Each caching group's :meth:`DynamicEmbeddingTables.prefetch` of its part of
+    ``features`` (split by group, as the lookup's forward splits them)."""
+    kernels = list(kernels)
+    if not kernels:
+        return
+    for kernel, part in zip(kernels, features.split(splits), strict=True):
+        if isinstance(kernel, DynamicEmbeddingKernel) and kernel.tables.cache is not None:
+            kernel.tables.prefetch(part.values(), part.offsets(), forward_stream)
+
+
 def _check_dynamic(config: GroupedEmbeddingConfig) -> None:
     if config.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
         names = [t.name for t in config.embedding_tables]
@@ -253,6 +269,13 @@ class DynamicEmbeddingsLookup(GroupedEmbeddingsLookup):  # type: ignore[misc]
         _check_dynamic(config)
         return DynamicEmbeddingKernel(config, device)
 
+    def prefetch(
+        self, sparse_features: KeyedJaggedTensor, forward_stream: torch.cuda.Stream | None = None
+    ) -> None:
+        """Read ahead the storage rows of the caching tables' keys in ``sparse_features`` (the
+        next batch's, as TorchRec's prefetch pipeline calls it; other tables: nothing)."""
+        _prefetch(self._emb_modules, self._feature_splits, sparse_features, forward_stream)
+
 
 class DynamicPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):  # type: ignore[misc]
     """TorchRec's pooled lookup whose groups are pooled :class:`DynamicEmbeddingKernel`."""
@@ -267,3 +290,9 @@ class DynamicPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):  # type: ign
     ) -> BaseEmbedding:
         _check_dynamic(config)
         return DynamicEmbeddingKernel(config, device, pooled=True)
+
+    def prefetch(
+        self, sparse_features: KeyedJaggedTensor, forward_stream: torch.cuda.Stream | None = None
+    ) -> None:
+        """As :meth:`DynamicEmbeddingsLookup.prefetch`."""
+        _prefetch(self._emb_modules, self._feature_splits, sparse_features, forward_stream)
