@@ -50,18 +50,28 @@ def match_pairs(
     tables: Sequence[int],
 ) -> torch.Tensor:
     """``(n,)`` int64: for each ``(keys[i], ids[i])``, its position among the pairs
-    ``(have_keys, have_ids)`` (distinct), or -1; only tables ``tables`` are looked at."""
-    out = torch.full_like(keys, -1)
-    for t in tables:
-        have = (have_ids == t).nonzero().squeeze(1)
-        want = (ids == t).nonzero().squeeze(1)
-        if have.numel() == 0 or want.numel() == 0:
-            continue
-        ordered, order = torch.sort(have_keys[have])
-        at = torch.searchsorted(ordered, keys[want]).clamp(max=ordered.numel() - 1)
-        hit = ordered[at] == keys[want]
-        out[want[hit]] = have[order[at[hit]]]
-    return out
+    ``(have_keys, have_ids)`` (distinct), or -1; only tables ``tables`` are looked at.
+
+    One sort of both sides by (table, key, side), nothing that waits on the device: a pair
+    present on both sides sorts after its match."""
+    n, m = have_keys.shape[0], keys.shape[0]
+    out = torch.full((m + 1,), -1, dtype=torch.int64, device=keys.device)
+    if n == 0 or m == 0:
+        return out[:m]
+    all_keys = torch.cat([have_keys, keys])
+    all_ids = torch.cat([have_ids.to(keys.device), ids])
+    # stable sorts, least significant first: side (already: haves, then the others), key, table
+    order = torch.argsort(all_keys, stable=True)
+    order = order[torch.argsort(all_ids[order], stable=True)]
+    k, t = all_keys[order], all_ids[order]
+    at = torch.arange(n + m, device=keys.device)
+    # each sorted entry's nearest have at or before it (0 when none: checked by the pair)
+    have = torch.cummax(torch.where(order < n, at, 0), 0).values
+    matched = (order >= n) & (order[have] < n) & (k[have] == k) & (t[have] == t)
+    matched &= torch.isin(t, torch.tensor(list(tables), device=keys.device))
+    # unmatched entries write -1 into the spare last element
+    out.scatter_(0, torch.where(matched, order - n, m), torch.where(matched, order[have], -1))
+    return out[:m]
 
 
 def fit_words(words: torch.Tensor, width: int) -> torch.Tensor:
