@@ -224,7 +224,8 @@ def test_a_bounded_storage_reports_what_it_evicts(make, tmp_path, ops):
 )
 def test_a_device_storage_told_its_batch_tables_does_what_it_does_untold(ops):
     """``tables=`` (a caller that checked its batch: no checks, no sync) changes nothing a
-    call returns or leaves behind, evictions included (16-slot tables)."""
+    call returns or leaves behind, evictions included (16-slot tables); ``locate`` and
+    ``read_located`` return what ``find`` does."""
     lays = layouts()
     told, unt = (make_device(lays, 1, None, capacity=16) for _ in range(2))
     for op, pairs, seed in ops:
@@ -244,6 +245,14 @@ def test_a_device_storage_told_its_batch_tables_does_what_it_does_untold(ops):
             assert torch.equal(a.found, b.found)
             assert torch.equal(a.values, b.values)
             assert torch.equal(a.scores, b.scores)
+            located = told.locate(keys, ids, tables=tables)  # find in two parts
+            assert torch.equal(located.found, b.found)
+            assert torch.equal(located.scores, b.scores)
+            assert torch.equal(located.slots >= 0, b.found)
+            assert torch.equal(told.read_located(located), b.values)
+    held = {id(t) for t in told.buffers()}  # what a reader on another stream holds
+    assert all(id(v) in held for v in told.table.values)
+    assert id(told.table.index.keys) in held
     for t in (0, 1):
         a, b = told.table.export(t), unt.table.export(t)
         assert torch.equal(a.keys, b.keys)

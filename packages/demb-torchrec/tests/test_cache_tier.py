@@ -438,17 +438,38 @@ def test_the_storage_grows_while_the_cache_writes_back():
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 
-def _slow_prefetch_stream(cached: DynamicEmbeddingTables) -> None:
-    """On CUDA, hold the module's prefetch stream up (about 20 ms) before its next storage
-    reads: a forward that did not wait for them on the device would read rows not yet
-    copied."""
+def _slow_side_stream(cached: DynamicEmbeddingTables) -> None:
+    """On CUDA, hold up (about 20 ms) the stream the module reads its storage on, before its
+    next reads: a forward, or a write to the storage, that did not wait for them on the device
+    would use rows not yet read (or overwrite rows being read)."""
     assert cached.cache is not None
     if cached.device.type != "cuda":
         return
-    if cached.cache._prefetch_stream is None:
-        cached.cache._prefetch_stream = torch.cuda.Stream(cached.device)
-    with torch.cuda.stream(cached.cache._prefetch_stream):
+    reads = cached.cache.reads
+    if reads._stream is None:
+        reads._stream = torch.cuda.Stream(cached.device)
+    with torch.cuda.stream(reads._stream):
         torch.cuda._sleep(20_000_000)
+
+
+@pytest.mark.cuda
+def test_the_storage_reads_of_a_forward_are_waited_for():
+    """CUDA, no prefetch: each forward reads its storage hits on the side stream, held up
+    before every forward; the rows placed, and the storage writes after the reads (write-backs
+    into slots just freed), still give the twin's outputs and tables."""
+    twin, cached = _modules(0.1, device="cuda")
+    gen = torch.Generator().manual_seed(8)
+    for step in range(8):
+        indices, offsets = _batch(gen, 1400, False, "cuda")
+        a = twin(indices, offsets)
+        _slow_side_stream(cached)
+        b = cached(indices, offsets)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}")
+        grad = torch.randn(a.shape, generator=gen).to("cuda")
+        a.backward(grad)
+        b.backward(grad)
+    assert sum(s["storage_hits"] for s in cached.cache_stats().values()) > 0
+    _assert_union_equals_twin(twin, cached)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -468,7 +489,7 @@ def test_prefetch_of_the_next_batch_changes_nothing_but_where_rows_come_from(
     for step, (indices, offsets) in enumerate(batches[:-1]):
         a, b = twin(indices, offsets), cached(indices, offsets)
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}")
-        _slow_prefetch_stream(cached)
+        _slow_side_stream(cached)
         cached.prefetch(*batches[step + 1])
         grad = torch.randn(a.shape, generator=gen).to(device)
         a.backward(grad)
@@ -497,7 +518,7 @@ def test_prefetch_for_a_forward_on_another_stream():
         torch.cuda.current_stream().wait_stream(other)
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}")
         a.backward(grad)
-        _slow_prefetch_stream(cached)
+        _slow_side_stream(cached)
         cached.prefetch(*batches[step + 1], forward_stream=other)
     _assert_union_equals_twin(twin, cached)
 
@@ -514,7 +535,7 @@ def test_a_load_after_a_prefetch_is_what_the_next_forward_reads(device: str, tmp
     stored = _storage_rows(cached, 0)[0][:50].to(device)
     indices = torch.cat([stored, stored])  # user table, then item table: the same ids
     offsets = torch.arange(indices.numel() + 1, device=device)
-    _slow_prefetch_stream(cached)
+    _slow_side_stream(cached)
     cached.prefetch(indices, offsets)
     for module in (twin, cached):
         DynamicEmbLoad(str(tmp_path / "ckpt"), module, optim=True)
@@ -552,7 +573,7 @@ def test_prefetch_over_a_storage_that_evicts_changes_nothing(device: str):
     for step, (indices, offsets) in enumerate(batches[:-1]):
         a, b = plain(indices, offsets), ahead(indices, offsets)
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"step {step}")
-        _slow_prefetch_stream(ahead)
+        _slow_side_stream(ahead)
         ahead.prefetch(*batches[step + 1])
         grad = torch.randn(a.shape, generator=gen).to(device)
         a.backward(grad)
@@ -572,7 +593,7 @@ def test_a_key_erased_after_its_prefetch_is_new_at_the_next_forward(device: str)
     stored = _storage_rows(cached, 0)[0][:20].to(device)
     indices = torch.cat([stored, stored])  # user table, then item table: the same ids
     offsets = torch.arange(indices.numel() + 1, device=device)
-    _slow_prefetch_stream(cached)
+    _slow_side_stream(cached)
     cached.prefetch(indices, offsets)
     for module in (twin, cached):
         erase_keys(module, {"model": {"user": stored}})

@@ -29,7 +29,7 @@ from demb_storage.counter import (
     MemoryType,
     MultiTableKVCounter,
 )
-from demb_storage.device_storage import DynamicEmbeddingTable
+from demb_storage.device_storage import DynamicEmbeddingTable, LocatedEntries
 from demb_storage.initializers import (
     InitializerArgs,
     InitializerMode,
@@ -83,6 +83,7 @@ __all__ = [
     "InsertedEntries",
     "KVCounter",
     "KeyBuffer",
+    "LocatedEntries",
     "MemoryType",
     "MemoryUsage",
     "MultiTableAdmitter",

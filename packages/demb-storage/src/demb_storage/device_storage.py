@@ -25,7 +25,21 @@ from demb_storage.storage_results import (
     StorageExport,
 )
 
-__all__ = ["DynamicEmbeddingTable"]
+__all__ = ["DynamicEmbeddingTable", "LocatedEntries"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LocatedEntries:
+    """What :meth:`DynamicEmbeddingTable.locate` returns for ``N`` keys."""
+
+    batch: StorageBatch
+    """The checked batch."""
+    found: torch.Tensor
+    """``(N,)`` bool, True where the key is stored."""
+    scores: torch.Tensor
+    """``(W, N)`` int64 score words; zeros where not found."""
+    slots: torch.Tensor
+    """``(N,)`` int64 each key's slot in its table, -1 where not found."""
 
 
 class DynamicEmbeddingTable(Storage):
@@ -81,15 +95,45 @@ class DynamicEmbeddingTable(Storage):
         """See :meth:`Storage.find`; no score is touched. ``tables``: the distinct tables of
         ``table_ids`` when the caller knows them and has checked the batch (a caching table's
         storage group): nothing is checked again and nothing waits on the device."""
+        located = self.locate(keys, table_ids, tables=tables)
+        if not located.batch.tables:
+            return self.empty_found(located.batch)
+        return FoundEntries(located.found, self.read_located(located), located.scores)
+
+    def locate(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor | int,
+        *,
+        tables: Sequence[int] | None = None,
+    ) -> LocatedEntries:
+        """:meth:`find` without reading the rows: which keys are stored, their score words and
+        where their rows are, for :meth:`read_located` (which may run later, on another CUDA
+        stream, while nothing writes the table). ``tables``: as :meth:`find`."""
         batch = self.checked_batch(keys, table_ids, tables)
         if not batch.tables:
-            return self.empty_found(batch)
+            empty = self.empty_found(batch)
+            return LocatedEntries(batch, empty.found, empty.scores, torch.full_like(batch.keys, -1))
         slots = self.table.find(batch.keys, batch.table_ids, check=tables is None)
         found = slots >= 0
         index = self.table.index
         where = torch.where(found, index.slot_offsets[batch.table_ids] + slots, 0)
         scores = torch.where(found, index.scores[:, where], 0)
-        return FoundEntries(found, self._read(batch, slots), scores)
+        return LocatedEntries(batch, found, scores, slots)
+
+    def read_located(self, located: LocatedEntries) -> torch.Tensor:
+        """``(N, width)`` rows of ``located``'s entries (zeros where not stored), read without
+        waiting on the device."""
+        if not located.batch.tables:
+            return self.empty_found(located.batch).values
+        return self._read(located.batch, located.slots)
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor the table's index and rows live in: a reader on another CUDA stream
+        holds them until it is done (a growing table replaces them)."""
+        index = self.table.index
+        tensors = [getattr(index, f.name) for f in dataclasses.fields(index)]
+        return [x for x in tensors if isinstance(x, torch.Tensor)] + list(self.table.values)
 
     def insert(
         self,

@@ -36,6 +36,7 @@ from demb_torchrec._cache_groups import (
     storage_groups,
 )
 from demb_torchrec._dedup import DedupedBatch, dedup_bags
+from demb_torchrec._side_reads import SideReads
 from demb_torchrec._state import Bags, ForwardState
 
 __all__ = ["STAT_NAMES", "CacheLookups", "StorageSlot"]
@@ -152,11 +153,9 @@ class CacheLookups:
         self.staged: list[Staged | None] = [None] * len(self.groups)
         """Per group, the storage entries ``prefetch`` read for the next forward (each dropped
         when the storage's copy changes), or None."""
-        self.staged_ready: torch.cuda.Event | None = None
-        """On CUDA, recorded on the prefetch stream after the staged entries' reads: nothing
-        reads them, and nothing writes the storage, before the current stream waits on it."""
-        self._prefetch_stream: torch.cuda.Stream | None = None
-        """On CUDA, the stream of the storage reads ``prefetch`` starts (made at first use)."""
+        self.reads = SideReads(device)
+        """Where the storage's rows are read (a stream of their own on CUDA), and what the
+        training stream waits for."""
 
     # ----------------------------------------------------------------------------- lookups
     def train_lookup(
@@ -275,14 +274,14 @@ class CacheLookups:
     def _group(self, t: int) -> StorageGroup:
         return next(g for g in self.groups if t in g.tables)
 
-    def _fetch(
-        self, keys: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, keep: bool = False
-    ) -> Fetched:
+    def _fetch(self, keys: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor) -> Fetched:
         """The storage's entries of the keys at ``positions`` (of caching tables): those
-        ``prefetch`` staged, the others read now. The staged entries are used up unless
-        ``keep``."""
-        out: Fetched = []
-        self.await_staged()
+        ``prefetch`` staged, the others found now (the staged entries are used up). Which keys
+        are stored, and their words, are known on return; their rows are read on the side
+        stream (:meth:`_place` and any write to the storage wait for them)."""
+        reads = self.reads
+        reads.await_keys()
+        plans = []
         for g, group in enumerate(self.groups):
             # (the positions are of caching tables: one group holds them all)
             one = len(self.groups) == 1
@@ -294,18 +293,30 @@ class CacheLookups:
             if staged is not None:
                 at = match_pairs(staged.keys, staged.ids, keys[mine], ids[mine], group.tables)
             rest = mine if staged is None else mine[at < 0]
-            found, rows, words = group.find(keys[rest], ids[rest], vouched=True)
-            f = found.nonzero().squeeze(1)
-            p, rows, words = rest[f], rows[f.to(rows.device)].to(keys.device), words[:, f]
+            located = group.locate(keys[rest], ids[rest], vouched=True)
+            f = located.found.nonzero().squeeze(1)
+            p, words, taken = rest[f], located.words[:, f], None
             if staged is not None:
-                used = at[at >= 0]
-                self._add(6, ids[mine[at >= 0]])
-                p = torch.cat([mine[at >= 0], p])
-                rows = torch.cat([staged.rows[used].to(rows.dtype), rows])
+                hit = (at >= 0).nonzero().squeeze(1)
+                used = at[hit]
+                self._add(6, ids[mine[hit]])
+                p = torch.cat([mine[hit], p])
                 words = torch.cat([staged.words[:, used], words], dim=1)
-            out.append((group, p, rows, words))
-        if not keep:
-            self.staged = [None] * len(self.groups)
+                taken = (staged.rows, used)
+            plans.append((group, p, words, located, f, taken))
+        out: Fetched = []
+        here = reads.training_stream()
+        with reads.side():
+            for group, p, words, located, f, taken in plans:
+                rows = located.read()
+                rows = rows[f.to(rows.device)].to(keys.device, non_blocking=True)
+                if taken is not None:
+                    rows = torch.cat([taken[0][taken[1]].to(rows.dtype), rows])
+                reads.made_for([rows], here)
+                reads.hold([f, *located.inputs, *group.buffers(), *(taken or ())])
+                out.append((group, p, rows, words))
+            reads.mark_rows()
+        self.staged = [None] * len(self.groups)
         return out
 
     def _spill(self, outcome: InsertOutcome, alive: torch.Tensor, alive_ids: torch.Tensor) -> None:
@@ -357,17 +368,13 @@ class CacheLookups:
         kept = torch.where(self._retains[tables], gone, -1)
         self._state.tables.evicted_keys.add(kept, tables)
 
-    def await_staged(self) -> None:
-        """Make the current stream wait for a prefetch still reading the storage (before
-        anything reads what it staged or writes the storage); no host wait."""
-        ready, self.staged_ready = self.staged_ready, None
-        if ready is not None:
-            torch.cuda.current_stream(ready.device).wait_event(ready)
-
     def _changed(self, group: StorageGroup, keys: torch.Tensor, ids: torch.Tensor) -> None:
         """The storage's copies of these entries change (called before the storage is
-        written): drop them from the staged ones."""
-        self.await_staged()
+        written): drop them from the staged ones. The rows a forward is reading are read
+        first (a write may reuse their slots); a prefetch's reads go on (what they read of
+        these entries is dropped)."""
+        self.reads.await_keys()
+        self.reads.await_rows()
         g = self.groups.index(group)
         staged = self.staged[g]
         if staged is not None and keys.numel():
@@ -427,6 +434,7 @@ class CacheLookups:
     def _place(self, ids: torch.Tensor, slots: torch.Tensor, fetched: Fetched) -> None:
         """Write the found keys' storage rows at their slots; add their stored access counts
         to the cache's (a key that moves up keeps its count)."""
+        self.reads.await_rows()
         tables = self._state.tables
         index = tables.index
         for group, p, rows, words in fetched:

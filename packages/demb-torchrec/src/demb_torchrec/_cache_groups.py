@@ -4,14 +4,24 @@ of a storage in one call (docs/tiers.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import torch
+from demb_kernels.table import EMPTY_KEY
 from demb_storage import DynamicEmbeddingTable, Storage, TableConfig
 
-__all__ = ["Staged", "StorageGroup", "StorageSlot", "fit_words", "match_pairs", "storage_groups"]
+__all__ = [
+    "Located",
+    "Staged",
+    "StorageGroup",
+    "StorageSlot",
+    "fit_words",
+    "match_pairs",
+    "storage_groups",
+]
 
 
 @dataclass(frozen=True)
@@ -37,9 +47,23 @@ class Staged(NamedTuple):
 
     def without(self, keys: torch.Tensor, ids: torch.Tensor, tables: Sequence[int]) -> Staged:
         """The entries other than the ``(key, table)`` pairs given (their storage copies
-        changed)."""
+        changed): those become the empty key, which matches no key (nothing compacted, nothing
+        waits on the device)."""
         gone = match_pairs(keys, ids, self.keys, self.ids, tables) >= 0
-        return Staged(self.keys[~gone], self.ids[~gone], self.rows[~gone], self.words[:, ~gone])
+        return self._replace(keys=torch.where(gone, EMPTY_KEY, self.keys))
+
+
+class Located(NamedTuple):
+    """A group's storage entries of some keys, their rows still to read."""
+
+    found: torch.Tensor
+    """``(n,)`` bool on the module's device."""
+    words: torch.Tensor
+    """``(W, n)`` index score words (zeros where not found)."""
+    read: Callable[[], torch.Tensor]
+    """Reads the ``(n, width)`` rows (zeros where not found) on the storage's device."""
+    inputs: tuple[torch.Tensor, ...]
+    """The tensors :attr:`read` reads besides the storage's own."""
 
 
 def match_pairs(
@@ -52,8 +76,8 @@ def match_pairs(
     """``(n,)`` int64: for each ``(keys[i], ids[i])``, its position among the pairs
     ``(have_keys, have_ids)`` (distinct), or -1; only tables ``tables`` are looked at.
 
-    One sort of both sides by (table, key, side), nothing that waits on the device: a pair
-    present on both sides sorts after its match."""
+    One sort of both sides by (table, key, side) and a scan, nothing that waits on the device:
+    a pair present on both sides sorts after its match."""
     n, m = have_keys.shape[0], keys.shape[0]
     out = torch.full((m + 1,), -1, dtype=torch.int64, device=keys.device)
     if n == 0 or m == 0:
@@ -64,13 +88,18 @@ def match_pairs(
     order = torch.argsort(all_keys, stable=True)
     order = order[torch.argsort(all_ids[order], stable=True)]
     k, t = all_keys[order], all_ids[order]
+    # a run is a (table, key) pair; its entries are its haves, then its others
+    start = torch.ones_like(k, dtype=torch.bool)
+    start[1:] = (k[1:] != k[:-1]) | (t[1:] != t[:-1])
+    run = torch.cumsum(start, 0) - 1
     at = torch.arange(n + m, device=keys.device)
-    # each sorted entry's nearest have at or before it (0 when none: checked by the pair)
-    have = torch.cummax(torch.where(order < n, at, 0), 0).values
-    matched = (order >= n) & (order[have] < n) & (k[have] == k) & (t[have] == t)
+    first = torch.zeros(n + m + 1, dtype=torch.int64, device=keys.device)
+    first.scatter_(0, torch.where(start, run, n + m), at)  # each run's first entry
+    head = order[first[run]]  # the run's first entry: a have when the run has one
+    matched = (order >= n) & (head < n)
     matched &= torch.isin(t, torch.tensor(list(tables), device=keys.device))
     # unmatched entries write -1 into the spare last element
-    out.scatter_(0, torch.where(matched, order - n, m), torch.where(matched, order[have], -1))
+    out.scatter_(0, torch.where(matched, order - n, m), torch.where(matched, head, -1))
     return out[:m]
 
 
@@ -135,6 +164,30 @@ class StorageGroup:
         vouch = self._vouched if vouched else {}
         got = self.storage.find(keys.to(where), self.local[ids].to(where), **vouch)
         return got.found.to(self.device), got.values, fit_words(got.scores, self.words)
+
+    def locate(self, keys: torch.Tensor, ids: torch.Tensor, vouched: bool = False) -> Located:
+        """:meth:`find` in two parts: which keys are stored and their score words now, their
+        rows when :attr:`Located.read` is called (on a CUDA stream of the caller's choice, while
+        nothing writes the storage). A storage other than a :class:`DynamicEmbeddingTable`
+        reads its rows now."""
+        storage = self.storage
+        where = storage.device
+        vouch = self._vouched if vouched else {}
+        if isinstance(storage, DynamicEmbeddingTable):
+            got = storage.locate(keys.to(where), self.local[ids].to(where), **vouch)
+            words = fit_words(got.scores, self.words)
+            inputs = (got.batch.keys, got.batch.table_ids, got.slots)
+            read = partial(storage.read_located, got)
+            return Located(got.found.to(self.device), words, read, inputs)
+        found, rows, words = self.find(keys, ids, vouched)
+        return Located(found, words, lambda: rows, ())
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The tensors a :meth:`Located.read` of this group's storage reads (none for a
+        storage that reads its rows in :meth:`locate`)."""
+        if isinstance(self.storage, DynamicEmbeddingTable):
+            return self.storage.buffers()
+        return []
 
     def insert(
         self,

@@ -4,27 +4,18 @@ erases, memory and statistics read of the storage tier (docs/tiers.md)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 from demb_kernels.table import EMPTY_KEY
 from demb_storage import DynamicEmbeddingTable, MemoryUsage, TableExport
 
 from demb_torchrec._cache import STAT_NAMES, CacheLookups
-from demb_torchrec._cache_groups import Staged, fit_words
+from demb_torchrec._cache_groups import Located, Staged, fit_words
 from demb_torchrec._dedup import dedup_bags
 from demb_torchrec._state import Bags
 
 __all__ = ["CacheTier"]
-
-
-def _used_on(tensor: torch.Tensor, streams: Sequence[torch.cuda.Stream]) -> None:
-    """Keep ``tensor``'s memory from reuse until ``streams``' work so far is done (a CUDA
-    tensor used on a stream other than the one it was made on)."""
-    if tensor.is_cuda:
-        for stream in streams:
-            tensor.record_stream(stream)
 
 
 class CacheTier(CacheLookups):
@@ -38,11 +29,11 @@ class CacheTier(CacheLookups):
         do not change.
 
         On CUDA the caches are searched on the current stream (the host waits for it once);
-        the storage reads and their copies run on the tier's own stream, after the current
+        the storage is searched and its rows read on the side stream, after the current
         stream's work so far, and the call returns without waiting for them: the rest of the
-        step overlaps them. The next forward, and anything that writes the storage first,
-        waits for them on the device. ``forward_stream``: the CUDA stream the next forward
-        runs on, when another one than the current (the staged rows are kept for it)."""
+        step, and the next forward until it places the rows, overlap the reads.
+        ``forward_stream``: the CUDA stream the next forward runs on, when another one than
+        the current (the staged rows are kept for it)."""
         s = self._state
         tables = s.tables
         batch = dedup_bags(s, bags)
@@ -55,36 +46,28 @@ class CacheTier(CacheLookups):
             (positions if one else positions[g.member[ids[positions]]]) for g in self.groups
         ]
         picked = [(keys[p], ids[p]) for p in wanted]
-        side = self._side_stream() if keys.is_cuda else None
-        uses = [forward_stream or torch.cuda.current_stream(keys.device)] if side else []
-        on_side: contextlib.AbstractContextManager[object] = (
-            contextlib.nullcontext() if side is None else torch.cuda.stream(side)
-        )
-        with on_side:
-            for g, (group, (k, i)) in enumerate(zip(self.groups, picked, strict=True)):
+        reads = self.reads
+        later = forward_stream or reads.training_stream()
+        with reads.side():
+            found: list[tuple[Located, torch.Tensor] | None] = []
+            for group, (k, i) in zip(self.groups, picked, strict=True):
                 if k.numel() == 0:
+                    found.append(None)
                     continue
-                for t in (k, i):
-                    _used_on(t, [side] if side is not None else [])
-                found, rows, words = group.find(k, i, vouched=True)
-                rows = rows.to(s.device, non_blocking=True)
+                located = group.locate(k, i, vouched=True)
                 # keys not stored stay as the empty key, which matches no key later: no
                 # compaction (it would wait on the device)
-                stored = torch.where(found, k, EMPTY_KEY)
-                for t in (stored, i, rows, words):
-                    _used_on(t, uses)
-                self.staged[g] = Staged(stored, i, rows, words)
-            if side is not None:
-                self.staged_ready = side.record_event()
-
-    def _side_stream(self) -> torch.cuda.Stream:
-        """The tier's prefetch stream (made at first use), after the current stream's work
-        so far."""
-        device = self._state.device
-        if self._prefetch_stream is None:
-            self._prefetch_stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        self._prefetch_stream.wait_stream(torch.cuda.current_stream(device))
-        return self._prefetch_stream
+                stored = torch.where(located.found, k, EMPTY_KEY)
+                reads.made_for([stored, located.words], later)
+                reads.hold([k, i, *located.inputs, *group.buffers()])
+                found.append((located, stored))
+            reads.mark_keys()
+            for g, entry in enumerate(found):
+                if entry is not None:
+                    located, stored = entry
+                    rows = located.read().to(s.device, non_blocking=True)
+                    reads.made_for([rows], later)
+                    self.staged[g] = Staged(stored, picked[g][1], rows, located.words)
 
     def flush(self) -> None:
         """Write every cached row (and every pending overflow row) to the storage and empty
@@ -192,7 +175,8 @@ class CacheTier(CacheLookups):
     def clear_storage(self, t: int) -> None:
         """Remove every entry of caching table ``t`` from its storage (and what a prefetch
         read ahead)."""
-        self.await_staged()
+        self.reads.await_keys()
+        self.reads.await_rows()
         self.staged = [None] * len(self.groups)
         below = self.below[t]
         assert below is not None
