@@ -288,15 +288,14 @@ class CacheLookups:
             mine = positions if one else positions[group.member[ids[positions]]]
             if mine.numel() == 0:  # (its shape is known: the indexing synchronized)
                 continue
-            staged = self.staged[g]
-            at = torch.full_like(mine, -1)
+            staged, at = self.staged[g], None
             if staged is not None:
                 at = match_pairs(staged.keys, staged.ids, keys[mine], ids[mine], group.tables)
-            rest = mine if staged is None else mine[at < 0]
+            rest = mine if at is None else mine[at < 0]
             located = group.locate(keys[rest], ids[rest], vouched=True)
             f = located.found.nonzero().squeeze(1)
             p, words, taken = rest[f], located.words[:, f], None
-            if staged is not None:
+            if staged is not None and at is not None:
                 hit = (at >= 0).nonzero().squeeze(1)
                 used = at[hit]
                 self._add(6, ids[mine[hit]])

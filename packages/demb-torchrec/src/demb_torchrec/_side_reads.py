@@ -72,13 +72,13 @@ class SideReads:
 
     def mark_keys(self) -> None:
         """Inside :meth:`side`: the keys and score words of a prefetch are written."""
-        if self._stream is not None and self.cuda:
+        if self._stream is not None:
             self._keys = self._stream.record_event()
 
     def mark_rows(self) -> None:
         """Inside :meth:`side`: every read issued so far is done once the side stream gets
         here."""
-        if self._stream is not None and self.cuda:
+        if self._stream is not None:
             self._rows = self._stream.record_event()
             self._held_rows.update(self._held)
             self._held = {}
