@@ -75,3 +75,24 @@ def test_rows_ops_reject_bad_arguments(device):
         scatter_rows(values, torch.tensor([1], device=device), torch.zeros(1, 3, dtype=torch.half))
     with pytest.raises(ValueError, match="rows must be"):
         scatter_rows(values, torch.tensor([1], device=device), torch.zeros(2, 3, device=device))
+
+
+@pytest.mark.parametrize(
+    ("width", "dtype"), [(100, torch.float32), (101, torch.float32), (257, torch.int8)]
+)
+@pytest.mark.parametrize("offset", [0, 1])
+def test_scatters_larger_than_a_cache_equal_torch_indexing(width, dtype, offset):
+    """A scatter of more than 1 MiB streams its stores on the CPU where the rows allow it
+    (16-byte multiples at 16-byte aligned places; ``offset`` shifts the buffer by one
+    element): what it writes, and skips, is what indexing does."""
+    rows = (3 << 20) // (width * dtype.itemsize)
+    g = torch.Generator().manual_seed(width + offset)
+    flat = torch.randint(-100, 100, (rows * width + 1,), generator=g).to(dtype)
+    values = flat[offset : offset + rows * width].view(rows, width)
+    target = torch.randperm(rows, generator=g)[: rows // 2]
+    target[::97] = -1
+    new = torch.randint(-100, 100, (target.numel(), width), generator=g).to(dtype)
+    expected = values.clone()
+    expected[target[target >= 0]] = new[target >= 0]
+    scatter_rows(values, target, new)
+    torch.testing.assert_close(values, expected, rtol=0, atol=0)

@@ -539,3 +539,40 @@ def test_find_or_insert_reads_the_rows_of_a_batch_found_whole():
     assert not new.all_hit
     assert new.rows is None
     assert table.find_or_insert(torch.tensor([4]), ids(1)).rows is None  # not asked for
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    strategies=st.lists(
+        st.sampled_from([S.TIMESTAMP, S.STEP, S.LFU, (S.TIMESTAMP, S.LFU), (S.LFU, S.TIMESTAMP)]),
+        min_size=1,
+        max_size=5,
+    ),
+    batches=st.lists(st.lists(st.integers(0, 300), min_size=1, max_size=60), max_size=5),
+    picks=st.lists(st.tuples(st.integers(0, 4), st.integers(-1, 700)), min_size=1, max_size=6),
+)
+def test_export_many_equals_one_export_each(strategies, batches, picks):
+    """Tables of several layouts scanned together return, per table and threshold (None:
+    whole), what one export of it does: keys, scores, slots and rows, in slot order."""
+    configs = [
+        TableConfig(dim=3, score_strategy=s, max_capacity=128, bucket_capacity=16)
+        for s in strategies
+    ]
+    table = ScoredHashTable(configs, clock=Clock())
+    g = torch.Generator().manual_seed(len(batches))
+    for batch in batches:
+        keys = torch.tensor(batch)
+        tids = torch.tensor([k % len(configs) for k in batch])
+        out = table.find_or_insert(keys, tids)
+        for t in range(len(configs)):
+            mine = (tids == t) & (out.slots >= 0)
+            slots = torch.unique(out.slots[mine])
+            rows = torch.randn((slots.numel(), table.values[t].shape[1]), generator=g)
+            table.write(t, slots, rows)
+    chosen = [(t % len(configs), None if th < 0 else th) for t, th in picks]
+    many = table.export_many([t for t, _ in chosen], [th for _, th in chosen])
+    assert len(many) == len(chosen)
+    for (t, th), got in zip(chosen, many, strict=True):
+        want = table.export(t, min_score=th)
+        for name in ("keys", "scores", "slots", "values"):
+            torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0)

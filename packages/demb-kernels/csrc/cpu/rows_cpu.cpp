@@ -3,12 +3,49 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "rows_checks.h"
 
 namespace demb {
 namespace {
+
+// A scatter of more bytes than a core's cache holds stores around the caches (streaming
+// stores): each destination line is then written without being read first, which otherwise
+// costs a third of the memory traffic of copying rows into places that are not cached. (A
+// gather's output is read next, and comes fresh from the allocator: streaming it measured
+// slower.)
+constexpr int64_t kStreamBytes = int64_t{1} << 20;
+
+// Copy one row; streamed when `stream` and the destination and size allow 16-byte stores.
+inline void copy_row(char* dst, const char* src, int64_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream && (reinterpret_cast<std::uintptr_t>(dst) & 15) == 0 && (bytes & 15) == 0) {
+    auto* d = reinterpret_cast<__m128i*>(dst);
+    const auto* s = reinterpret_cast<const __m128i*>(src);
+    for (int64_t k = 0; k < bytes / 16; ++k) {
+      _mm_stream_si128(d + k, _mm_loadu_si128(s + k));
+    }
+    return;
+  }
+#endif
+  std::memcpy(dst, src, static_cast<size_t>(bytes));
+}
+
+// Order a chunk's streaming stores before whatever follows the parallel region.
+inline void store_fence(bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    _mm_sfence();
+  }
+#else
+  (void)stream;
+#endif
+}
 
 void check_slot_range(const int64_t* slots, int64_t n, int64_t rows) {
   for (int64_t i = 0; i < n; ++i) {
@@ -49,12 +86,14 @@ void scatter_rows_cpu(at::Tensor values, const at::Tensor& slots_in, const at::T
   const int64_t row_bytes = values.size(1) * values.element_size();
   const auto* src = static_cast<const char*>(rows.const_data_ptr());
   auto* dst = static_cast<char*>(values.data_ptr());
+  const bool stream = n * row_bytes > kStreamBytes;
   at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       if (s[i] >= 0) {
-        std::memcpy(dst + s[i] * row_bytes, src + i * row_bytes, static_cast<size_t>(row_bytes));
+        copy_row(dst + s[i] * row_bytes, src + i * row_bytes, row_bytes, stream);
       }
     }
+    store_fence(stream);
   });
 }
 

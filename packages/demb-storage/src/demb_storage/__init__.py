@@ -13,7 +13,7 @@ from demb_storage._errors import (
     StorageError,
     TableConfigError,
 )
-from demb_storage._export import export_table
+from demb_storage._export import export_table, export_tables
 from demb_storage._gated import find_or_insert_launched
 from demb_storage._retained import KeyBuffer
 from demb_storage.admission import (
@@ -110,6 +110,7 @@ __all__ = [
     "TableExport",
     "clear_slots",
     "export_table",
+    "export_tables",
     "find_or_insert_launched",
     "float_rank",
     "initialize_rows",

@@ -4,6 +4,8 @@ exports the same way."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from demb_kernels import table as ops
 from demb_kernels.rows import gather_rows
@@ -12,7 +14,13 @@ from demb_kernels.table import TableIndex
 from demb_storage._outcomes import TableExport
 from demb_storage.options import ScoreLayout
 
-__all__ = ["export_table"]
+__all__ = ["export_table", "export_tables"]
+
+_ABOVE_ALL = 2**63 - 1
+"""The minimum score of the slots of tables not exported that a scan spans (a slot that
+reaches it anyway lies outside every exported table's range: it is not returned)."""
+_BELOW_ALL = -(2**63)
+"""A minimum score every slot reaches (a table exported whole)."""
 
 
 def export_table(
@@ -25,6 +33,7 @@ def export_table(
     min_score: int | None = None,
     *,
     check: bool = True,
+    split: int | None = None,
 ) -> TableExport:
     """Keys, scores (the layout's user column order), slots and rows of table ``table_id`` of
     ``index`` in the slot range ``[begin, end)``; ``min_score`` filters on the first score
@@ -34,9 +43,110 @@ def export_table(
         values: ``(capacity, width)`` the table's value rows (or a copy of them).
         check: check the slots against ``values`` on CUDA (one sync); a caller whose slots
             come from an index of ``values``'s capacity passes False.
+        split: gather the rows' columns ``[0, split)`` as the export's ``values`` and the
+            others as its ``state``, each contiguous (what a checkpoint writes: no copy of
+            each half after the gather); ``values`` must then have a row for every slot of
+            the table (checked on the host, no sync).
     """
     filter_word = layout.index_words[layout.threshold_column]
     ex = ops.export(index, table_id, begin, end, min_score, filter_word)
     scores = ex.scores[list(layout.index_words)].t().contiguous()
-    rows = gather_rows(values, ex.slots.to(values.device), check=check)
-    return TableExport(ex.keys, scores, ex.slots, rows)
+    slots = ex.slots.to(values.device)
+    if split is None:
+        return TableExport(ex.keys, scores, ex.slots, gather_rows(values, slots, check=check))
+    lo, hi = index.slot_range(table_id)
+    if values.dim() != 2 or values.shape[0] < hi - lo or not 0 < split < values.shape[1]:
+        raise ValueError(
+            f"export of table {table_id}: values {tuple(values.shape)} must have a row for "
+            f"each of its {hi - lo} slots and more than split={split} columns"
+        )
+    head = values[:, :split].index_select(0, slots)
+    return TableExport(ex.keys, scores, ex.slots, head, values[:, split:].index_select(0, slots))
+
+
+def export_tables(
+    index: TableIndex,
+    layouts: Sequence[ScoreLayout],
+    values: Sequence[torch.Tensor],
+    table_ids: Sequence[int],
+    min_scores: Sequence[int | None],
+) -> list[TableExport]:
+    """:func:`export_table` of whole tables ``table_ids`` of ``index`` (table ``table_ids[i]``
+    with ``layouts[i]``, ``values[i]`` and ``min_scores[i]``), equal to one call each. Tables
+    whose layouts store their columns in the same words are scanned together: one mask, one
+    ``nonzero`` and one index of keys and score words for all of them (each small tensor op
+    costs more than scanning a small table does), then one gather of rows per table.
+
+    Returns:
+        Per table of ``table_ids``, in that order, its export (its scores and keys views of
+        one tensor per group).
+    """
+    if not len(layouts) == len(values) == len(table_ids) == len(min_scores):
+        raise ValueError(
+            "export_tables: layouts, values, table_ids and min_scores differ in length"
+        )
+    groups: dict[tuple[tuple[int, ...], int, int], list[int]] = {}
+    seen: dict[int, int] = {}  # a table asked for again goes to another scan
+    for i, (layout, t) in enumerate(zip(layouts, table_ids, strict=True)):
+        word = layout.index_words[layout.threshold_column]
+        seen[t] = seen.get(t, -1) + 1
+        groups.setdefault((layout.index_words, word, seen[t]), []).append(i)
+    out: list[TableExport | None] = [None] * len(table_ids)
+    for (words, word, _), members in groups.items():
+        scanned = _scan(index, words, word, values, table_ids, min_scores, members)
+        for i, ex in zip(members, scanned, strict=True):
+            out[i] = ex
+    return [ex for ex in out if ex is not None]
+
+
+def _scan(
+    index: TableIndex,
+    words: tuple[int, ...],
+    word: int,
+    values: Sequence[torch.Tensor],
+    table_ids: Sequence[int],
+    min_scores: Sequence[int | None],
+    members: list[int],
+) -> list[TableExport]:
+    """The exports of tables ``members`` (positions in ``table_ids``), whose layouts keep
+    their columns in index words ``words`` and filter on word ``word``."""
+    ranges = [index.slot_range(table_ids[i]) for i in members]
+    lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+    # the lowest score each slot of [lo, hi) needs: a member table's min_score, else above all
+    limits = [_ABOVE_ALL] * index.num_tables
+    for i in members:
+        limit = min_scores[i]
+        limits[table_ids[i]] = _BELOW_ALL if limit is None else limit
+    first = next(t for t in range(index.num_tables) if index.slot_range(t)[0] == lo)
+    last = next(t for t in range(index.num_tables) if index.slot_range(t)[1] == hi)
+    device = index.keys.device
+    spanned = limits[first : last + 1]
+    per_slot: torch.Tensor | int = spanned[0]
+    if len(set(spanned)) > 1:
+        per_slot = torch.repeat_interleave(
+            torch.tensor(spanned, dtype=torch.int64, device=device),
+            torch.tensor(index.capacities[first : last + 1], device=device),
+            output_size=hi - lo,
+        )
+    keys = index.keys[lo:hi]
+    mask = index.scores[word, lo:hi] >= per_slot
+    mask &= keys != ops.EMPTY_KEY
+    found = mask.nonzero().squeeze(1)
+    bounds = torch.tensor([r[0] - lo for r in ranges] + [r[1] - lo for r in ranges], device=device)
+    cuts = torch.searchsorted(found, bounds).tolist()
+    found_keys = keys[found]
+    found_words = index.scores[:, lo + found][list(words)].t().contiguous()
+    exports = []
+    count = len(members)
+    for j, i in enumerate(members):
+        a, b = cuts[j], cuts[count + j]
+        slots = found[a:b] - (ranges[j][0] - lo)
+        buf = values[i]
+        if buf.dim() != 2 or buf.shape[0] < ranges[j][1] - ranges[j][0]:
+            raise ValueError(
+                f"export of table {table_ids[i]}: values {tuple(buf.shape)} must have a row "
+                f"for each of its {ranges[j][1] - ranges[j][0]} slots"
+            )
+        rows = gather_rows(buf, slots.to(buf.device), check=False)  # in range: checked above
+        exports.append(TableExport(found_keys[a:b], found_words[a:b], slots, rows))
+    return exports

@@ -51,4 +51,6 @@ class TableExport(NamedTuple):
     slots: torch.Tensor
     """``(n,)`` int64."""
     values: torch.Tensor
-    """``(n, width)`` the rows."""
+    """``(n, width)`` the rows; exported with ``split``, their first ``split`` columns."""
+    state: torch.Tensor | None = None
+    """Exported with ``split``: ``(n, width - split)`` the rows' other columns; else None."""

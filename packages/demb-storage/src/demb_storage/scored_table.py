@@ -22,7 +22,7 @@ from demb_kernels.rows import gather_rows, scatter_rows
 from demb_kernels.table import EMPTY_KEY, InsertStatus, ScorePolicy, TableIndex
 
 from demb_storage._errors import TableConfigError
-from demb_storage._export import export_table
+from demb_storage._export import export_table, export_tables
 from demb_storage._failures import count_failed, raise_or_warn
 from demb_storage._no_eviction import retry_no_eviction
 from demb_storage._outcome_counts import OutcomeCounts
@@ -432,13 +432,28 @@ class ScoredHashTable:
         begin: int = 0,
         end: int | None = None,
         min_score: int | None = None,
+        *,
+        split: int | None = None,
     ) -> TableExport:
         """Keys, scores (user column order), slots and rows of table ``table_id`` in the slot
         range ``[begin, end)``; ``min_score`` filters on the first score column (for a compound
-        strategy, its timestamp: what was touched since)."""
+        strategy, its timestamp: what was touched since); ``split``: the rows as two
+        contiguous column ranges (see :func:`export_table`)."""
         layout = self.configs[self._table(table_id)].score_layout
         values = self.values[table_id]
-        return export_table(self.index, layout, values, table_id, begin, end, min_score)
+        return export_table(
+            self.index, layout, values, table_id, begin, end, min_score, split=split
+        )
+
+    def export_many(
+        self, table_ids: Sequence[int], min_scores: Sequence[int | None]
+    ) -> list[TableExport]:
+        """:meth:`export` of whole tables ``table_ids`` (``min_scores[i]`` for table
+        ``table_ids[i]``), scanned together (:func:`export_tables`): per table, its export."""
+        ids = [self._table(t) for t in table_ids]
+        layouts = [self.configs[t].score_layout for t in ids]
+        values = [self.values[t] for t in ids]
+        return export_tables(self.index, layouts, values, ids, min_scores)
 
     def clear(self, table_id: int | None = None) -> None:
         """Empty one table or all; rows are zeroed (recorded evicted / erased keys stay)."""

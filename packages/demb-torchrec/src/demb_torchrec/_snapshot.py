@@ -92,11 +92,14 @@ class TableSnapshot:
         begin: int = 0,
         end: int | None = None,
         min_score: int | None = None,
+        *,
+        split: int | None = None,
     ) -> TableExport:
         """What :meth:`ScoredHashTable.export` returned at the snapshot: keys, scores (the
         table's ``score_strategy`` column order), slots and rows (``(n, width)``, see
         :attr:`values`) of table ``table_id`` in the slot range ``[begin, end)``; ``min_score``
-        filters on the first score column (a compound strategy's timestamp).
+        filters on the first score column (a compound strategy's timestamp); ``split``: the
+        rows as two contiguous column ranges (see :func:`~demb_storage.export_table`).
 
         Raises:
             KeyError: ``table_id``'s rows were not copied.
@@ -105,7 +108,7 @@ class TableSnapshot:
         layout = self.configs[table_id].score_layout
         # the slots come from the copied index, whose capacity is the copied rows': in range
         return export_table(
-            self.index, layout, values, table_id, begin, end, min_score, check=False
+            self.index, layout, values, table_id, begin, end, min_score, check=False, split=split
         )
 
 

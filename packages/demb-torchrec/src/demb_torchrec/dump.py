@@ -106,7 +106,8 @@ def _on_host(ex: TableExport) -> TableExport:
         out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         return out.copy_(t, non_blocking=True)
 
-    host = TableExport(pinned(ex.keys), pinned(ex.scores), ex.slots, pinned(ex.values))
+    state = None if ex.state is None else pinned(ex.state)
+    host = TableExport(pinned(ex.keys), pinned(ex.scores), ex.slots, pinned(ex.values), state)
     torch.cuda.current_stream(ex.keys.device).synchronize()
     return host
 
@@ -115,11 +116,16 @@ def _shard_data(ex: TableExport, dim: int, optim: bool, slots: bool = True) -> S
     """One chunk of a shard: an export's keys, embeddings, scores (and optimizer state, and
     with ``slots`` its slots), read on the host (:func:`_on_host`)."""
     ex = _on_host(ex)
+    if ex.state is not None:  # exported split at dim: both halves contiguous
+        values, state = ex.values, ex.state if optim else None
+    else:
+        values = ex.values[:, :dim]
+        state = ex.values[:, dim:] if optim and ex.values.shape[1] > dim else None
     return ShardData(
         keys=to_numpy(ex.keys).astype(np.int64, copy=False),
-        values=to_numpy(ex.values[:, :dim]),
+        values=to_numpy(values),
         scores=to_numpy(ex.scores).astype(np.int64, copy=False),
-        state=to_numpy(ex.values[:, dim:]) if optim and ex.values.shape[1] > dim else None,
+        state=None if state is None else to_numpy(state),
         slots=to_numpy(ex.slots).astype(np.int64, copy=False) if slots else None,
     )
 
@@ -132,8 +138,9 @@ def _chunks(t: ModelTable, optim: bool) -> Iterator[ShardData]:
         yield from _tier_chunks(t, optim)
         return
     capacity = tables.capacity(t.index)
+    split = _split(dim, tables.values[t.index])
     for begin in range(0, capacity, _CHUNK_SLOTS):
-        ex = tables.export(t.index, begin, min(capacity, begin + _CHUNK_SLOTS))
+        ex = tables.export(t.index, begin, min(capacity, begin + _CHUNK_SLOTS), split=split)
         yield _shard_data(ex, dim, optim)
 
 
@@ -155,9 +162,16 @@ def _snapshot_chunks(snap: TableSnapshot, t: ModelTable, optim: bool) -> Iterato
     """The rows table ``t`` held at the snapshot ``snap``, a slot range at a time."""
     dim = snap.configs[t.index].dim
     capacity = snap.capacity(t.index)
+    split = _split(dim, snap.values[t.index])
     for begin in range(0, capacity, _CHUNK_SLOTS):
-        ex = snap.export(t.index, begin, min(capacity, begin + _CHUNK_SLOTS))
+        ex = snap.export(t.index, begin, min(capacity, begin + _CHUNK_SLOTS), split=split)
         yield _shard_data(ex, dim, optim)
+
+
+def _split(dim: int, values: torch.Tensor) -> int | None:
+    """Where an export of ``values`` splits its rows: the embedding columns, then the optimizer
+    state (each gathered contiguous, as the shard writes them); None without state."""
+    return dim if values.shape[1] > dim else None
 
 
 def _write_shard(folder: Path, meta: ShardMeta, chunks: Iterator[ShardData]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from demb_storage import TableExport
 from torch import nn
 
 from demb_torchrec.errors import ConfigError, InputTypeError, NotSupportedError
@@ -130,10 +131,29 @@ def _host(t: torch.Tensor) -> torch.Tensor:
     return out.copy_(t, non_blocking=True)
 
 
-def _table_rows(t: ModelTable, threshold: int, current: int, ages: bool) -> _Rows:
+def _exports(picked: list[tuple[ModelTable, int]]) -> dict[int, TableExport]:
+    """Per position in ``picked`` of a table that is not caching, its rows scored at least its
+    threshold: the tables of one module exported together (one scan of their index)."""
+    by_tables: dict[int, list[int]] = {}
+    for i, (t, _) in enumerate(picked):
+        if not (t.module.cache is not None and is_caching(t)):
+            by_tables.setdefault(id(t.module.tables), []).append(i)
+    out: dict[int, TableExport] = {}
+    for members in by_tables.values():
+        tables = picked[members[0]][0].module.tables
+        ids = [picked[i][0].index for i in members]
+        exports = tables.export_many(ids, [picked[i][1] for i in members])
+        out.update(zip(members, exports, strict=True))
+    return out
+
+
+def _table_rows(
+    t: ModelTable, threshold: int, current: int, ages: bool, ex: TableExport | None
+) -> _Rows:
     """Table ``t``'s rows scored at least ``threshold`` on the host (queued: see
     :func:`_host`), score columns as ages from ``current`` when ``ages`` (else raw). The
-    embeddings and the optimizer state are column views of one host copy of the rows."""
+    embeddings and the optimizer state are column views of one host copy of the rows.
+    ``ex``: the table's export, when made already (:func:`_exports`)."""
     tables = t.module.tables
     config = tables.configs[t.index]
     capacity = tables.capacity(t.index)
@@ -144,7 +164,8 @@ def _table_rows(t: ModelTable, threshold: int, current: int, ages: bool) -> _Row
         row_capacity: tuple[int, ...] = (capacity, int(options.max_capacity or 0))
         retains = EvictedItemMode(options.evicted_item_mode) is EvictedItemMode.RETAIN_KEY
     else:
-        ex = tables.export(t.index, min_score=threshold)
+        if ex is None:
+            ex = tables.export(t.index, min_score=threshold)
         row_capacity, retains = (capacity,), config.retain_evicted
     columns = tuple(c.name for c in config.score_layout.columns)
     scores = _aged(ex.scores, current, columns) if ages else ex.scores
@@ -257,8 +278,9 @@ def incremental_dump(
     devices = {t.module.tables.device for t, _ in picked if t.module.tables.device.type == "cuda"}
     results: dict[str, DeltaDumpResult] = {}
     with torch.no_grad():
-        for (t, threshold), current in zip(picked, currents, strict=True):
-            rows = _table_rows(t, threshold, current, ages=pg is None)
+        exports = _exports(picked)
+        for i, ((t, threshold), current) in enumerate(zip(picked, currents, strict=True)):
+            rows = _table_rows(t, threshold, current, pg is None, exports.pop(i, None))
             if pg is not None:  # the copies are read (pickled) now; ages from the raw scores
                 _synchronize(devices)
                 rows = _gathered(pg, t, rows)
