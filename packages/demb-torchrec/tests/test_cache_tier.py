@@ -472,9 +472,7 @@ def test_the_storage_reads_of_a_forward_are_waited_for():
     _assert_union_equals_twin(twin, cached)
 
 
-@pytest.mark.parametrize(
-    "device", ["cpu", pytest.param("cpu-thread", id="cpu-thread"), *DEVICES[1:]]
-)
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
 def test_prefetch_of_the_next_batch_changes_nothing_but_where_rows_come_from(
     pooling: DynamicEmbPoolingMode, device: str
@@ -483,13 +481,8 @@ def test_prefetch_of_the_next_batch_changes_nothing_but_where_rows_come_from(
     overflow write-backs then change some prefetched entries): the outputs, rows and scores
     stay those of the all-device twin, and most storage hits come from the prefetch. On CUDA
     the prefetch's reads are held up on its stream, so the backward's write-backs and the next
-    forward must wait for them on the device; ``cpu-thread`` runs the prefetch in a thread of
-    its own on the CPU too, as it runs on CUDA, beside the backward."""
-    threaded = device == "cpu-thread"
-    device = "cpu" if threaded else device
+    forward must wait for them on the device."""
     twin, cached = _modules(0.1, pooling=pooling, device=device)
-    assert cached.cache is not None
-    cached.cache.reads.threaded = threaded
     pooled = pooling is not DynamicEmbPoolingMode.NONE
     gen = torch.Generator().manual_seed(4)
     batches = [_batch(gen, 1400, pooled, device) for _ in range(9)]
@@ -498,7 +491,6 @@ def test_prefetch_of_the_next_batch_changes_nothing_but_where_rows_come_from(
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}")
         _slow_side_stream(cached)
         cached.prefetch(*batches[step + 1])
-        assert (cached.cache.reads._thread is not None) == (threaded or device == "cuda")
         grad = torch.randn(a.shape, generator=gen).to(device)
         a.backward(grad)
         b.backward(grad)

@@ -5,7 +5,6 @@ erases, memory and statistics read of the storage tier (docs/tiers.md)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial
 
 import torch
 from demb_kernels.table import EMPTY_KEY
@@ -29,34 +28,26 @@ class CacheTier(CacheLookups):
         storage changes, evicts or erases meanwhile is read again). The caches and the scores
         do not change.
 
-        On CUDA the call returns at once: a thread of its own deduplicates the batch, searches
-        the caches and the storage and reads the rows, all on the side stream after the
-        current stream's work so far, while the caller goes on (the rest of the step, and the
-        next forward until it places the rows, overlap it). Whatever next looks at the staged
-        entries or writes the storage joins that thread first. ``forward_stream``: the CUDA
-        stream the next forward runs on, when another one than the current (the staged
-        tensors are kept for it)."""
-        reads = self.reads
-        reads.join()  # an earlier prefetch's
-        later = forward_stream or reads.training_stream()
-        self.staged = [None] * len(self.groups)  # a later prefetch replaces an earlier one
-        reads.hold([bags.indices, bags.offsets])
-        reads.in_background(partial(self._prefetch, bags, later))
-
-    def _prefetch(self, bags: Bags, later: torch.cuda.Stream | None) -> None:
-        """:meth:`prefetch`'s work (on CUDA in its thread, the side stream current)."""
+        On CUDA the caches are searched on the current stream (the host waits for it once);
+        the storage is searched and its rows read on the side stream, after the current
+        stream's work so far, and the call returns without waiting for them: the rest of the
+        step, and the next forward until it places the rows, overlap the reads.
+        ``forward_stream``: the CUDA stream the next forward runs on, when another one than
+        the current (the staged rows are kept for it)."""
         s = self._state
         tables = s.tables
         batch = dedup_bags(s, bags)
         keys, ids = batch.keys, batch.tables
         absent = self._cached[ids] & (tables.find(keys, ids, check=False) < 0)
         positions = absent.nonzero().squeeze(1)
+        self.staged = [None] * len(self.groups)  # a later prefetch replaces an earlier one
         one = len(self.groups) == 1
-        wanted = [  # per group, its keys and tables
+        wanted = [  # per group, its keys and tables (the split waits here, not on the side)
             (positions if one else positions[g.member[ids[positions]]]) for g in self.groups
         ]
         picked = [(keys[p], ids[p]) for p in wanted]
         reads = self.reads
+        later = forward_stream or reads.training_stream()
         with reads.side():
             found: list[tuple[Located, torch.Tensor] | None] = []
             for group, (k, i) in zip(self.groups, picked, strict=True):
@@ -67,18 +58,16 @@ class CacheTier(CacheLookups):
                 # keys not stored stay as the empty key, which matches no key later: no
                 # compaction (it would wait on the device)
                 stored = torch.where(located.found, k, EMPTY_KEY)
-                reads.made_for([stored, i, located.words], later)
+                reads.made_for([stored, located.words], later)
                 reads.hold([k, i, *located.inputs, *group.buffers()])
                 found.append((located, stored))
             reads.mark_keys()
-            staged: list[Staged | None] = [None] * len(self.groups)
             for g, entry in enumerate(found):
                 if entry is not None:
                     located, stored = entry
                     rows = located.read().to(s.device, non_blocking=True)
                     reads.made_for([rows], later)
-                    staged[g] = Staged(stored, picked[g][1], rows, located.words)
-        self.staged = staged
+                    self.staged[g] = Staged(stored, picked[g][1], rows, located.words)
 
     def flush(self) -> None:
         """Write every cached row (and every pending overflow row) to the storage and empty

@@ -6,8 +6,7 @@ it returns and nothing here waits."""
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -35,51 +34,10 @@ class SideReads:
         """Tensors of reads the event :attr:`_rows` covers."""
         self._retired: dict[int, torch.Tensor] = {}
         """Tensors of reads waited for at the last :meth:`await_rows`."""
-        self._thread: tuple[threading.Thread, list[BaseException]] | None = None
-        self.threaded = False
-        """Run :meth:`in_background` in a thread on the CPU too (on CUDA it always does)."""
 
     @property
     def cuda(self) -> bool:
         return self.device.type == "cuda"
-
-    def in_background(self, work: Callable[[], None]) -> None:
-        """Run ``work`` (host code issuing device work), on CUDA in a thread of its own with
-        the side stream current, after the current stream's work so far; on the CPU now.
-        Whatever next looks at what it made, or at what this object holds, joins it first
-        (:meth:`join`: the waits below do)."""
-        self.join()
-        if not (self.cuda or self.threaded):
-            work()
-            return
-        stream = self._side_stream() if self.cuda else None
-        failed: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                with contextlib.nullcontext() if stream is None else torch.cuda.stream(stream):
-                    work()
-            except BaseException as e:  # raised again by join
-                failed.append(e)
-
-        thread = threading.Thread(target=run, name="demb-prefetch", daemon=True)
-        thread.start()
-        self._thread = (thread, failed)
-
-    def join(self) -> None:
-        """Wait (on the host) for :meth:`in_background`'s work to have issued its device
-        work; raise what it raised."""
-        running, self._thread = self._thread, None
-        if running is not None:
-            running[0].join()
-            if running[1]:
-                raise running[1][0]
-
-    def _side_stream(self) -> torch.cuda.Stream:
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
-        self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        return self._stream
 
     def training_stream(self) -> torch.cuda.Stream | None:
         """The current stream (the one the caller trains on); None on the CPU."""
@@ -92,7 +50,10 @@ class SideReads:
         if not self.cuda:
             yield
             return
-        with torch.cuda.stream(self._side_stream()):
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
             yield
 
     def hold(self, tensors: Iterable[torch.Tensor]) -> None:
@@ -124,7 +85,6 @@ class SideReads:
 
     def await_keys(self) -> None:
         """The current stream waits for the last prefetch's keys."""
-        self.join()
         event, self._keys = self._keys, None
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
@@ -132,7 +92,6 @@ class SideReads:
     def await_rows(self) -> None:
         """The current stream waits for the reads :meth:`mark_rows` covered; their tensors are
         released."""
-        self.join()
         event, self._rows = self._rows, None
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)

@@ -183,13 +183,6 @@ def _build(
     return reference_tables(w.reference, device, w.max_capacity, options)
 
 
-def _prefetch_whole(model: DynamicEmbeddingTables, batch: Batch) -> None:
-    """``model.prefetch(*batch)`` and its host part (on CUDA a thread of its own) done."""
-    model.prefetch(*batch)
-    if model.cache is not None:
-        model.cache.reads.join()
-
-
 def _time(
     model: DynamicEmbeddingTables,
     batches: list[Batch],
@@ -212,7 +205,7 @@ def _time(
             model.prefetch(*after)
         torch.autograd.backward([out], [grad])
         if after is not None and prefetch == "serial":
-            alone.append(timed(partial(_prefetch_whole, model, after), device))
+            alone.append(timed(partial(model.prefetch, *after), device))
 
     def lookup(batch: Batch) -> None:
         with torch.no_grad():
