@@ -554,20 +554,38 @@ def test_find_or_insert_reads_the_rows_of_a_batch_found_whole():
 def test_export_many_equals_one_export_each(strategies, batches, picks):
     """Tables of several layouts scanned together return, per table and threshold (None:
     whole), what one export of it does: keys, scores, slots and rows, in slot order."""
+    _check_export_many(strategies, batches, picks, "cpu")
+
+
+@pytest.mark.cuda
+@settings(max_examples=10, deadline=None)
+@given(
+    strategies=st.lists(
+        st.sampled_from([S.TIMESTAMP, S.STEP, S.LFU, (S.TIMESTAMP, S.LFU)]), min_size=1, max_size=4
+    ),
+    batches=st.lists(st.lists(st.integers(0, 300), min_size=1, max_size=60), max_size=4),
+    picks=st.lists(st.tuples(st.integers(0, 3), st.integers(-1, 700)), min_size=1, max_size=5),
+)
+def test_export_many_equals_one_export_each_on_cuda(strategies, batches, picks):
+    """The same on a GPU (a CUDA index and value rows)."""
+    _check_export_many(strategies, batches, picks, "cuda")
+
+
+def _check_export_many(strategies, batches, picks, device):
     configs = [
         TableConfig(dim=3, score_strategy=s, max_capacity=128, bucket_capacity=16)
         for s in strategies
     ]
-    table = ScoredHashTable(configs, clock=Clock())
+    table = ScoredHashTable(configs, device, clock=None if device == "cuda" else Clock())
     g = torch.Generator().manual_seed(len(batches))
     for batch in batches:
-        keys = torch.tensor(batch)
-        tids = torch.tensor([k % len(configs) for k in batch])
+        keys = torch.tensor(batch, device=device)
+        tids = torch.tensor([k % len(configs) for k in batch], device=device)
         out = table.find_or_insert(keys, tids)
         for t in range(len(configs)):
             mine = (tids == t) & (out.slots >= 0)
             slots = torch.unique(out.slots[mine])
-            rows = torch.randn((slots.numel(), table.values[t].shape[1]), generator=g)
+            rows = torch.randn((slots.numel(), table.values[t].shape[1]), generator=g).to(device)
             table.write(t, slots, rows)
     chosen = [(t % len(configs), None if th < 0 else th) for t, th in picks]
     many = table.export_many([t for t, _ in chosen], [th for _, th in chosen])
