@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -39,6 +40,40 @@ void check_batch_data(const TableView& v, const int64_t* /*keys*/, const int64_t
 
 constexpr uint64_t kLowBits = 0x0101010101010101ULL;
 constexpr uint64_t kHighBits = 0x8080808080808080ULL;
+
+// The unprotected slot of the bucket at global slot `base` with the smallest (score tuple,
+// circular distance from `start`) -- victim_before's order, the CUDA kernels' pick -- or -1.
+// Two passes: the smallest first word over the bucket (a tight loop; a full 1,024-slot bucket
+// of a counter or a cache is scanned once per missing key), then, in circular order from
+// `start`, the first slot holding it with the smallest second word (the first one found where
+// the second word is always 0).
+int64_t lowest_victim(const TableView& v, bool by_rank, int64_t base, int64_t width,
+                      int64_t start) {
+  const int64_t* first = by_rank ? v.rank + base : &v.score(0, base);
+  const uint8_t* digests = v.digests + base;
+  int64_t low = INT64_MAX;
+  bool any = false;
+  for (int64_t j = 0; j < width; ++j) {
+    const bool open = (digests[j] & kProtectedBit) == 0;
+    any |= open;
+    low = open && first[j] < low ? first[j] : low;
+  }
+  if (!any) return -1;
+  const bool one_word = by_rank || v.words < 2;
+  int64_t target = -1, best = 0;
+  for (int64_t d = 0; d < width; ++d) {
+    const int64_t j = start + d < width ? start + d : start + d - width;
+    if ((digests[j] & kProtectedBit) || first[j] != low) continue;
+    int64_t s0 = 0, s1 = 0;
+    victim_words(v, by_rank, base + j, s0, s1);
+    if (target < 0 || s1 < best) {
+      target = base + j;
+      best = s1;
+      if (one_word) break;
+    }
+  }
+  return target;
+}
 
 // Eight digests of a bucket (widths are multiples of 16, so a group never crosses it).
 uint64_t digest_group(const TableView& v, int64_t g) {
@@ -201,21 +236,7 @@ void bucket_step(const TableView& v, BucketOp op, const Inputs& in, const Output
   int64_t target = first_empty(v, base, width, home.start);
   InsertStatus status = InsertStatus::kInserted;
   if (target < 0 && policy_evicts(policy)) {
-    const bool by_rank = v.ranks_victims(t);
-    int64_t b0 = 0, b1 = 0, best_dist = -1;
-    for (int64_t j = 0; j < width; ++j) {
-      const int64_t g = base + j;
-      if (v.digests[g] & kProtectedBit) continue;
-      const int64_t dist = circular(j, home.start, width);
-      int64_t s0 = 0, s1 = 0;
-      victim_words(v, by_rank, g, s0, s1);
-      if (target < 0 || victim_before(s0, s1, dist, b0, b1, best_dist)) {
-        target = g;
-        b0 = s0;
-        b1 = s1;
-        best_dist = dist;
-      }
-    }
+    target = lowest_victim(v, v.ranks_victims(t), base, width, home.start);
     status = InsertStatus::kEvicted;
   }
   if (target < 0) {
