@@ -17,6 +17,8 @@ from demb_storage import (
     ScoreStrategy,
     TableConfig,
     TableConfigError,
+    export_table,
+    export_tables,
     resolve_score_strategy,
 )
 from hypothesis import given, settings
@@ -594,3 +596,20 @@ def _check_export_many(strategies, batches, picks, device):
         want = table.export(t, min_score=th)
         for name in ("keys", "scores", "slots", "values"):
             torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=0, atol=0)
+
+
+def test_export_tables_rejects_bad_arguments():
+    """Lists of different lengths, value rows shorter than the table, or a split outside the
+    rows' columns raise ValueError naming what is wrong; nothing is exported."""
+    table = ScoredHashTable(
+        [TableConfig(dim=3, score_strategy=S.LFU, max_capacity=128, bucket_capacity=16)] * 2
+    )
+    table.find_or_insert(torch.arange(10), ids(10))
+    layouts = [c.score_layout for c in table.configs]
+    with pytest.raises(ValueError, match="differ in length"):
+        export_tables(table.index, layouts, table.values, [0], [None, None])
+    short = [table.values[0][:5], table.values[1]]
+    with pytest.raises(ValueError, match="export of table 0: values \\(5, 3\\) must have a row"):
+        export_tables(table.index, layouts, short, [0, 1], [None, None])
+    with pytest.raises(ValueError, match="split=3 columns"):
+        export_table(table.index, layouts[0], table.values[0], 0, split=3)

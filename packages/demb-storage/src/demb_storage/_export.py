@@ -54,11 +54,11 @@ def export_table(
     slots = ex.slots.to(values.device)
     if split is None:
         return TableExport(ex.keys, scores, ex.slots, gather_rows(values, slots, check=check))
-    lo, hi = index.slot_range(table_id)
-    if values.dim() != 2 or values.shape[0] < hi - lo or not 0 < split < values.shape[1]:
+    _check_covers(index, table_id, values)
+    if not 0 < split < values.shape[1]:
         raise ValueError(
-            f"export of table {table_id}: values {tuple(values.shape)} must have a row for "
-            f"each of its {hi - lo} slots and more than split={split} columns"
+            f"export of table {table_id}: values {tuple(values.shape)} must have more than "
+            f"split={split} columns"
         )
     head = values[:, :split].index_select(0, slots)
     return TableExport(ex.keys, scores, ex.slots, head, values[:, split:].index_select(0, slots))
@@ -117,8 +117,7 @@ def _scan(
     for i in members:
         limit = min_scores[i]
         limits[table_ids[i]] = _BELOW_ALL if limit is None else limit
-    first = next(t for t in range(index.num_tables) if index.slot_range(t)[0] == lo)
-    last = next(t for t in range(index.num_tables) if index.slot_range(t)[1] == hi)
+    first, last = min(table_ids[i] for i in members), max(table_ids[i] for i in members)
     device = index.keys.device
     spanned = limits[first : last + 1]
     per_slot: torch.Tensor | int = spanned[0]
@@ -142,11 +141,18 @@ def _scan(
         a, b = cuts[j], cuts[count + j]
         slots = found[a:b] - (ranges[j][0] - lo)
         buf = values[i]
-        if buf.dim() != 2 or buf.shape[0] < ranges[j][1] - ranges[j][0]:
-            raise ValueError(
-                f"export of table {table_ids[i]}: values {tuple(buf.shape)} must have a row "
-                f"for each of its {ranges[j][1] - ranges[j][0]} slots"
-            )
+        _check_covers(index, table_ids[i], buf)
         rows = gather_rows(buf, slots.to(buf.device), check=False)  # in range: checked above
         exports.append(TableExport(found_keys[a:b], found_words[a:b], slots, rows))
     return exports
+
+
+def _check_covers(index: TableIndex, table_id: int, values: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``values`` is 2-D with a row for every slot of table
+    ``table_id`` (then every slot the index holds is in range: no check on the device)."""
+    lo, hi = index.slot_range(table_id)
+    if values.dim() != 2 or values.shape[0] < hi - lo:
+        raise ValueError(
+            f"export of table {table_id}: values {tuple(values.shape)} must have a row for "
+            f"each of its {hi - lo} slots"
+        )
