@@ -65,6 +65,25 @@ TORCH_LIBRARY(demb, m) {
       "Tensor slot_offsets, Tensor bucket_widths, Tensor policies, Tensor[] values, "
       "Tensor indices, Tensor offsets, Tensor feature_tables, int batch_size, int dim, "
       "bool check=False) -> (Tensor, Tensor)");
+  // The online-delta paths' CPU kernels (cpu/slot_writes_cpu.cpp; on CUDA the Python paths of
+  // demb_storage run tensor ops instead). table_export_scan -> (slots, keys, words, counts): the
+  // slots of tables table_ids (in that order) holding a key whose score word `word` is at least
+  // the table's min_scores entry, table-local, with their keys and score words `words` ((n,
+  // len(words))), and (len(table_ids),) counts per table. slot_writes_check -> (digests,
+  // flags): each key's digest, and five flags (the empty key, a (key, table) twice, a slot
+  // outside its table, a (slot, table) twice, a slot outside its key's home bucket).
+  // slot_writes_apply writes checked keys at their slots with (W, N) index words; -> (N,) bool:
+  // the slot held another key or none before.
+  m.def(
+      "table_export_scan(Tensor index_keys, Tensor scores, Tensor slot_offsets, int[] table_ids, "
+      "int[] min_scores, int word, int[] words) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "slot_writes_check(Tensor slot_offsets, Tensor bucket_widths, Tensor keys, "
+      "Tensor table_ids, Tensor slots) -> (Tensor, Tensor)");
+  m.def(
+      "slot_writes_apply(Tensor(a!) index_keys, Tensor(b!) digests, Tensor(c!) scores, "
+      "Tensor slot_offsets, Tensor bucket_widths, Tensor(d!) sizes, Tensor keys, "
+      "Tensor table_ids, Tensor slots, Tensor key_digests, Tensor words) -> Tensor");
   // Value rows addressed by slot (-1: none).
   m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
   m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");

@@ -243,6 +243,31 @@ def _erase(dev):
     return (*table_args(ix), ix.sizes, k, t), {}
 
 
+def _export_scan(dev):
+    ix = index(dev)
+    return (ix.keys, ix.scores, ix.slot_offsets, [1, 0], [0, 6], 0, [0]), {}
+
+
+def _write_batch(dev):
+    """Keys 100..103 of tables 0, 1, 0, 1 at distinct in-range slots (some over held keys)."""
+    keys = torch.arange(100, 104, device=dev)
+    ids = torch.tensor([0, 1, 0, 1], device=dev)
+    return keys, ids, torch.tensor([0, 1, 2, 31], device=dev)
+
+
+def _slot_writes_check(dev):
+    ix = index(dev)
+    return (ix.slot_offsets, ix.bucket_widths, *_write_batch(dev)), {}
+
+
+def _slot_writes_apply(dev):
+    ix = index(dev)
+    keys, ids, slots = _write_batch(dev)
+    digests = torch.ones(4, dtype=torch.uint8, device=dev)
+    words = torch.arange(4 * ix.score_words, device=dev).view(ix.score_words, 4)
+    return (*table_args(ix)[:5], ix.sizes, keys, ids, slots, digests, words), {}
+
+
 def _timestamp(dev):
     return (torch.empty(0, device=dev), 3), {}
 
@@ -456,6 +481,9 @@ CASES = [
     Case("table_erase", "some_absent", _erase),
     # A clock reading: eager and the traced run read it at different times, so the aot util
     # compares them within a second (rtol and atol both needed; the values are nanoseconds).
+    Case("table_export_scan", "two_tables", _export_scan, devices=CPU_ONLY),
+    Case("slot_writes_check", "two_tables", _slot_writes_check, devices=CPU_ONLY),
+    Case("slot_writes_apply", "two_tables", _slot_writes_apply, devices=CPU_ONLY),
     Case("table_timestamp", "three", _timestamp, tolerance=(1e-12, 1e9)),
     Case("table_find_rows", "float32", _find_rows(torch.float32)),
     Case("table_find_rows", "bfloat16", _find_rows(torch.bfloat16)),
@@ -520,6 +548,14 @@ def test_every_op_has_a_case():
     assert {c.op for c in CASES} == ops, "an op without an opcheck case (or a case of no op)"
     cpu = {c.op for c in CASES if "cpu" in c.devices}
     assert ops - cpu == {"dedup_launch", "table_find_or_insert_gated"}
+    cuda = {c.op for c in CASES if "cuda" in c.devices}
+    assert ops - cuda == {
+        "pool_cpu_build",
+        "batch_bounds",
+        "table_export_scan",
+        "slot_writes_check",
+        "slot_writes_apply",
+    }
 
 
 @pytest.mark.parametrize(("case", "device"), list(_params()))

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "cpu/bucket_cpu.h"
 #include "cpu/lookup_cpu.h"
 #include "dedup_checks.h"
 #include "gather_call.h"
@@ -37,9 +38,6 @@ void check_batch_data(const TableView& v, const int64_t* /*keys*/, const int64_t
                       " is negative");
   }
 }
-
-constexpr uint64_t kLowBits = 0x0101010101010101ULL;
-constexpr uint64_t kHighBits = 0x8080808080808080ULL;
 
 // The unprotected slot of the bucket at global slot `base` with the smallest (score tuple,
 // circular distance from `start`) -- victim_before's order, the CUDA kernels' pick -- or -1.
@@ -73,35 +71,6 @@ int64_t lowest_victim(const TableView& v, bool by_rank, int64_t base, int64_t wi
     }
   }
   return target;
-}
-
-// Eight digests of a bucket (widths are multiples of 16, so a group never crosses it).
-uint64_t digest_group(const TableView& v, int64_t g) {
-  uint64_t word;
-  std::memcpy(&word, v.digests + g, sizeof(word));
-  return word;
-}
-
-// High bit set in (at least) every zero byte of `x`; a byte above a zero byte may be flagged
-// too, so callers confirm each candidate.
-uint64_t zero_bytes(uint64_t x) { return (x - kLowBits) & ~x & kHighBits; }
-
-// Global slot of `key` in its bucket, or -1; compares eight digests at a time, from the group
-// of the key's start position on (where an insert puts it when it can), circularly.
-int64_t find_in_bucket(const TableView& v, int64_t base, int64_t width, int64_t key,
-                       uint8_t digest, int64_t start) {
-  const uint64_t pattern = kLowBits * digest;
-  const int64_t first = start - start % 8;
-  for (int64_t c = 0; c < width; c += 8) {
-    const int64_t j0 = first + c < width ? first + c : first + c - width;
-    uint64_t candidates = zero_bytes((digest_group(v, base + j0) & ~kHighBits) ^ pattern);
-    while (candidates) {
-      const int64_t g = base + j0 + __builtin_ctzll(candidates) / 8;
-      if ((v.digests[g] & ~kProtectedBit) == digest && v.keys[g] == key) return g;
-      candidates &= candidates - 1;
-    }
-  }
-  return -1;
 }
 
 // The first empty slot of the bucket in circular order from `start`, or -1.

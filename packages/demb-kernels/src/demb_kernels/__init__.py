@@ -9,6 +9,7 @@ the tests compare against.
 
 from demb_kernels import (  # noqa: F401  (register the ops' fake kernels)
     _fakes,
+    delta_ops,
     launched,
     lookup,
     pooling,

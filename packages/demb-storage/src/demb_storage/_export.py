@@ -4,10 +4,12 @@ exports the same way."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
 from demb_kernels import table as ops
+from demb_kernels.delta_ops import export_scan
 from demb_kernels.rows import gather_rows
 from demb_kernels.table import TableIndex
 
@@ -110,16 +112,41 @@ def _scan(
 ) -> list[TableExport]:
     """The exports of tables ``members`` (positions in ``table_ids``), whose layouts keep
     their columns in index words ``words`` and filter on word ``word``."""
-    ranges = [index.slot_range(table_ids[i]) for i in members]
+    ids = [table_ids[i] for i in members]
+    limits = [min_scores[i] for i in members]
+    if index.keys.device.type == "cpu":  # one pass of a CPU kernel
+        slots, found_keys, found_words, counts = export_scan(index, ids, limits, word, words)
+        cuts = [0, *itertools.accumulate(counts)]
+        parts = [(cuts[j], cuts[j + 1], slots[cuts[j] : cuts[j + 1]]) for j in range(len(ids))]
+    else:
+        found_keys, found_words, parts = _scan_ops(index, words, word, ids, limits)
+    exports = []
+    for (a, b, local), i in zip(parts, members, strict=True):
+        buf = values[i]
+        _check_covers(index, table_ids[i], buf)
+        rows = gather_rows(buf, local.to(buf.device), check=False)  # in range: checked above
+        exports.append(TableExport(found_keys[a:b], found_words[a:b], local, rows))
+    return exports
+
+
+def _scan_ops(
+    index: TableIndex,
+    words: tuple[int, ...],
+    word: int,
+    ids: list[int],
+    limits: list[int | None],
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, torch.Tensor]]]:
+    """:func:`~demb_kernels.delta_ops.export_scan` in tensor ops (what CUDA runs): the found
+    keys and score words, and per table of ``ids`` its entries ``[a, b)`` and local slots."""
+    ranges = [index.slot_range(t) for t in ids]
     lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
     # the lowest score each slot of [lo, hi) needs: a member table's min_score, else above all
-    limits = [_ABOVE_ALL] * index.num_tables
-    for i in members:
-        limit = min_scores[i]
-        limits[table_ids[i]] = _BELOW_ALL if limit is None else limit
-    first, last = min(table_ids[i] for i in members), max(table_ids[i] for i in members)
+    per_table = [_ABOVE_ALL] * index.num_tables
+    for t, limit in zip(ids, limits, strict=True):
+        per_table[t] = _BELOW_ALL if limit is None else limit
+    first, last = min(ids), max(ids)
     device = index.keys.device
-    spanned = limits[first : last + 1]
+    spanned = per_table[first : last + 1]
     per_slot: torch.Tensor | int = spanned[0]
     if len(set(spanned)) > 1:
         per_slot = torch.repeat_interleave(
@@ -135,16 +162,12 @@ def _scan(
     cuts = torch.searchsorted(found, bounds).tolist()
     found_keys = keys[found]
     found_words = index.scores[:, lo + found][list(words)].t().contiguous()
-    exports = []
-    count = len(members)
-    for j, i in enumerate(members):
+    count = len(ids)
+    parts = []
+    for j, r in enumerate(ranges):
         a, b = cuts[j], cuts[count + j]
-        slots = found[a:b] - (ranges[j][0] - lo)
-        buf = values[i]
-        _check_covers(index, table_ids[i], buf)
-        rows = gather_rows(buf, slots.to(buf.device), check=False)  # in range: checked above
-        exports.append(TableExport(found_keys[a:b], found_words[a:b], slots, rows))
-    return exports
+        parts.append((a, b, found[a:b] - (r[0] - lo)))
+    return found_keys, found_words, parts
 
 
 def _check_covers(index: TableIndex, table_id: int, values: torch.Tensor) -> None:

@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+from demb_kernels import delta_ops
 from demb_kernels import table as ops
 from demb_kernels.ops import hash64
-from demb_kernels.table import EMPTY_KEY
+from demb_kernels.table import EMPTY_KEY, TableIndex
 from demb_planner import DIGEST_MODULUS, TABLE_HASH_SEED
 
 from demb_storage._errors import TableConfigError
@@ -27,7 +28,14 @@ from demb_storage._errors import TableConfigError
 if TYPE_CHECKING:
     from demb_storage.scored_table import ScoredHashTable
 
-__all__ = ["SlotWriteBatch", "SlotWrites", "clear_slots", "home_buckets"]
+__all__ = [
+    "SlotWriteBatch",
+    "SlotWrites",
+    "batch_checks",
+    "clear_slots",
+    "home_buckets",
+    "write_ops",
+]
 
 _LOW63 = (1 << 63) - 1
 _PAIR_SHIFT = 52
@@ -190,6 +198,22 @@ def _write(
     first slot ``lo``, an int or ``(n,)``); see :meth:`SlotWrites.apply`. The tables' slot
     ranges are disjoint, so a batch of several tables writes as its tables one after another."""
     index = table.index
+    if index.keys.device.type == "cpu":  # one pass of a CPU kernel
+        return delta_ops.slot_writes_apply(index, keys, ids, slots, digests, words)
+    return write_ops(index, ids, keys, slots, lo, digests, words)
+
+
+def write_ops(
+    index: TableIndex,
+    ids: torch.Tensor,
+    keys: torch.Tensor,
+    slots: torch.Tensor,
+    lo: int | torch.Tensor,
+    digests: torch.Tensor,
+    words: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`~demb_kernels.delta_ops.slot_writes_apply` in tensor ops (what CUDA runs),
+    ``lo`` each entry's table's first global slot."""
     g = slots + lo
     taken_over = index.keys[g] != keys
     found = ops.find(index, keys, ids, check=False)
@@ -265,19 +289,13 @@ class SlotWriteBatch:
         slots = torch.cat([s.to(device) for _, _, s in parts])
         per_part = torch.tensor(counts, device=device)
         ids = torch.repeat_interleave(torch.tensor(ids_list, device=device), per_part)
-        capacity = index.slot_offsets[ids + 1] - index.slot_offsets[ids]
-        width = torch.tensor(index.bucket_width_list, device=device)[ids]
-        bucket, digest = home_buckets(keys, capacity, width)
-        # a key twice in one table: its (key, table) pair mixed into one word repeats (two
-        # pairs may also mix alike: then the tables' own checks decide); a slot twice in one
-        # table: its global slot repeats (the tables' ranges are disjoint)
-        pairs = keys ^ ((ids % 2048) << _PAIR_SHIFT)
-        global_slots = slots + index.slot_offsets[ids]
-        if not checked and any(
-            _failed_checks(keys, slots, capacity, width, bucket, pairs, global_slots)
-        ):
+        if device.type == "cpu":  # one pass of a CPU kernel
+            digests, flags = delta_ops.slot_writes_check(index, keys, ids, slots)
+        else:
+            digests, flags = batch_checks(index, keys, ids, slots, flags=not checked)
+        if not checked and any(flags):
             return None
-        return cls(table, ids, keys, slots, digest, bounds)
+        return cls(table, ids, keys, slots, digests, bounds)
 
     def part(self, i: int) -> slice:
         """The entries of part ``i`` in the batch."""
@@ -288,6 +306,30 @@ class SlotWriteBatch:
         returns ``(n,)`` bool, as :meth:`SlotWrites.apply`."""
         lo = self.table.index.slot_offsets[self.ids]
         return _write(self.table, self.ids, self.keys, self.slots, lo, self.digests, words)
+
+
+def batch_checks(
+    index: TableIndex,
+    keys: torch.Tensor,
+    ids: torch.Tensor,
+    slots: torch.Tensor,
+    *,
+    flags: bool = True,
+) -> tuple[torch.Tensor, list[bool]]:
+    """:func:`~demb_kernels.delta_ops.slot_writes_check` in tensor ops (what CUDA runs; one
+    sync): ``(N,)`` uint8 digests of ``(N,)`` int64 ``keys`` of tables ``ids`` written at
+    table-local ``slots``, and the five flags (none computed when not ``flags``). A key twice
+    in one table is found as its (key, table) pair mixed into one word repeating: two pairs
+    may also mix alike, a false alarm (the tables' own checks then decide)."""
+    device = keys.device
+    capacity = index.slot_offsets[ids + 1] - index.slot_offsets[ids]
+    width = torch.tensor(index.bucket_width_list, device=device)[ids]
+    bucket, digest = home_buckets(keys, capacity, width)
+    if not flags:
+        return digest, []
+    pairs = keys ^ ((ids % 2048) << _PAIR_SHIFT)
+    global_slots = slots + index.slot_offsets[ids]  # the tables' ranges are disjoint
+    return digest, _failed_checks(keys, slots, capacity, width, bucket, pairs, global_slots)
 
 
 def clear_slots(table: ScoredHashTable, table_id: int, slots: torch.Tensor) -> int:
