@@ -87,6 +87,10 @@ TORCH_LIBRARY(demb, m) {
   // Value rows addressed by slot (-1: none).
   m.def("gather_rows(Tensor values, Tensor slots) -> Tensor");
   m.def("scatter_rows(Tensor(a!) values, Tensor slots, Tensor rows) -> ()");
+  // The same for several buffers in one call (CPU only: on the CPU each call's parallel region
+  // costs more than a small table's copy; demb_kernels.rows loops on CUDA).
+  m.def("gather_rows_many(Tensor[] values, Tensor[] slots) -> Tensor[]");
+  m.def("scatter_rows_many(Tensor(a!)[] values, Tensor[] slots, Tensor[] rows) -> ()");
   // Initial value rows from their keys: a counter-based generator (init_rule.h). The mode is
   // named init_mode, not mode: torch.compile's auto_functionalized_v2 takes a `mode` of its own
   // and a mutable op's argument of that name collides with it (init_rows.py passes it by

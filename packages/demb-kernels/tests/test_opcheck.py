@@ -301,6 +301,22 @@ def _scatter_rows(dtype):
     return make
 
 
+def _gather_rows_many(dev):
+    tables = values(dev, torch.float32)
+    buffers = [tables[0], tables[1][:, :3].contiguous()]
+    return (buffers, [torch.tensor([0, 5, -1]), torch.tensor([2])]), {}
+
+
+def _scatter_rows_many(dev):
+    tables = [values(dev, torch.float32)[0], values(dev, torch.float16)[1]]
+    slots = [torch.tensor([0, 5, -1]), torch.tensor([2])]
+    rows = [
+        torch.randn(s.numel(), t.shape[1], generator=_gen(6)).to(t)
+        for s, t in zip(slots, tables, strict=True)
+    ]
+    return (tables, slots, rows), {}
+
+
 def _init_rows(mode, dtype, state):
     def make(dev):
         v = values(dev, dtype)[0]
@@ -492,6 +508,8 @@ CASES = [
     Case("gather_rows", "float16", _gather_rows(torch.float16)),
     Case("scatter_rows", "float32", _scatter_rows(torch.float32)),
     Case("scatter_rows", "bfloat16", _scatter_rows(torch.bfloat16)),
+    Case("gather_rows_many", "two_buffers", _gather_rows_many, devices=CPU_ONLY),
+    Case("scatter_rows_many", "two_buffers", _scatter_rows_many, devices=CPU_ONLY),
     Case("init_rows", "normal_state", _init_rows("normal", torch.float32, state=True)),
     Case("init_rows", "uniform_bf16", _init_rows("uniform", torch.bfloat16, state=False)),
     Case("init_new_rows", "two_tables", _init_new_rows),
@@ -552,6 +570,8 @@ def test_every_op_has_a_case():
     assert ops - cuda == {
         "pool_cpu_build",
         "batch_bounds",
+        "gather_rows_many",
+        "scatter_rows_many",
         "table_export_scan",
         "slot_writes_check",
         "slot_writes_apply",

@@ -1,11 +1,12 @@
-"""gather_rows / scatter_rows against plain torch indexing, for every dtype and row width (the
-copy unit changes with the row's bytes), on the CPU and, marked `cuda`, on a GPU."""
+"""gather_rows / scatter_rows (and their many-buffer forms) against plain torch indexing, for every
+dtype and row width (the copy unit changes with the row's bytes), on the CPU and, marked `cuda`,
+on a GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from demb_kernels.rows import gather_rows, scatter_rows
+from demb_kernels.rows import gather_rows, gather_rows_many, scatter_rows, scatter_rows_many
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,3 +97,56 @@ def test_scatters_larger_than_a_cache_equal_torch_indexing(width, dtype, offset)
     expected[target[target >= 0]] = new[target >= 0]
     scatter_rows(values, target, new)
     torch.testing.assert_close(values, expected, rtol=0, atol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tables=st.lists(
+        st.tuples(
+            st.integers(1, 200),  # rows
+            st.integers(1, 80),  # width
+            st.integers(0, 3000),  # n
+            st.sampled_from(DTYPES),
+        ),
+        max_size=5,
+    ),
+    seed=st.integers(0, 2**31),
+)
+def test_many_buffer_ops_equal_torch_indexing_per_buffer(tables, seed):
+    """gather_rows_many / scatter_rows_many over buffers of several shapes and dtypes (one op
+    on the CPU, split over threads across buffers) equal indexing each buffer alone; slot -1
+    gathers zeros and is skipped by a scatter."""
+    data = [_data(r, w, n, d, seed + i, "cpu") for i, (r, w, n, d) in enumerate(tables)]
+    values = [v for v, _ in data]
+    slots = [s for _, s in data]
+    got = gather_rows_many(values, slots)
+    assert len(got) == len(values)
+    for out, v, s in zip(got, values, slots, strict=True):
+        torch.testing.assert_close(out, reference_gather(v, s), rtol=0, atol=0)
+    slots = [torch.unique(s)[torch.randperm(torch.unique(s).numel())] for s in slots]
+    rows = [
+        (torch.randn(s.numel(), v.shape[1]) * 50).to(v.dtype)
+        for v, s in zip(values, slots, strict=True)
+    ]
+    want = [v.clone() for v in values]
+    for w, s, r in zip(want, slots, rows, strict=True):
+        keep = s >= 0
+        w[s[keep]] = r[keep]
+    scatter_rows_many(values, slots, rows)
+    for v, w in zip(values, want, strict=True):
+        torch.testing.assert_close(v, w, rtol=0, atol=0)
+
+
+def test_many_buffer_ops_check_their_arguments():
+    values = [torch.zeros(4, 3), torch.zeros(5, 2)]
+    slots = [torch.tensor([0, 3]), torch.tensor([5])]
+    with pytest.raises(ValueError, match="out of range for 5 rows"):
+        gather_rows_many(values, slots)
+    with pytest.raises(ValueError, match="2 buffers, 1 slot lists"):
+        gather_rows_many(values, slots[:1])
+    with pytest.raises(ValueError, match="differ in length"):
+        scatter_rows_many(values, slots, [torch.zeros(2, 3)])
+    with pytest.raises(TypeError, match="rows must be Float"):
+        scatter_rows_many(values[:1], slots[:1], [torch.zeros(2, 3, dtype=torch.float64)])
+    assert (values[0] == 0).all()
+    assert (values[1] == 0).all()

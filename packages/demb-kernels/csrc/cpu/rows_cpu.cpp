@@ -4,7 +4,9 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <vector>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -97,11 +99,84 @@ void scatter_rows_cpu(at::Tensor values, const at::Tensor& slots_in, const at::T
   });
 }
 
+// Where each table's entries start in a batch of several tables' entries (T + 1 prefix sums).
+std::vector<int64_t> entry_starts(at::TensorList slots) {
+  std::vector<int64_t> starts(slots.size() + 1, 0);
+  for (size_t t = 0; t < slots.size(); ++t) starts[t + 1] = starts[t] + slots[t].numel();
+  return starts;
+}
+
+// Runs body(t, i) for entry i of table t, for every entry of every table, the entries of all
+// tables split evenly over the threads (one parallel region for the whole batch); each thread
+// runs finish() after its entries.
+template <typename Body, typename Finish>
+void for_each_entry(const std::vector<int64_t>& starts, const Body& body, const Finish& finish) {
+  at::parallel_for(0, starts.back(), 1024, [&](int64_t begin, int64_t end) {
+    size_t t = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
+    for (int64_t e = begin; e < end; ++e) {
+      while (e >= starts[t + 1]) ++t;
+      body(t, e - starts[t]);
+    }
+    finish();
+  });
+}
+
+std::vector<at::Tensor> gather_rows_many_cpu(at::TensorList values, at::TensorList slots_in) {
+  TORCH_CHECK_VALUE(values.size() == slots_in.size(), "values and slots differ in length");
+  std::vector<at::Tensor> slots;
+  std::vector<at::Tensor> out;
+  for (size_t t = 0; t < values.size(); ++t) {
+    check_rows_args(values[t], slots_in[t]);
+    slots.push_back(slots_in[t].contiguous());
+    check_slot_range(slots[t].const_data_ptr<int64_t>(), slots[t].numel(), values[t].size(0));
+    out.push_back(at::empty({slots[t].numel(), values[t].size(1)}, values[t].options()));
+  }
+  for_each_entry(entry_starts(slots), [&](size_t t, int64_t i) {
+    const int64_t row_bytes = values[t].size(1) * values[t].element_size();
+    const int64_t slot = slots[t].const_data_ptr<int64_t>()[i];
+    char* dst = static_cast<char*>(out[t].data_ptr()) + i * row_bytes;
+    if (slot < 0) {
+      std::memset(dst, 0, static_cast<size_t>(row_bytes));
+    } else {
+      const auto* src = static_cast<const char*>(values[t].const_data_ptr());
+      std::memcpy(dst, src + slot * row_bytes, static_cast<size_t>(row_bytes));
+    }
+  }, [] {});
+  return out;
+}
+
+void scatter_rows_many_cpu(at::TensorList values, at::TensorList slots_in,
+                           at::TensorList rows_in) {
+  TORCH_CHECK_VALUE(values.size() == slots_in.size() && values.size() == rows_in.size(),
+                    "values, slots and rows differ in length");
+  std::vector<at::Tensor> slots;
+  std::vector<at::Tensor> rows;
+  std::vector<char> stream;
+  for (size_t t = 0; t < values.size(); ++t) {
+    check_scatter_rows(values[t], slots_in[t], rows_in[t]);
+    slots.push_back(slots_in[t].contiguous());
+    rows.push_back(rows_in[t].contiguous());
+    check_slot_range(slots[t].const_data_ptr<int64_t>(), slots[t].numel(), values[t].size(0));
+    stream.push_back(slots[t].numel() * values[t].size(1) * values[t].element_size() >
+                     kStreamBytes);
+  }
+  for_each_entry(entry_starts(slots), [&](size_t t, int64_t i) {
+    const int64_t slot = slots[t].const_data_ptr<int64_t>()[i];
+    if (slot < 0) return;
+    const int64_t row_bytes = values[t].size(1) * values[t].element_size();
+    const auto* src = static_cast<const char*>(rows[t].const_data_ptr());
+    copy_row(static_cast<char*>(values[t].data_ptr()) + slot * row_bytes, src + i * row_bytes,
+             row_bytes, stream[t] != 0);
+  }, [] { store_fence(true); });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(demb, CPU, m) {
   m.impl("gather_rows", &gather_rows_cpu);
   m.impl("scatter_rows", &scatter_rows_cpu);
+  m.impl("gather_rows_many", &gather_rows_many_cpu);
+  m.impl("scatter_rows_many", &scatter_rows_many_cpu);
 }
 
 }  // namespace demb

@@ -67,15 +67,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> table_export_scan_cpu
   const int64_t* keys = index_keys.const_data_ptr<int64_t>();
   const int64_t* all_words = scores.const_data_ptr<int64_t>();
   const int64_t* filter = all_words + word * num_slots;
-  auto selected = [&](const ScanChunk& c, int64_t g) {
-    return keys[g] != kEmptyKey && filter[g] >= min_scores[c.part];
+  // Bit x of the mask: slot g + x (of at most 64 from g, up to `end`) is selected; built
+  // without branches (a slot is selected unpredictably: a branch per slot mispredicts often).
+  auto mask_at = [&](const ScanChunk& c, int64_t g) {
+    const int64_t limit = min_scores[c.part];
+    const int64_t len = std::min<int64_t>(64, c.end - g);
+    uint64_t m = 0;
+    for (int64_t x = 0; x < len; ++x) {
+      m |= static_cast<uint64_t>((keys[g + x] != kEmptyKey) & (filter[g + x] >= limit)) << x;
+    }
+    return m;
   };
   const int64_t num_chunks = static_cast<int64_t>(chunks.size());
   std::vector<int64_t> starts(num_chunks + 1, 0);
   at::parallel_for(0, num_chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       int64_t count = 0;
-      for (int64_t g = chunks[c].begin; g < chunks[c].end; ++g) count += selected(chunks[c], g);
+      for (int64_t g = chunks[c].begin; g < chunks[c].end; g += 64) {
+        count += __builtin_popcountll(mask_at(chunks[c], g));
+      }
       starts[c + 1] = count;
     }
   });
@@ -97,14 +107,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> table_export_scan_cpu
     for (int64_t c = begin; c < end; ++c) {
       const int64_t lo = offsets[table_ids[chunks[c].part]];
       int64_t j = starts[c];
-      for (int64_t g = chunks[c].begin; g < chunks[c].end; ++g) {
-        if (!selected(chunks[c], g)) continue;
-        s[j] = g - lo;
-        k[j] = keys[g];
-        for (int64_t x = 0; x < out_words; ++x) {
-          w[j * out_words + x] = all_words[words[x] * num_slots + g];
+      for (int64_t g0 = chunks[c].begin; g0 < chunks[c].end; g0 += 64) {
+        for (uint64_t m = mask_at(chunks[c], g0); m; m &= m - 1, ++j) {
+          const int64_t g = g0 + __builtin_ctzll(m);
+          s[j] = g - lo;
+          k[j] = keys[g];
+          for (int64_t x = 0; x < out_words; ++x) {
+            w[j * out_words + x] = all_words[words[x] * num_slots + g];
+          }
         }
-        ++j;
       }
     }
   });

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 from demb_kernels import table as ops
 from demb_kernels.delta_ops import export_scan
-from demb_kernels.rows import gather_rows
+from demb_kernels.rows import gather_rows, gather_rows_many
 from demb_kernels.table import TableIndex
 
 from demb_storage._outcomes import TableExport
@@ -120,13 +120,15 @@ def _scan(
         parts = [(cuts[j], cuts[j + 1], slots[cuts[j] : cuts[j + 1]]) for j in range(len(ids))]
     else:
         found_keys, found_words, parts = _scan_ops(index, words, word, ids, limits)
-    exports = []
-    for (a, b, local), i in zip(parts, members, strict=True):
-        buf = values[i]
+    bufs = [values[i] for i in members]
+    for i, buf in zip(members, bufs, strict=True):
         _check_covers(index, table_ids[i], buf)
-        rows = gather_rows(buf, local.to(buf.device), check=False)  # in range: checked above
-        exports.append(TableExport(found_keys[a:b], found_words[a:b], local, rows))
-    return exports
+    local = [p[2].to(buf.device) for p, buf in zip(parts, bufs, strict=True)]
+    rows = gather_rows_many(bufs, local, check=False)  # in range: checked above
+    return [
+        TableExport(found_keys[a:b], found_words[a:b], slots, r)
+        for (a, b, slots), r in zip(parts, rows, strict=True)
+    ]
 
 
 def _scan_ops(

@@ -16,6 +16,7 @@ import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from demb_kernels import delta_ops
 from demb_kernels import table as ops
@@ -287,11 +288,12 @@ class SlotWriteBatch:
         bounds = [0, *itertools.accumulate(counts)]
         keys = torch.cat([k.to(device) for _, k, _ in parts])
         slots = torch.cat([s.to(device) for _, _, s in parts])
-        per_part = torch.tensor(counts, device=device)
-        ids = torch.repeat_interleave(torch.tensor(ids_list, device=device), per_part)
-        if device.type == "cpu":  # one pass of a CPU kernel
+        if device.type == "cpu":  # one pass of a CPU kernel (the ids without a tensor op)
+            ids = torch.from_numpy(np.repeat(np.asarray(ids_list, dtype=np.int64), counts))
             digests, flags = delta_ops.slot_writes_check(index, keys, ids, slots)
         else:
+            per_part = torch.tensor(counts, device=device)
+            ids = torch.repeat_interleave(torch.tensor(ids_list, device=device), per_part)
             digests, flags = batch_checks(index, keys, ids, slots, flags=not checked)
         if not checked and any(flags):
             return None

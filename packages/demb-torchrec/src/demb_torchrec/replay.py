@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from demb_kernels.rows import scatter_rows_many
 from demb_kernels.table import EMPTY_KEY, ScorePolicy
 from demb_planner import owner_rank
 from demb_storage import SlotWriteBatch, SlotWrites, TableConfigError, clear_slots
@@ -156,6 +157,8 @@ def _plan(t: ModelTable, delta: DeltaDumpResult, i: int, content: ReplayContent)
         _tensor(freed, where, "erased_slot_index", tuple(erased.shape), torch.int64)
         if caching:  # a caching table is written by key: no slot to clear
             freed = None
+    if freed is not None and freed.numel() == 0:
+        freed = None
     if freed is not None:
         freed = _take(freed, erased_mine)
         freed = freed[freed >= 0]
@@ -232,10 +235,7 @@ def _index_words(plan: _Plan, fresh: int) -> torch.Tensor:
     tables = t.module.tables
     layout = tables.configs[t.index].score_layout
     if plan.scores is not None:
-        scores = plan.scores.clone()
-        for c in age_columns([c.name for c in layout.columns]):
-            scores[:, c] = plan.current_score - scores[:, c]
-        return index_words(t, scores)
+        return _delta_words(t, plan.scores, plan.current_score)
     n = int(plan.keys.shape[0])
     words = torch.zeros((tables.index.score_words, n), dtype=torch.int64)
     policy = layout.policy
@@ -246,6 +246,38 @@ def _index_words(plan: _Plan, fresh: int) -> torch.Tensor:
     else:
         words[0] = fresh
     return words
+
+
+def _delta_words(t: ModelTable, scores: torch.Tensor, current: int) -> torch.Tensor:
+    """``(W, n)`` int64 index words of ``(n, C)`` delta score columns of table ``t``'s layout,
+    TIMESTAMP ages turned back into timestamps (``current - age``)."""
+    tables = t.module.tables
+    layout = tables.configs[t.index].score_layout
+    ages = age_columns([c.name for c in layout.columns])
+    if ages == [0] and layout.index_words == (0,) and tables.index.score_words == 1:
+        return torch.sub(current, scores[:, 0]).unsqueeze(0)  # one timestamp column: 2 ops
+    scores = scores.clone()
+    for c in ages:
+        scores[:, c] = current - scores[:, c]
+    return index_words(t, scores)
+
+
+def _batch_words(plans: list[_Plan], fresh: list[int]) -> torch.Tensor:
+    """``(W, n)`` int64 index words of the plans' keys, concatenated in plan order (the words
+    of :func:`_index_words` of each): when every plan carries scores of one layout from one
+    current score, made for all at once."""
+    first = plans[0].table
+    layout = first.module.tables.configs[first.index].score_layout
+    same = all(
+        p.scores is not None
+        and p.current_score == plans[0].current_score
+        and p.table.module.tables.configs[p.table.index].score_layout == layout
+        for p in plans
+    )
+    if not same or len(plans) == 1:
+        return torch.cat([_index_words(p, f) for p, f in zip(plans, fresh, strict=True)], dim=1)
+    scores = torch.cat([p.scores for p in plans if p.scores is not None])
+    return _delta_words(first, scores, plans[0].current_score)
 
 
 def _checked_writes(plans: list[_Plan]) -> list[tuple[SlotWriteBatch, list[_Plan]]]:
@@ -294,11 +326,10 @@ def _erase(plan: _Plan) -> int:
     return erased
 
 
-def _write_rows(
-    plan: _Plan, slots: torch.Tensor, taken_over: torch.Tensor, erased: int
-) -> ReplayStats:
-    """Write a slot-written table's rows at its keys' ``slots`` (their index entries written:
-    ``taken_over`` says which slots held another key or none before)."""
+def _rows(plan: _Plan, slots: torch.Tensor, taken_over: torch.Tensor) -> torch.Tensor:
+    """The value rows a slot-written table's keys get at their ``slots`` (their index entries
+    written: ``taken_over`` says which slots held another key or none before), in the table's
+    buffer's device and dtype."""
     t = plan.table
     tables = t.module.tables
     config = tables.configs[t.index]
@@ -314,8 +345,11 @@ def _write_rows(
         initial = t.module.initial_states[t.index]
         assert initial is not None
         rows[taken_over.to(rows.device), config.dim :] = initial.to(rows.device, rows.dtype)
-    tables.write(t.index, slots, rows)
-    return ReplayStats(upserted=int(slots.numel()), erased=erased, skipped=plan.skipped)
+    if rows.shape != (slots.shape[0], buf.shape[1]):
+        raise _fail(
+            f"{t.collection}/{t.name}", "values", f"rows {tuple(rows.shape)} for {tuple(buf.shape)}"
+        )
+    return rows.contiguous()
 
 
 def _apply_by_key(plan: _Plan, fresh: int, erased: int) -> ReplayStats:
@@ -411,11 +445,20 @@ def replay_increment(
         for batch, members in batches:  # tables of one set: their index written at once
             erased = [_erase(plan) for plan in members]
             device = members[0].table.module.tables.device
-            words = [_index_words(p, score[id(p)]).to(device) for p in members]
-            taken_over = batch.apply(torch.cat(words, dim=1))
+            words = _batch_words(members, [score[id(p)] for p in members])
+            taken_over = batch.apply(words.to(device))
+            slots = [batch.slots[batch.part(i)] for i in range(len(members))]
+            rows = [
+                _rows(p, s, taken_over[batch.part(i)])
+                for i, (p, s) in enumerate(zip(members, slots, strict=True))
+            ]
+            bufs = [p.table.module.tables.values[p.table.index] for p in members]
+            scatter_rows_many(
+                bufs, [s.to(b.device) for s, b in zip(slots, bufs, strict=True)], rows
+            )
             for i, plan in enumerate(members):
-                part = batch.part(i)
-                done[id(plan)] = _write_rows(plan, batch.slots[part], taken_over[part], erased[i])
+                upserted = int(slots[i].numel())
+                done[id(plan)] = ReplayStats(upserted, erased[i], plan.skipped)
         for plan in plans:
             if plan.slots is None:  # the cache's copies of the erased keys go first
                 done[id(plan)] = _apply_by_key(plan, score[id(plan)], _erase(plan))
