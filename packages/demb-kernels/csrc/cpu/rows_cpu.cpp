@@ -49,6 +49,10 @@ inline void store_fence(bool stream) {
 #endif
 }
 
+// A gather asks for the first line of the row kAhead entries on (rows lie at random places:
+// each one's first read misses the TLB and the caches; the lines after it stream).
+constexpr int64_t kAhead = 4;
+
 void check_slot_range(const int64_t* slots, int64_t n, int64_t rows) {
   for (int64_t i = 0; i < n; ++i) {
     TORCH_CHECK_VALUE(slots[i] >= -1 && slots[i] < rows, "slots[", i, "]=", slots[i],
@@ -68,6 +72,9 @@ at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& slots_in)
   auto* dst = static_cast<char*>(out.data_ptr());
   at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
+      if (i + kAhead < end && s[i + kAhead] >= 0) {
+        __builtin_prefetch(src + s[i + kAhead] * row_bytes);
+      }
       if (s[i] < 0) {
         std::memset(dst + i * row_bytes, 0, static_cast<size_t>(row_bytes));
       } else {
@@ -99,23 +106,27 @@ void scatter_rows_cpu(at::Tensor values, const at::Tensor& slots_in, const at::T
   });
 }
 
-// Where each table's entries start in a batch of several tables' entries (T + 1 prefix sums).
-std::vector<int64_t> entry_starts(at::TensorList slots) {
-  std::vector<int64_t> starts(slots.size() + 1, 0);
-  for (size_t t = 0; t < slots.size(); ++t) starts[t + 1] = starts[t] + slots[t].numel();
-  return starts;
-}
+// Raw views of one buffer's part of a many-buffer copy (read once, before the parallel loop).
+struct RowsPart {
+  char* values;
+  const int64_t* slots;
+  char* rows;  // the batch's rows: the gather's output, the scatter's input
+  int64_t row_bytes;
+  bool stream;
+  int64_t count;  // entries
+};
 
-// Runs body(t, i) for entry i of table t, for every entry of every table, the entries of all
-// tables split evenly over the threads (one parallel region for the whole batch); each thread
-// runs finish() after its entries.
-template <typename Body, typename Finish>
-void for_each_entry(const std::vector<int64_t>& starts, const Body& body, const Finish& finish) {
+// Runs copy(part, i) for entry i of every part, the entries of all parts split evenly over
+// the threads (one parallel region for the whole batch); each thread runs finish() after its
+// entries.
+template <typename Copy, typename Finish>
+void for_each_entry(const std::vector<RowsPart>& parts, const std::vector<int64_t>& starts,
+                    const Copy& copy, const Finish& finish) {
   at::parallel_for(0, starts.back(), 1024, [&](int64_t begin, int64_t end) {
     size_t t = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
     for (int64_t e = begin; e < end; ++e) {
       while (e >= starts[t + 1]) ++t;
-      body(t, e - starts[t]);
+      copy(parts[t], e - starts[t]);
     }
     finish();
   });
@@ -125,23 +136,33 @@ std::vector<at::Tensor> gather_rows_many_cpu(at::TensorList values, at::TensorLi
   TORCH_CHECK_VALUE(values.size() == slots_in.size(), "values and slots differ in length");
   std::vector<at::Tensor> slots;
   std::vector<at::Tensor> out;
+  std::vector<RowsPart> parts;
+  std::vector<int64_t> starts{0};
   for (size_t t = 0; t < values.size(); ++t) {
     check_rows_args(values[t], slots_in[t]);
     slots.push_back(slots_in[t].contiguous());
-    check_slot_range(slots[t].const_data_ptr<int64_t>(), slots[t].numel(), values[t].size(0));
-    out.push_back(at::empty({slots[t].numel(), values[t].size(1)}, values[t].options()));
+    const int64_t n = slots[t].numel();
+    check_slot_range(slots[t].const_data_ptr<int64_t>(), n, values[t].size(0));
+    out.push_back(at::empty({n, values[t].size(1)}, values[t].options()));
+    parts.push_back({const_cast<char*>(static_cast<const char*>(values[t].const_data_ptr())),
+                     slots[t].const_data_ptr<int64_t>(), static_cast<char*>(out[t].data_ptr()),
+                     values[t].size(1) * values[t].element_size(), false, n});
+    starts.push_back(starts.back() + n);
   }
-  for_each_entry(entry_starts(slots), [&](size_t t, int64_t i) {
-    const int64_t row_bytes = values[t].size(1) * values[t].element_size();
-    const int64_t slot = slots[t].const_data_ptr<int64_t>()[i];
-    char* dst = static_cast<char*>(out[t].data_ptr()) + i * row_bytes;
-    if (slot < 0) {
-      std::memset(dst, 0, static_cast<size_t>(row_bytes));
-    } else {
-      const auto* src = static_cast<const char*>(values[t].const_data_ptr());
-      std::memcpy(dst, src + slot * row_bytes, static_cast<size_t>(row_bytes));
-    }
-  }, [] {});
+  for_each_entry(
+      parts, starts,
+      [](const RowsPart& p, int64_t i) {
+        if (i + kAhead < p.count && p.slots[i + kAhead] >= 0) {
+          __builtin_prefetch(p.values + p.slots[i + kAhead] * p.row_bytes);
+        }
+        char* dst = p.rows + i * p.row_bytes;
+        if (p.slots[i] < 0) {
+          std::memset(dst, 0, static_cast<size_t>(p.row_bytes));
+        } else {
+          std::memcpy(dst, p.values + p.slots[i] * p.row_bytes, static_cast<size_t>(p.row_bytes));
+        }
+      },
+      [] {});
   return out;
 }
 
@@ -151,23 +172,29 @@ void scatter_rows_many_cpu(at::TensorList values, at::TensorList slots_in,
                     "values, slots and rows differ in length");
   std::vector<at::Tensor> slots;
   std::vector<at::Tensor> rows;
-  std::vector<char> stream;
+  std::vector<RowsPart> parts;
+  std::vector<int64_t> starts{0};
   for (size_t t = 0; t < values.size(); ++t) {
     check_scatter_rows(values[t], slots_in[t], rows_in[t]);
     slots.push_back(slots_in[t].contiguous());
     rows.push_back(rows_in[t].contiguous());
-    check_slot_range(slots[t].const_data_ptr<int64_t>(), slots[t].numel(), values[t].size(0));
-    stream.push_back(slots[t].numel() * values[t].size(1) * values[t].element_size() >
-                     kStreamBytes);
-  }
-  for_each_entry(entry_starts(slots), [&](size_t t, int64_t i) {
-    const int64_t slot = slots[t].const_data_ptr<int64_t>()[i];
-    if (slot < 0) return;
+    const int64_t n = slots[t].numel();
+    check_slot_range(slots[t].const_data_ptr<int64_t>(), n, values[t].size(0));
     const int64_t row_bytes = values[t].size(1) * values[t].element_size();
-    const auto* src = static_cast<const char*>(rows[t].const_data_ptr());
-    copy_row(static_cast<char*>(values[t].data_ptr()) + slot * row_bytes, src + i * row_bytes,
-             row_bytes, stream[t] != 0);
-  }, [] { store_fence(true); });
+    parts.push_back({static_cast<char*>(values[t].data_ptr()), slots[t].const_data_ptr<int64_t>(),
+                     const_cast<char*>(static_cast<const char*>(rows[t].const_data_ptr())),
+                     row_bytes, n * row_bytes > kStreamBytes, n});
+    starts.push_back(starts.back() + n);
+  }
+  for_each_entry(
+      parts, starts,
+      [](const RowsPart& p, int64_t i) {
+        if (p.slots[i] >= 0) {
+          copy_row(p.values + p.slots[i] * p.row_bytes, p.rows + i * p.row_bytes, p.row_bytes,
+                   p.stream);
+        }
+      },
+      [] { store_fence(true); });
 }
 
 }  // namespace

@@ -191,17 +191,19 @@ def _write(
     ids: torch.Tensor,
     keys: torch.Tensor,
     slots: torch.Tensor,
-    lo: int | torch.Tensor,
+    lo: int | None,
     digests: torch.Tensor,
     words: torch.Tensor,
 ) -> torch.Tensor:
-    """Write ``(n,)`` keys of tables ``ids`` at their table-local ``slots`` (each table's
-    first slot ``lo``, an int or ``(n,)``); see :meth:`SlotWrites.apply`. The tables' slot
-    ranges are disjoint, so a batch of several tables writes as its tables one after another."""
+    """Write ``(n,)`` keys of tables ``ids`` at their table-local ``slots`` (``lo``: the
+    tables' first global slot when all are one table's, else None); see
+    :meth:`SlotWrites.apply`. The tables' slot ranges are disjoint, so a batch of several
+    tables writes as its tables one after another."""
     index = table.index
     if index.keys.device.type == "cpu":  # one pass of a CPU kernel
         return delta_ops.slot_writes_apply(index, keys, ids, slots, digests, words)
-    return write_ops(index, ids, keys, slots, lo, digests, words)
+    first = index.slot_offsets[ids] if lo is None else lo
+    return write_ops(index, ids, keys, slots, first, digests, words)
 
 
 def write_ops(
@@ -306,8 +308,7 @@ class SlotWriteBatch:
     def apply(self, words: torch.Tensor) -> torch.Tensor:
         """Write every part (``words``: ``(W, n)`` int64 index score words, in batch order);
         returns ``(n,)`` bool, as :meth:`SlotWrites.apply`."""
-        lo = self.table.index.slot_offsets[self.ids]
-        return _write(self.table, self.ids, self.keys, self.slots, lo, self.digests, words)
+        return _write(self.table, self.ids, self.keys, self.slots, None, self.digests, words)
 
 
 def batch_checks(

@@ -236,8 +236,11 @@ def _with_ages(rows: _Rows) -> torch.Tensor:
 def _aged(scores: torch.Tensor, current: int, columns: tuple[str, ...]) -> torch.Tensor:
     """``(n, C)`` ``scores`` with the TIMESTAMP columns as ages ``current - score``, within
     ``[0, current]`` (a copy; the other columns as they are)."""
+    ages = age_columns(columns)
+    if ages == [0] and scores.shape[1] == 1:  # one timestamp column: two ops
+        return torch.sub(current, scores).clamp_(0, current)
     scores = scores.clone()
-    for c in age_columns(columns):
+    for c in ages:
         scores[:, c] = (current - scores[:, c]).clamp(0, current)
     return scores
 
