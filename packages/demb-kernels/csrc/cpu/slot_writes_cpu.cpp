@@ -8,6 +8,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -194,23 +196,34 @@ std::tuple<at::Tensor, at::Tensor> slot_writes_check_cpu(const at::Tensor& slot_
   const int64_t num_slots = offsets[bucket_widths.numel()];
   std::vector<uint64_t> taken(static_cast<size_t>(num_slots / 64 + 1), 0);
   PairSet pairs(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = ids[i];
-    const int64_t capacity = offsets[t + 1] - offsets[t];
-    const Home home = home_of(k[i], capacity, widths[t]);
-    d[i] = home.digest;
-    f[kEmpty] |= k[i] == kEmptyKey;
-    f[kRepeatedKey] |= !pairs.insert(i, k, ids);
-    if (s[i] < 0 || s[i] >= capacity) {
-      f[kOutside] = true;
-      f[kNotHome] = true;
-      continue;
+  // Per entry (in parallel): its digest, and whether it is the empty key, outside its table
+  // or outside its home bucket; then the repeats, in order.
+  std::vector<char> outside(static_cast<size_t>(n));
+  std::array<std::atomic<bool>, kFlags> any{};
+  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+    bool empty = false, out = false, away = false;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = ids[i];
+      const int64_t capacity = offsets[t + 1] - offsets[t];
+      const Home home = home_of(k[i], capacity, widths[t]);
+      d[i] = home.digest;
+      empty |= k[i] == kEmptyKey;
+      outside[i] = s[i] < 0 || s[i] >= capacity;
+      out |= outside[i] != 0;
+      away |= outside[i] != 0 || s[i] - s[i] % widths[t] != home.bucket_base;
     }
-    const uint64_t g = static_cast<uint64_t>(offsets[t] + s[i]);
+    if (empty) any[kEmpty] = true;
+    if (out) any[kOutside] = true;
+    if (away) any[kNotHome] = true;
+  });
+  for (int64_t x = 0; x < kFlags; ++x) f[x] = any[x];
+  for (int64_t i = 0; i < n; ++i) {
+    f[kRepeatedKey] |= !pairs.insert(i, k, ids);
+    if (outside[i]) continue;
+    const uint64_t g = static_cast<uint64_t>(offsets[ids[i]] + s[i]);
     const uint64_t bit = uint64_t{1} << (g % 64);
     f[kRepeatedSlot] |= (taken[g / 64] & bit) != 0;
     taken[g / 64] |= bit;
-    f[kNotHome] |= s[i] - s[i] % widths[t] != home.bucket_base;
   }
   return {digests, flags};
 }
@@ -288,13 +301,17 @@ at::Tensor slot_writes_apply_cpu(at::Tensor index_keys, at::Tensor digests, at::
       v.sizes[ids[i]] -= 1;
     }
   }
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t g = offsets[ids[i]] + s[i];
-    v.sizes[ids[i]] += v.keys[g] == kEmptyKey;
-    v.keys[g] = k[i];
-    v.digests[g] = kd[i];
-    for (int64_t x = 0; x < num_words; ++x) v.score(x, g) = w[x * n + i];
-  }
+  // The slots are distinct (checked): the writes run in parallel, a slot filled from empty
+  // counting into its table's size atomically.
+  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t g = offsets[ids[i]] + s[i];
+      if (v.keys[g] == kEmptyKey) __atomic_fetch_add(v.sizes + ids[i], 1, __ATOMIC_RELAXED);
+      v.keys[g] = k[i];
+      v.digests[g] = kd[i];
+      for (int64_t x = 0; x < num_words; ++x) v.score(x, g) = w[x * n + i];
+    }
+  });
   return taken_over;
 }
 
