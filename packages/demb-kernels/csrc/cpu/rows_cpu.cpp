@@ -60,52 +60,6 @@ void check_slot_range(const int64_t* slots, int64_t n, int64_t rows) {
   }
 }
 
-at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& slots_in) {
-  check_rows_args(values, slots_in);
-  const at::Tensor slots = slots_in.contiguous();
-  const int64_t n = slots.numel();
-  const int64_t* s = slots.const_data_ptr<int64_t>();
-  check_slot_range(s, n, values.size(0));
-  at::Tensor out = at::empty({n, values.size(1)}, values.options());
-  const int64_t row_bytes = values.size(1) * values.element_size();
-  const auto* src = static_cast<const char*>(values.const_data_ptr());
-  auto* dst = static_cast<char*>(out.data_ptr());
-  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kAhead < end && s[i + kAhead] >= 0) {
-        __builtin_prefetch(src + s[i + kAhead] * row_bytes);
-      }
-      if (s[i] < 0) {
-        std::memset(dst + i * row_bytes, 0, static_cast<size_t>(row_bytes));
-      } else {
-        std::memcpy(dst + i * row_bytes, src + s[i] * row_bytes, static_cast<size_t>(row_bytes));
-      }
-    }
-  });
-  return out;
-}
-
-void scatter_rows_cpu(at::Tensor values, const at::Tensor& slots_in, const at::Tensor& rows_in) {
-  check_scatter_rows(values, slots_in, rows_in);
-  const at::Tensor slots = slots_in.contiguous();
-  const at::Tensor rows = rows_in.contiguous();
-  const int64_t n = slots.numel();
-  const int64_t* s = slots.const_data_ptr<int64_t>();
-  check_slot_range(s, n, values.size(0));
-  const int64_t row_bytes = values.size(1) * values.element_size();
-  const auto* src = static_cast<const char*>(rows.const_data_ptr());
-  auto* dst = static_cast<char*>(values.data_ptr());
-  const bool stream = n * row_bytes > kStreamBytes;
-  at::parallel_for(0, n, 1024, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (s[i] >= 0) {
-        copy_row(dst + s[i] * row_bytes, src + i * row_bytes, row_bytes, stream);
-      }
-    }
-    store_fence(stream);
-  });
-}
-
 // Raw views of one buffer's part of a many-buffer copy (read once, before the parallel loop).
 struct RowsPart {
   char* values;
@@ -195,6 +149,15 @@ void scatter_rows_many_cpu(at::TensorList values, at::TensorList slots_in,
         }
       },
       [] { store_fence(true); });
+}
+
+// The one-buffer ops: the many-buffer ops of one buffer.
+at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& slots) {
+  return gather_rows_many_cpu({values}, {slots})[0];
+}
+
+void scatter_rows_cpu(at::Tensor values, const at::Tensor& slots, const at::Tensor& rows) {
+  scatter_rows_many_cpu({values}, {slots}, {rows});
 }
 
 }  // namespace

@@ -188,14 +188,20 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def index_words(t: ModelTable, scores: torch.Tensor) -> torch.Tensor:
+def index_words(
+    t: ModelTable, scores: torch.Tensor, ages: Sequence[int] = (), current: int = 0
+) -> torch.Tensor:
     """``(W, n)`` int64 index score words (the index's words: its widest table's) of table
-    ``t``'s ``(n, C)`` score columns in its ``score_strategy`` order, on their device."""
+    ``t``'s ``(n, C)`` score columns in its ``score_strategy`` order, on their device; the
+    columns ``ages`` hold ages, turned back into scores ``current - age``."""
     tables = t.module.tables
     layout = tables.configs[t.index].score_layout
     words = torch.zeros(
         (tables.index.score_words, scores.shape[0]), dtype=torch.int64, device=scores.device
     )
     for c, word in enumerate(layout.index_words):
-        words[word] = scores[:, c]
+        if c in ages:
+            torch.sub(current, scores[:, c], out=words[word])
+        else:
+            words[word] = scores[:, c]
     return words

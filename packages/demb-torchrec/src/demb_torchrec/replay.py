@@ -251,15 +251,8 @@ def _index_words(plan: _Plan, fresh: int) -> torch.Tensor:
 def _delta_words(t: ModelTable, scores: torch.Tensor, current: int) -> torch.Tensor:
     """``(W, n)`` int64 index words of ``(n, C)`` delta score columns of table ``t``'s layout,
     TIMESTAMP ages turned back into timestamps (``current - age``)."""
-    tables = t.module.tables
-    layout = tables.configs[t.index].score_layout
-    ages = age_columns([c.name for c in layout.columns])
-    if ages == [0] and layout.index_words == (0,) and tables.index.score_words == 1:
-        return torch.sub(current, scores[:, 0]).unsqueeze(0)  # one timestamp column: 2 ops
-    scores = scores.clone()
-    for c in ages:
-        scores[:, c] = current - scores[:, c]
-    return index_words(t, scores)
+    layout = t.module.tables.configs[t.index].score_layout
+    return index_words(t, scores, age_columns([c.name for c in layout.columns]), current)
 
 
 def _batch_words(plans: list[_Plan], fresh: list[int]) -> torch.Tensor:
@@ -345,10 +338,6 @@ def _rows(plan: _Plan, slots: torch.Tensor, taken_over: torch.Tensor) -> torch.T
         initial = t.module.initial_states[t.index]
         assert initial is not None
         rows[taken_over.to(rows.device), config.dim :] = initial.to(rows.device, rows.dtype)
-    if rows.shape != (slots.shape[0], buf.shape[1]):
-        raise _fail(
-            f"{t.collection}/{t.name}", "values", f"rows {tuple(rows.shape)} for {tuple(buf.shape)}"
-        )
     return rows.contiguous()
 
 
