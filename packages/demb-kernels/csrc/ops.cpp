@@ -119,6 +119,10 @@ TORCH_LIBRARY(demb, m) {
   // Which build of pool_table_rows' CPU kernel runs in this process: "avx2" or "portable"
   // (cpu/pool_cpu.cpp; no tensors, one kernel for every backend).
   m.def("pool_cpu_build() -> str");
+  // The calling thread's intra-op threads for CPU kernels from now on; returns the count
+  // before (cpu/threads_cpu.cpp; no tensors, one kernel for every backend). Other threads
+  // keep theirs. Where PyTorch does not use OpenMP it only returns the count.
+  m.def("set_thread_intra_op_threads(int threads) -> int");
   m.def(
       "segment_sum_rows(Tensor grads, Tensor order, Tensor starts, Tensor? plan=None, "
       "Tensor? rows=None, Tensor? scale=None, bool skip_single=False) -> (Tensor, Tensor)");

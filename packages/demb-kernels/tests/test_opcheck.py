@@ -523,6 +523,14 @@ CASES = [
     # Returns a str: the aot util compares outputs as tensors (assert_close takes no str), and
     # there is nothing to trace (no tensors; one CompositeImplicitAutograd kernel).
     Case("pool_cpu_build", "build", lambda dev: ((), {}), utils=NO_AOT, devices=CPU_ONLY),
+    # the calling thread's count set to what it is: the test's thread keeps its count
+    Case(
+        "set_thread_intra_op_threads",
+        "unchanged",
+        lambda dev: ((torch.get_num_threads(),), {}),
+        utils=NO_AOT,
+        devices=CPU_ONLY,
+    ),
     Case("segment_sum_rows", "plain", _segment_sum("plain")),
     Case("segment_sum_rows", "pooled", _segment_sum("pooled")),
     Case("segment_sum_rows", "skip_single", _segment_sum("skip_single")),
@@ -569,6 +577,7 @@ def test_every_op_has_a_case():
     cuda = {c.op for c in CASES if "cuda" in c.devices}
     assert ops - cuda == {
         "pool_cpu_build",
+        "set_thread_intra_op_threads",
         "batch_bounds",
         "gather_rows_many",
         "scatter_rows_many",
@@ -604,8 +613,9 @@ def test_cuda_only_ops_run_their_fakes_without_a_gpu(case: Case):
 
 def test_import_registers_every_fake_kernel():
     """``import demb_kernels`` alone registers a fake (meta) kernel for each op, except
-    pool_cpu_build (no tensors: one kernel for every backend) and summed_update (an autograd
-    node whose one kernel also runs on fake tensors)."""
+    pool_cpu_build and set_thread_intra_op_threads (no tensors: one kernel for every
+    backend) and summed_update (an autograd node whose one kernel also runs on fake
+    tensors)."""
     code = (
         "import torch, demb_kernels\n"
         "ops = {s.name[6:] for s in torch._C._jit_get_all_schemas()"
@@ -613,7 +623,8 @@ def test_import_registers_every_fake_kernel():
         "print(sorted(op for op in ops if not demb_kernels.has_kernel(op, 'Meta')))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['pool_cpu_build', 'summed_update']"
+    want = "['pool_cpu_build', 'set_thread_intra_op_threads', 'summed_update']"
+    assert out.stdout.strip() == want
 
 
 def _tensors(arg: object) -> list[torch.Tensor]:

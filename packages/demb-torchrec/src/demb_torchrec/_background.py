@@ -1,7 +1,10 @@
 """A write that runs in a background thread and is finished by the caller: the handle of a
 non-blocking :func:`~demb_torchrec.DynamicEmbDump` (and of other writers that work the same way).
 
-The thread runs at a lower CPU priority than the threads that start it (Linux). The work is
+The thread runs at a lower CPU priority than the threads that start it (Linux), and the CPU
+kernels its torch ops run keep to that thread (one intra-op thread: under PyTorch's OpenMP
+backend a thread's parallel loops otherwise start a team of their own, as many threads again
+as training's, on the same cores). The work is
 split in two: ``work`` runs in a thread of its own (writing files from a snapshot,
 say) and must not take part in collectives; ``finish`` runs in the caller's thread when it calls
 :meth:`DumpHandle.wait`, with the exception ``work`` raised (or None), and does what must happen
@@ -17,6 +20,8 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable
+
+from demb_kernels.threads import limit_this_thread
 
 __all__ = ["DumpHandle"]
 
@@ -58,6 +63,7 @@ class DumpHandle:
 
     def _run(self) -> None:
         _lower_priority()
+        limit_this_thread(1)
         try:
             self._work()
         except BaseException as err:  # handed to finish, in the caller's thread
