@@ -25,7 +25,9 @@ from demb_storage import (
     Counter,
     InitializerArgs,
     MultiTableAdmitter,
+    MultiTableFrequencyAdmitter,
     MultiTableKVCounter,
+    MultiTableProbabilisticAdmitter,
     new_rows_spec,
     per_table_counts,
 )
@@ -33,6 +35,8 @@ from demb_storage import (
 from demb_torchrec.errors import ConfigError, NotSupportedError
 
 __all__ = ["AdmissionGroup", "ModuleAdmission", "admission_of"]
+
+_REWINDABLE = (MultiTableFrequencyAdmitter, MultiTableProbabilisticAdmitter)
 
 
 @dataclass
@@ -121,6 +125,29 @@ class ModuleAdmission:
         self._decisions = torch.zeros((num_tables, 2), dtype=torch.int64, device=device)
         """``(T, 2)`` keys admitted and rejected per table since the last read."""
         self._counter_evictions = torch.zeros(num_tables, dtype=torch.int64)
+        self.rewindable = all(type(g.admitter) in _REWINDABLE for g in self.groups)
+        """Every admitter is a built-in one that a call asking no key changes in nothing but
+        its toss index, which :meth:`mark` and :meth:`rewind` restore: a forward may ask it
+        before learning whether its batch is good (the one-sync CUDA path)."""
+
+    def mark(self) -> list[int]:
+        """The probabilistic admitters' toss indices, for :meth:`rewind`."""
+        return [
+            g.admitter.calls
+            for g in self.groups
+            if isinstance(g.admitter, MultiTableProbabilisticAdmitter)
+        ]
+
+    def rewind(self, mark: list[int]) -> None:
+        """Undo the toss indices' advance since :meth:`mark` (after a call that asked no key:
+        nothing else changed)."""
+        tossers = [
+            g.admitter
+            for g in self.groups
+            if isinstance(g.admitter, MultiTableProbabilisticAdmitter)
+        ]
+        for admitter, calls in zip(tossers, mark, strict=True):
+            admitter.calls = calls
 
     @property
     def counters(self) -> list[tuple[list[int], Counter]]:

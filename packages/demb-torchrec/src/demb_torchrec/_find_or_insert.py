@@ -11,6 +11,7 @@ from demb_storage import InsertOutcome
 
 from demb_torchrec._dedup import DedupedBatch, dedup_bags
 from demb_torchrec._launched import launched_find_or_insert
+from demb_torchrec._launched_admission import launched_admitted
 from demb_torchrec._state import Bags, ForwardState
 
 __all__ = ["FindOrInsert", "Found", "TrainOutput", "TrainRows"]
@@ -36,6 +37,10 @@ class FindOrInsert:
     (``demb::dedup_batch``) and find_or_insert runs after it. Either way the new rows (and their
     optimizer state) are initialized by one launch queued behind the insert; keys that got no
     slot (FAILED) have slot -1 and are counted by the module once the forward's work is queued.
+    With admission the same holds: on CUDA, while no table can grow and every admitter can
+    rewind, the dedup, the find, the admitters and the insert are launched with one read-back
+    (:func:`demb_torchrec._launched_admission.launched_admitted`); otherwise the dedup syncs
+    first.
     """
 
     __slots__ = ("_launches", "_state")
@@ -49,6 +54,10 @@ class FindOrInsert:
         s = self._state
         tables = s.tables
         if s.admission is not None:
+            if self._launches and not tables.may_grow and s.admission.rewindable:
+                admitted = launched_admitted(s, bags)
+                if admitted is not None:  # None: the dedup must sort on more key bits
+                    return admitted
             return self._admitted(bags)
         if self._launches and not tables.may_grow:
             launched = launched_find_or_insert(s, bags)

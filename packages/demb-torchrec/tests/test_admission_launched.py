@@ -1,0 +1,166 @@
+"""The CUDA training forward with admission and one sync (demb_torchrec._launched_admission: the
+dedup leaves its sizes on the device, the find, the admitters and the insert run on the batch's
+full size with the rows past its unique keys masked, one read-back at the end) against the same
+module forced onto the two-sync path (dedup_batch, then the rest): bit-identical outputs,
+tables, counters, toss indices and admission counts over steps with new keys, counter and table
+evictions, a batch whose keys outgrow the dedup's key-bits guess (the one-sync path then falls
+back, its toss index rewound) and all-hit batches; a bad batch raises and changes nothing
+(marker ``cuda``)."""
+
+from __future__ import annotations
+
+import demb_torchrec._find_or_insert as fi
+import pytest
+import torch
+from demb_torchrec import (
+    DynamicEmbeddingTables,
+    DynamicEmbPoolingMode,
+    DynamicEmbTableOptions,
+    FrequencyAdmissionStrategy,
+    KVCounter,
+    ProbabilisticAdmissionStrategy,
+)
+
+pytestmark = pytest.mark.cuda
+
+
+def strategy(kind):
+    if kind == "frequency":  # buckets of 16 in 64 slots: the counter evicts
+        return FrequencyAdmissionStrategy(2, KVCounter(64, bucket_capacity=16))
+    return ProbabilisticAdmissionStrategy(0.4)
+
+
+def module(mode, kind, seed=3):
+    torch.manual_seed(seed)
+    opts = DynamicEmbTableOptions(
+        dim=8, max_capacity=256, bucket_capacity=128, admit_strategy=strategy(kind)
+    )
+    return DynamicEmbeddingTables(
+        [opts, opts],
+        feature_table_map=[0, 1, 1],
+        pooling_mode=mode,
+        device="cuda",
+        optimizer="adam",
+        learning_rate=0.05,
+        seed=seed,
+    )
+
+
+def batches(gen, batch_size=24):
+    out = []
+    for step in range(8):
+        lengths = torch.randint(0, 4, (3 * batch_size,), generator=gen)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        key_range = 2**41 if step == 4 else (40 if step >= 6 else 600)
+        indices = torch.randint(0, key_range, (int(offsets[-1]),), generator=gen)
+        out.append((indices, offsets))
+    out.append(out[-1])  # the same batch again
+    return out
+
+
+def state(m):
+    """Every table's keys, scores and rows, every counter's keys and counts (sorted by key),
+    the toss indices and the admission counts since the last read."""
+    out = []
+    for t in range(m.num_tables):
+        ex = m.tables.export(t)
+        order = torch.argsort(ex.keys)
+        out += [ex.keys[order], ex.scores[order], ex.values[order]]
+    for tables, counter in m.admission.counters:
+        for local in range(len(tables)):
+            keys, counts = counter.export(local)
+            order = torch.argsort(keys)
+            out += [keys[order].cpu(), counts[order].cpu()]
+    calls = [getattr(g.admitter, "calls", -1) for g in m.admission.groups]
+    out.append(torch.tensor(calls))
+    counts = m.admission.read_counts(reset=False)
+    out += [counts["admitted"], counts["rejected"], counts["counter_evictions"]]
+    return out
+
+
+def assert_same(a, b):
+    for x, y in zip(state(a), state(b), strict=True):
+        assert torch.equal(x.cpu(), y.cpu())
+
+
+@pytest.mark.parametrize("mode", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
+@pytest.mark.parametrize("kind", ["frequency", "probabilistic"])
+def test_one_sync_admission_equals_the_two_sync_admission(mode, kind, monkeypatch):
+    one, two = module(mode, kind), module(mode, kind)
+    assert not one.tables.may_grow
+    assert one.admission.rewindable
+    real = fi.launched_admitted
+    used: list[bool] = []
+
+    def route(s, bags):  # s: the module's ForwardState
+        if s.tables is two.tables:
+            return None  # the two-sync path
+        out = real(s, bags)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(fi, "launched_admitted", route)
+    gen = torch.Generator().manual_seed(11)
+    for cpu_indices, cpu_offsets in batches(gen):
+        indices, offsets = cpu_indices.cuda(), cpu_offsets.cuda()
+        outs = [m(indices, offsets) for m in (one, two)]
+        assert torch.equal(outs[0], outs[1])
+        grad = torch.randn_like(outs[0])
+        for out in outs:
+            out.backward(grad)
+        assert_same(one, two)
+    assert one.tables.steps == two.tables.steps
+    rejected = one.admission.read_counts()["rejected"]
+    assert int(rejected.sum()) > 0  # some keys were kept out
+    assert True in used  # the one-sync path ran
+    assert False in used  # and fell back once (the batch of wide keys)
+
+
+def test_a_bad_batch_raises_and_changes_nothing():
+    m = module(DynamicEmbPoolingMode.NONE, "probabilistic")
+    offsets = torch.tensor([0, 1, 2, 3], device="cuda")
+    m(torch.tensor([1, 2, 3], device="cuda"), offsets).sum().backward()
+    before = state(m)
+    steps = list(m.tables.steps)
+    with pytest.raises(ValueError, match="empty-key sentinel"):
+        m(torch.tensor([1, -1, 5], device="cuda"), offsets)
+    with pytest.raises(ValueError, match="offsets"):
+        m(torch.tensor([1, 4, 5], device="cuda"), torch.tensor([0, 2, 1, 3], device="cuda"))
+    assert m.tables.steps == steps
+    for a, b in zip(state(m), before, strict=True):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
+@pytest.mark.parametrize("kind", ["frequency", "probabilistic"])
+def test_the_one_sync_admission_matches_the_cpu(kind):
+    """The same stream on a CPU module (which always syncs) and a CUDA one: the same outputs,
+    keys admitted and counts (tables large enough to evict nothing: their clocks differ)."""
+    cpu = DynamicEmbeddingTables(
+        [DynamicEmbTableOptions(dim=8, max_capacity=4096, admit_strategy=strategy(kind))] * 2,
+        feature_table_map=[0, 1, 1],
+        pooling_mode=DynamicEmbPoolingMode.SUM,
+        optimizer="sgd",
+        learning_rate=0.1,
+        seed=3,
+    )
+    gpu = DynamicEmbeddingTables(
+        [DynamicEmbTableOptions(dim=8, max_capacity=4096, admit_strategy=strategy(kind))] * 2,
+        feature_table_map=[0, 1, 1],
+        pooling_mode=DynamicEmbPoolingMode.SUM,
+        device="cuda",
+        optimizer="sgd",
+        learning_rate=0.1,
+        seed=3,
+    )
+    gen = torch.Generator().manual_seed(7)
+    for indices, offsets in batches(gen):
+        a = cpu(indices, offsets)
+        b = gpu(indices.cuda(), offsets.cuda())
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
+        a.square().sum().backward()
+        b.square().sum().backward()
+    for t in range(2):
+        assert set(cpu.tables.export(t).keys.tolist()) == set(gpu.tables.export(t).keys.tolist())
+    counts = cpu.admission.read_counts(), gpu.admission.read_counts()
+    for name in ("admitted", "rejected", "counter_evictions"):
+        assert torch.equal(counts[0][name], counts[1][name])
