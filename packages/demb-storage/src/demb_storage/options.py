@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from dataclasses import dataclass
 
@@ -219,9 +220,9 @@ class TableConfig:
         """Slots at creation."""
         return self.max_capacity if self.init_capacity is None else self.init_capacity
 
-    @property
+    @functools.cached_property
     def score_layout(self) -> ScoreLayout:
-        """The resolved score strategy."""
+        """The resolved score strategy (resolved once: the config is frozen)."""
         return resolve_score_strategy(self.score_strategy)
 
     @property
