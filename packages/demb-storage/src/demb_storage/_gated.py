@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from demb_kernels.launched import LaunchedDedup, find_or_insert_gated, gate_words
-from demb_kernels.table import RowGather
+from demb_kernels.table import EMPTY_KEY, InsertStatus, RowGather
 
 from demb_storage._errors import TableConfigError
 from demb_storage._no_eviction import retry_no_eviction
@@ -27,6 +27,7 @@ def find_or_insert_launched(
     *,
     counts: bool = True,
     gather_rows: tuple[torch.Tensor, int] | None = None,
+    skips: bool = False,
 ) -> tuple[InsertOutcome | None, list[int]]:
     """:meth:`ScoredHashTable.find_or_insert` of ``launched``'s unique keys (a forward: STEP
     tables advance one step), with one sync, for tables that cannot grow (no table may grow
@@ -43,6 +44,9 @@ def find_or_insert_launched(
         gather_rows: ``(inverse, dim)``: when every key is found, also read the first ``dim``
             columns of each occurrence's row (:attr:`InsertOutcome.rows`), queued before the
             host learns that.
+        skips: ``launched.keys`` has entries of the empty key, -1, that stand for no key (a
+            caller that keeps some unique keys out, such as admission): each is left alone
+            (slot -1, status HIT: nothing to initialize, no failure).
 
     Returns:
         ``(outcome, words)``: ``words`` is ``launched.info`` read back, as a list (for
@@ -78,6 +82,8 @@ def find_or_insert_launched(
     if not missed:
         return InsertOutcome(slots, status, None, all_hit=True, rows=rows), words
     keys, tables = launched.keys[:unique], launched.tables[:unique]
+    if skips:  # the kernels leave an empty-key entry FAILED: here it is no key at all
+        status = torch.where(keys == EMPTY_KEY, int(InsertStatus.HIT), status)
     table.record_evictions(tables, status, result.victim_keys[:unique])
     key_counts = launched.counts[:unique] if counts else None
     slots, status = retry_no_eviction(table, keys, tables, key_counts, args, slots, status)

@@ -2,14 +2,16 @@
 the dedup leaves its unique count and go flag on the device
 (:func:`demb_kernels.launched.dedup_launch`); every later step runs on the batch's full size
 ``N``, the rows past the unique count (and every row when the go flag is clear) masked as the
-empty key, which the find, the admitters' counters and the insert skip. The host learns the
-sizes once, after the insert and the new rows' initialization are queued."""
+empty key, which the find and the admitters' counters skip; the rejected keys go to the gated
+insert (:func:`demb_storage.find_or_insert_launched`) as the empty key, and its one read-back
+is the forward's one sync."""
 
 from __future__ import annotations
 
 import torch
 from demb_kernels.init_rows import init_new_rows
 from demb_kernels.table import EMPTY_KEY
+from demb_storage import find_or_insert_launched
 
 from demb_torchrec._dedup import DedupedBatch
 from demb_torchrec._launched import launch_dedup, read_launch
@@ -24,8 +26,9 @@ Admitted = tuple[DedupedBatch, torch.Tensor, torch.Tensor, None]
 def launched_admitted(s: ForwardState, bags: Bags) -> Admitted | None:
     """The lookup of a training forward with admission, with one sync: the batch's unique keys
     found first (no score touched), the missing ones asked of the admitters with their batch
-    counts, the others found or inserted with the batch scores and their new rows initialized;
-    the rejected keys' ``(U,)`` mask left in :attr:`ForwardState.rejected`.
+    counts, the others found or inserted with the batch scores and their new rows initialized
+    (queued behind the read-back); the rejected keys' ``(U,)`` mask left in
+    :attr:`ForwardState.rejected`.
 
     Args:
         s: the module's state (training, on CUDA, tables unable to grow, admitters that
@@ -46,38 +49,28 @@ def launched_admitted(s: ForwardState, bags: Bags) -> Admitted | None:
     launched, scores = launch_dedup(s, bags, counted=True)
     n = launched.keys.shape[0]
     words = launched.info  # its last three words: U, the go flag, the gated find's miss flag
-    rows = torch.arange(n, device=launched.keys.device)
-    live = (rows < words[-3]) & (words[-2] != 0)
+    live = (torch.arange(n, device=launched.keys.device) < words[-3]) & (words[-2] != 0)
     keys = torch.where(live, launched.keys, EMPTY_KEY)
     ids = torch.where(live, launched.tables, 0)  # past U the dedup leaves them unwritten
     counts = torch.where(live, launched.counts, 0)
     missing = live & (tables.find(keys, ids, check=False) < 0)
     mark = admission.mark()
     rejected = admission.rejected(keys, ids, counts, missing)
-    steps = list(tables.steps)
-    outcome = tables.find_or_insert(
-        torch.where(rejected, EMPTY_KEY, keys),
-        ids,
-        counts=counts,
-        zero_new_rows=False,
-        check=False,
-        count_failures=False,
-        score_args=scores,
-        skips=True,
-    )
-    init_new_rows(tables.values, outcome.slots, keys, ids, outcome.status, s.new_rows)
-    host: list[int] = launched.info.tolist()  # the forward's one sync
+    # the rejected keys go to the gated insert as the empty key, which it leaves alone
+    kept = launched._replace(keys=torch.where(rejected, EMPTY_KEY, launched.keys))
+    outcome, host = find_or_insert_launched(tables, kept, scores, counts=True, skips=True)
     try:
         batch = read_launch(s, bags, launched, host, counted=True)
-    except ValueError:  # a bad batch: every row was masked, only the steps and tosses moved
-        tables.steps = steps
+    except ValueError:  # a bad batch: nothing ran past the masks, only the tosses moved
         admission.rewind(mark)
         raise
-    if batch is None:
-        tables.steps = steps
+    if outcome is None or batch is None:
         admission.rewind(mark)
         return None
     u = int(batch.keys.shape[0])
     s.rejected[0] = rejected[:u]
     s.found_whole[0] = False
-    return batch, outcome.slots[:u], outcome.status[:u], None
+    init_new_rows(
+        tables.values, outcome.slots, batch.keys, batch.tables, outcome.status, s.new_rows
+    )
+    return batch, outcome.slots, outcome.status, None
