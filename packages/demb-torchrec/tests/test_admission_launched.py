@@ -5,17 +5,17 @@ module forced onto the two-sync path (dedup_batch, then the rest): bit-identical
 tables, counters, toss indices and admission counts over steps with new keys, counter and table
 evictions, a batch whose keys outgrow the dedup's key-bits guess (the one-sync path then falls
 back, its toss index rewound) and all-hit batches; a bad batch raises and changes nothing
-(marker ``cuda``)."""
+(marker ``cuda``). The CPU against CUDA comparison of admission (whose CUDA module takes this
+path: its tables cannot grow) is test_admission_module.py's."""
 
 from __future__ import annotations
 
 import demb_torchrec._find_or_insert as fi
 import pytest
 import torch
+from _launch_streams import launch_batches, launch_module
 from demb_torchrec import (
-    DynamicEmbeddingTables,
     DynamicEmbPoolingMode,
-    DynamicEmbTableOptions,
     FrequencyAdmissionStrategy,
     KVCounter,
     ProbabilisticAdmissionStrategy,
@@ -31,31 +31,11 @@ def strategy(kind):
 
 
 def module(mode, kind, seed=3):
-    torch.manual_seed(seed)
-    opts = DynamicEmbTableOptions(
-        dim=8, max_capacity=256, bucket_capacity=128, admit_strategy=strategy(kind)
-    )
-    return DynamicEmbeddingTables(
-        [opts, opts],
-        feature_table_map=[0, 1, 1],
-        pooling_mode=mode,
-        device="cuda",
-        optimizer="adam",
-        learning_rate=0.05,
-        seed=seed,
-    )
+    return launch_module(mode, seed, admit_strategy=strategy(kind))
 
 
-def batches(gen, batch_size=24):
-    out = []
-    for step in range(8):
-        lengths = torch.randint(0, 4, (3 * batch_size,), generator=gen)
-        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-        key_range = 2**41 if step == 4 else (40 if step >= 6 else 600)
-        indices = torch.randint(0, key_range, (int(offsets[-1]),), generator=gen)
-        out.append((indices, offsets))
-    out.append(out[-1])  # the same batch again
-    return out
+def batches(gen):
+    return launch_batches(gen, steps=8, wide=4, narrow_from=6, key_range=600)
 
 
 def state(m):
@@ -129,38 +109,3 @@ def test_a_bad_batch_raises_and_changes_nothing():
     assert m.tables.steps == steps
     for a, b in zip(state(m), before, strict=True):
         assert torch.equal(a.cpu(), b.cpu())
-
-
-@pytest.mark.parametrize("kind", ["frequency", "probabilistic"])
-def test_the_one_sync_admission_matches_the_cpu(kind):
-    """The same stream on a CPU module (which always syncs) and a CUDA one: the same outputs,
-    keys admitted and counts (tables large enough to evict nothing: their clocks differ)."""
-    cpu = DynamicEmbeddingTables(
-        [DynamicEmbTableOptions(dim=8, max_capacity=4096, admit_strategy=strategy(kind))] * 2,
-        feature_table_map=[0, 1, 1],
-        pooling_mode=DynamicEmbPoolingMode.SUM,
-        optimizer="sgd",
-        learning_rate=0.1,
-        seed=3,
-    )
-    gpu = DynamicEmbeddingTables(
-        [DynamicEmbTableOptions(dim=8, max_capacity=4096, admit_strategy=strategy(kind))] * 2,
-        feature_table_map=[0, 1, 1],
-        pooling_mode=DynamicEmbPoolingMode.SUM,
-        device="cuda",
-        optimizer="sgd",
-        learning_rate=0.1,
-        seed=3,
-    )
-    gen = torch.Generator().manual_seed(7)
-    for indices, offsets in batches(gen):
-        a = cpu(indices, offsets)
-        b = gpu(indices.cuda(), offsets.cuda())
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-6)
-        a.square().sum().backward()
-        b.square().sum().backward()
-    for t in range(2):
-        assert set(cpu.tables.export(t).keys.tolist()) == set(gpu.tables.export(t).keys.tolist())
-    counts = cpu.admission.read_counts(), gpu.admission.read_counts()
-    for name in ("admitted", "rejected", "counter_evictions"):
-        assert torch.equal(counts[0][name], counts[1][name])

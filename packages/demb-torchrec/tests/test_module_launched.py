@@ -16,43 +16,22 @@ from pathlib import Path
 import demb_torchrec._find_or_insert as fi
 import pytest
 import torch
+from _launch_streams import launch_batches, launch_module
 from demb_kernels.table import timestamp
 from demb_torchrec import (
-    DynamicEmbeddingTables,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
-    DynamicEmbTableOptions,
 )
 
 pytestmark = pytest.mark.cuda
 
 
 def module(mode, strategy, seed=3):
-    torch.manual_seed(seed)
-    opts = DynamicEmbTableOptions(
-        dim=8, max_capacity=256, bucket_capacity=128, score_strategy=strategy
-    )
-    return DynamicEmbeddingTables(
-        [opts, opts],
-        feature_table_map=[0, 1, 1],
-        pooling_mode=mode,
-        device="cuda",
-        optimizer="adam",
-        learning_rate=0.05,
-        seed=seed,
-    )
+    return launch_module(mode, seed, score_strategy=strategy)
 
 
-def batches(gen, batch_size=24):
-    out = []
-    for step in range(7):
-        lengths = torch.randint(0, 4, (3 * batch_size,), generator=gen)
-        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-        key_range = 2**41 if step == 3 else (40 if step >= 5 else 900)
-        indices = torch.randint(0, key_range, (int(offsets[-1]),), generator=gen)
-        out.append((indices, offsets))
-    out.append(out[-1])  # the same batch again: every key found
-    return out
+def batches(gen):
+    return launch_batches(gen)
 
 
 def table_state(m):
