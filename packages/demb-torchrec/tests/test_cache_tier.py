@@ -501,6 +501,41 @@ def test_prefetch_of_the_next_batch_changes_nothing_but_where_rows_come_from(
 
 
 @pytest.mark.cuda
+def test_a_prefetch_that_waits_on_nothing_stages_what_its_bound_holds():
+    """CUDA: after the first prefetch (which waits, and counts the misses) a prefetch waits on
+    nothing and stages at most its bound of the misses; a bound far below them (8) leaves the
+    rest to the forward: outputs and tables stay the twin's, and no forward finds more than 8
+    of its storage hits staged."""
+    twin, cached = _modules(0.1, device="cuda")
+    assert cached.cache is not None
+    bounds = cached.cache._bounds
+    assert bounds.enabled
+    assert bounds.bound is None
+    gen = torch.Generator().manual_seed(9)
+    batches = [_batch(gen, 1400, False, "cuda") for _ in range(8)]
+    staged, hits = [], []
+    for step, (indices, offsets) in enumerate(batches[:-1]):
+        a, b = twin(indices, offsets), cached(indices, offsets)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}")
+        stats = cached.cache_stats()  # this forward's
+        if step >= 2:  # forwards after a bounded prefetch
+            staged.append(sum(s["prefetched"] for s in stats.values()))
+            hits.append(sum(s["storage_hits"] for s in stats.values()))
+        cached.prefetch(*batches[step + 1])
+        if step == 0:
+            assert bounds.bound is not None  # the first prefetch waited and counted
+            bounds.learn = lambda misses: None  # type: ignore[method-assign]
+            bounds.bound = 8
+        grad = torch.randn(a.shape, generator=gen).to("cuda")
+        a.backward(grad)
+        b.backward(grad)
+    assert max(staged) <= 8
+    assert sum(staged) > 0
+    assert sum(hits) > sum(staged)  # the rest were read by the forwards
+    _assert_union_equals_twin(twin, cached)
+
+
+@pytest.mark.cuda
 def test_prefetch_for_a_forward_on_another_stream():
     """CUDA: the prefetch runs on the default stream, the next forward and backward on another
     (``forward_stream``): the outputs and tables stay the twin's."""

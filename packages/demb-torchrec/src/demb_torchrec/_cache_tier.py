@@ -4,16 +4,19 @@ erases, memory and statistics read of the storage tier (docs/tiers.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
+from demb_kernels.init_rows import NewRowsArgs
+from demb_kernels.launched import dedup_launch
 from demb_kernels.table import EMPTY_KEY
 from demb_storage import DynamicEmbeddingTable, MemoryUsage, TableExport
 
-from demb_torchrec._cache import STAT_NAMES, CacheLookups
+from demb_torchrec._cache import STAT_NAMES, CacheLookups, StorageSlot
 from demb_torchrec._cache_groups import Located, Staged, fit_words
 from demb_torchrec._dedup import dedup_bags
-from demb_torchrec._state import Bags
+from demb_torchrec._prefetch_bound import PrefetchBound
+from demb_torchrec._state import Bags, ForwardState
 
 __all__ = ["CacheTier"]
 
@@ -22,30 +25,38 @@ class CacheTier(CacheLookups):
     """The storage tier of a module's caching tables: its lookups
     (:class:`~demb_torchrec._cache.CacheLookups`) and the calls below."""
 
+    def __init__(
+        self,
+        state: ForwardState,
+        below: Sequence[StorageSlot | None],
+        eval_rows: NewRowsArgs,
+        retains: Sequence[bool],
+    ) -> None:
+        super().__init__(state, below, eval_rows, retains)
+        self._bounds = PrefetchBound(
+            state.device.type == "cuda"
+            and all(isinstance(g.storage, DynamicEmbeddingTable) for g in self.groups)
+        )
+
     def prefetch(self, bags: Bags, forward_stream: torch.cuda.Stream | None = None) -> None:
         """Read ahead the storage rows of ``bags``' keys that the caches miss, for the next
         forward (which then reads them from the device instead of the storage; an entry the
         storage changes, evicts or erases meanwhile is read again). The caches and the scores
         do not change.
 
-        On CUDA the caches are searched on the current stream (the host waits for it once);
-        the storage is searched and its rows read on the side stream, after the current
-        stream's work so far, and the call returns without waiting for them: the rest of the
-        step, and the next forward until it places the rows, overlap the reads.
+        On CUDA the caches are searched on the current stream and the storage is searched and
+        its rows read on the side stream, after the current stream's work so far; the call
+        returns without waiting for any of it: the rest of the step, and the next forward
+        until it places the rows, overlap the reads. The first prefetch (and every one over a
+        storage other than a :class:`DynamicEmbeddingTable`) waits for the caches' search
+        once; the others stage at most twice as many keys as the last prefetch found missing
+        (:class:`~demb_torchrec._prefetch_bound.PrefetchBound`): what does not fit is read by
+        the forward, as without prefetch.
         ``forward_stream``: the CUDA stream the next forward runs on, when another one than
         the current (the staged rows are kept for it)."""
         s = self._state
-        tables = s.tables
-        batch = dedup_bags(s, bags)
-        keys, ids = batch.keys, batch.tables
-        absent = self._cached[ids] & (tables.find(keys, ids, check=False) < 0)
-        positions = absent.nonzero().squeeze(1)
+        picked = self._bounded_picks(bags) if self._bounds.ready() else self._picks(bags)
         self.staged = [None] * len(self.groups)  # a later prefetch replaces an earlier one
-        one = len(self.groups) == 1
-        wanted = [  # per group, its keys and tables (the split waits here, not on the side)
-            (positions if one else positions[g.member[ids[positions]]]) for g in self.groups
-        ]
-        picked = [(keys[p], ids[p]) for p in wanted]
         reads = self.reads
         later = forward_stream or reads.training_stream()
         with reads.side():
@@ -68,6 +79,50 @@ class CacheTier(CacheLookups):
                     rows = located.read().to(s.device, non_blocking=True)
                     reads.made_for([rows], later)
                     self.staged[g] = Staged(stored, picked[g][1], rows, located.words)
+
+    def _picks(self, bags: Bags) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per group, the keys (and module tables) of the batch's unique keys of its tables
+        that the caches miss: the batch deduplicated with a sync, the misses compacted (one
+        more); their count sets the next prefetch's bound."""
+        s = self._state
+        batch = dedup_bags(s, bags)
+        keys, ids = batch.keys, batch.tables
+        absent = self._cached[ids] & (s.tables.find(keys, ids, check=False) < 0)
+        positions = absent.nonzero().squeeze(1)
+        self._bounds.learn(int(positions.shape[0]))
+        one = len(self.groups) == 1
+        wanted = [  # per group, its keys and tables (the split waits here, not on the side)
+            (positions if one else positions[g.member[ids[positions]]]) for g in self.groups
+        ]
+        return [(keys[p], ids[p]) for p in wanted]
+
+    def _bounded_picks(self, bags: Bags) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`_picks` without waiting on the device (CUDA): the dedup leaves its sizes on
+        the device, the misses are gathered into :attr:`_bounds`' bound of entries (those past
+        it left out, empty-key entries where fewer), each group's others set to the empty key
+        (which matches nothing in the storage and is staged as nothing)."""
+        s = self._state
+        launched = dedup_launch(
+            bags.indices,
+            bags.offsets,
+            s.feature_tables,
+            s.num_tables,
+            bags.batch_size,
+            None,
+            s.key_bits[0],
+            0,
+            False,
+        )
+        n = launched.keys.shape[0]
+        words = launched.info  # its last three words: U, the go flag, a find's miss flag
+        live = (torch.arange(n, device=s.device) < words[-3]) & (words[-2] != 0)
+        keys = torch.where(live, launched.keys, EMPTY_KEY)
+        ids = torch.where(live, launched.tables, 0)
+        absent = live & self._cached[ids] & (s.tables.find(keys, ids, check=False) < 0)
+        keys, ids = self._bounds.gather(absent, keys, ids)
+        if len(self.groups) == 1:
+            return [(keys, ids)]
+        return [(torch.where(g.member[ids], keys, EMPTY_KEY), ids) for g in self.groups]
 
     def flush(self) -> None:
         """Write every cached row (and every pending overflow row) to the storage and empty
