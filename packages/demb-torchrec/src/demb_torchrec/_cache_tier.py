@@ -4,19 +4,19 @@ erases, memory and statistics read of the storage tier (docs/tiers.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections.abc import Iterator
 
 import torch
-from demb_kernels.init_rows import NewRowsArgs
 from demb_kernels.launched import dedup_launch
 from demb_kernels.table import EMPTY_KEY
 from demb_storage import DynamicEmbeddingTable, MemoryUsage, TableExport
 
-from demb_torchrec._cache import STAT_NAMES, CacheLookups, StorageSlot
+from demb_torchrec._cache import STAT_NAMES, CacheLookups
 from demb_torchrec._cache_groups import Located, Staged, fit_words
 from demb_torchrec._dedup import dedup_bags
 from demb_torchrec._prefetch_bound import PrefetchBound
-from demb_torchrec._state import Bags, ForwardState
+from demb_torchrec._state import Bags
 
 __all__ = ["CacheTier"]
 
@@ -25,18 +25,13 @@ class CacheTier(CacheLookups):
     """The storage tier of a module's caching tables: its lookups
     (:class:`~demb_torchrec._cache.CacheLookups`) and the calls below."""
 
-    def __init__(
-        self,
-        state: ForwardState,
-        below: Sequence[StorageSlot | None],
-        eval_rows: NewRowsArgs,
-        retains: Sequence[bool],
-    ) -> None:
-        super().__init__(state, below, eval_rows, retains)
-        self._bounds = PrefetchBound(
-            state.device.type == "cuda"
-            and all(isinstance(g.storage, DynamicEmbeddingTable) for g in self.groups)
-        )
+    @functools.cached_property
+    def _bounds(self) -> PrefetchBound:
+        """The bound of a prefetch that waits on nothing (CUDA, every storage a
+        :class:`DynamicEmbeddingTable`, whose search reads on the device)."""
+        storages = (g.storage for g in self.groups)
+        cuda = self._state.device.type == "cuda"
+        return PrefetchBound(cuda and all(isinstance(x, DynamicEmbeddingTable) for x in storages))
 
     def prefetch(self, bags: Bags, forward_stream: torch.cuda.Stream | None = None) -> None:
         """Read ahead the storage rows of ``bags``' keys that the caches miss, for the next
