@@ -13,53 +13,24 @@ from __future__ import annotations
 import demb_torchrec._find_or_insert as fi
 import pytest
 import torch
-from _launch_streams import launch_batches, launch_module
+from _launch_streams import admission_state, admission_strategy, launch_batches, launch_module
 from demb_torchrec import (
     DynamicEmbPoolingMode,
-    FrequencyAdmissionStrategy,
-    KVCounter,
-    ProbabilisticAdmissionStrategy,
 )
 
 pytestmark = pytest.mark.cuda
 
 
-def strategy(kind):
-    if kind == "frequency":  # buckets of 16 in 64 slots: the counter evicts
-        return FrequencyAdmissionStrategy(2, KVCounter(64, bucket_capacity=16))
-    return ProbabilisticAdmissionStrategy(0.4)
-
-
 def module(mode, kind, seed=3):
-    return launch_module(mode, seed, admit_strategy=strategy(kind))
+    return launch_module(mode, seed, admit_strategy=admission_strategy(kind))
 
 
 def batches(gen):
     return launch_batches(gen, steps=8, wide=4, narrow_from=6, key_range=600)
 
 
-def state(m):
-    """Every table's keys, scores and rows, every counter's keys and counts (sorted by key),
-    the toss indices and the admission counts since the last read."""
-    out = []
-    for t in range(m.num_tables):
-        ex = m.tables.export(t)
-        order = torch.argsort(ex.keys)
-        out += [ex.keys[order], ex.scores[order], ex.values[order]]
-    for tables, counter in m.admission.counters:
-        for local in range(len(tables)):
-            keys, counts = counter.export(local)
-            order = torch.argsort(keys)
-            out += [keys[order].cpu(), counts[order].cpu()]
-    calls = [getattr(g.admitter, "calls", -1) for g in m.admission.groups]
-    out.append(torch.tensor(calls))
-    counts = m.admission.read_counts(reset=False)
-    out += [counts["admitted"], counts["rejected"], counts["counter_evictions"]]
-    return out
-
-
 def assert_same(a, b):
-    for x, y in zip(state(a), state(b), strict=True):
+    for x, y in zip(admission_state(a), admission_state(b), strict=True):
         assert torch.equal(x.cpu(), y.cpu())
 
 
@@ -100,12 +71,12 @@ def test_a_bad_batch_raises_and_changes_nothing():
     m = module(DynamicEmbPoolingMode.NONE, "probabilistic")
     offsets = torch.tensor([0, 1, 2, 3], device="cuda")
     m(torch.tensor([1, 2, 3], device="cuda"), offsets).sum().backward()
-    before = state(m)
+    before = admission_state(m)
     steps = list(m.tables.steps)
     with pytest.raises(ValueError, match="empty-key sentinel"):
         m(torch.tensor([1, -1, 5], device="cuda"), offsets)
     with pytest.raises(ValueError, match="offsets"):
         m(torch.tensor([1, 4, 5], device="cuda"), torch.tensor([0, 2, 1, 3], device="cuda"))
     assert m.tables.steps == steps
-    for a, b in zip(state(m), before, strict=True):
+    for a, b in zip(admission_state(m), before, strict=True):
         assert torch.equal(a.cpu(), b.cpu())

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import demb_torchrec._cache_tier as cache_tier
 import pytest
 import torch
 from _cache_common import (
@@ -23,6 +24,7 @@ from _cache_common import (
     train_both,
     value_row_bytes,
 )
+from _launch_streams import fake_dedup_launch
 from demb_torchrec import (
     DynamicEmbDump,
     DynamicEmbeddingTables,
@@ -80,19 +82,27 @@ def test_prefetch_of_the_next_batch_changes_nothing_but_where_rows_come_from(
     assert_union_equals_twin(twin, cached)
 
 
-@pytest.mark.cuda
-def test_a_prefetch_that_waits_on_nothing_stages_what_its_bound_holds():
-    """CUDA: after the first prefetch (which waits, and counts the misses) a prefetch waits on
-    nothing and stages at most its bound of the misses; a bound far below them (8) leaves the
-    rest to the forward: outputs and tables stay the twin's, and no forward finds more than 8
-    of its storage hits staged."""
-    twin, cached = modules(0.1, device="cuda")
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("small", [False, True])
+def test_a_prefetch_that_waits_on_nothing_stages_what_its_bound_holds(
+    device: str, small: bool, monkeypatch: pytest.MonkeyPatch
+):
+    """After the first prefetch (which waits, and counts the misses) a prefetch waits on
+    nothing and stages at most its bound of the misses: the bound it learns (twice the misses)
+    holds them all; a bound far below them (8) leaves the rest to the forward. Either way the
+    outputs and tables stay the twin's. On the CPU the launched dedup (CUDA only) is a stand-in
+    built on the CPU dedup, and the bounded path is switched on by hand."""
+    twin, cached = modules(0.1, device=device)
     assert cached.cache is not None
     bounds = cached.cache._bounds
+    if device == "cpu":
+        assert not bounds.enabled
+        bounds.enabled = True
+        monkeypatch.setattr(cache_tier, "dedup_launch", fake_dedup_launch)
     assert bounds.enabled
     assert bounds.bound is None
     gen = torch.Generator().manual_seed(9)
-    batches = [batch(gen, 1400, False, "cuda") for _ in range(8)]
+    batches = [batch(gen, 1400, False, device) for _ in range(8)]
     staged, hits = [], []
     for step, (indices, offsets) in enumerate(batches[:-1]):
         a, b = twin(indices, offsets), cached(indices, offsets)
@@ -101,17 +111,22 @@ def test_a_prefetch_that_waits_on_nothing_stages_what_its_bound_holds():
         if step >= 2:  # forwards after a bounded prefetch
             staged.append(sum(s["prefetched"] for s in stats.values()))
             hits.append(sum(s["storage_hits"] for s in stats.values()))
+        slow_side_stream(cached)
         cached.prefetch(*batches[step + 1])
         if step == 0:
             assert bounds.bound is not None  # the first prefetch waited and counted
-            bounds.learn = lambda misses: None  # type: ignore[method-assign]
-            bounds.bound = 8
-        grad = torch.randn(a.shape, generator=gen).to("cuda")
+            if small:
+                monkeypatch.setattr(bounds, "learn", lambda misses: None)
+                bounds.bound = 8
+        grad = torch.randn(a.shape, generator=gen).to(device)
         a.backward(grad)
         b.backward(grad)
-    assert max(staged) <= 8
     assert sum(staged) > 0
-    assert sum(hits) > sum(staged)  # the rest were read by the forwards
+    if small:
+        assert max(staged) <= 8
+        assert sum(hits) > sum(staged)  # the rest were read by the forwards
+    else:
+        assert sum(staged) > sum(hits) // 2
     assert_union_equals_twin(twin, cached)
 
 
