@@ -130,6 +130,50 @@ def test_a_prefetch_that_waits_on_nothing_stages_what_its_bound_holds(
     assert_union_equals_twin(twin, cached)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["two storages", "second table only"])
+def test_a_bounded_prefetch_reads_each_storage_group_its_own_keys(
+    device: str, layout: str, monkeypatch: pytest.MonkeyPatch
+):
+    """A prefetch that waits on nothing over two storage groups (tables of two dims), or over
+    the second table only (the first all-device): each group reads only its tables' keys, and
+    the module still trains as its twin (SUM pooling: the dims differ)."""
+
+    def built(ratio: float | None) -> list[Any]:
+        options = tier_options(ratio, "adam")
+        if layout == "two storages":
+            options[1].dim = 8
+            if ratio is not None:
+                options[1].local_hbm_for_values *= 2
+        elif ratio is not None:
+            options[0].caching, options[0].local_hbm_for_values = False, 0
+        return options
+
+    kw: dict[str, Any] = {"table_names": NAMES, "device": device, "optimizer": "adam"}
+    kw["pooling_mode"] = DynamicEmbPoolingMode.SUM
+    twin = DynamicEmbeddingTables(built(None), **kw)
+    cached = DynamicEmbeddingTables(built(0.1), **kw)
+    assert cached.cache is not None
+    assert len(cached.cache.groups) == (2 if layout == "two storages" else 1)
+    if device == "cpu":
+        cached.cache._bounds.enabled = True
+        monkeypatch.setattr(cache_tier, "dedup_launch", fake_dedup_launch)
+    gen = torch.Generator().manual_seed(12)
+    batches = [batch(gen, 1400, True, device) for _ in range(7)]
+    staged = 0
+    for step, (indices, offsets) in enumerate(batches[:-1]):
+        a, b = twin(indices, offsets), cached(indices, offsets)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=f"step {step}")
+        staged += sum(s["prefetched"] for s in cached.cache_stats().values())
+        slow_side_stream(cached)
+        cached.prefetch(*batches[step + 1])
+        grad = torch.randn(a.shape, generator=gen).to(device)
+        a.backward(grad)
+        b.backward(grad)
+    assert staged > 0
+    assert cached.cache._bounds.bound is not None
+
+
 @pytest.mark.cuda
 def test_prefetch_for_a_forward_on_another_stream():
     """CUDA: the prefetch runs on the default stream, the next forward and backward on another

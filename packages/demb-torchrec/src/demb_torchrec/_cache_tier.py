@@ -95,7 +95,8 @@ class CacheTier(CacheLookups):
         """:meth:`_picks` without waiting on the device (CUDA): the dedup leaves its sizes on
         the device, the misses are gathered into :attr:`_bounds`' bound of entries (those past
         it left out, empty-key entries where fewer), each group's others set to the empty key
-        (which matches nothing in the storage and is staged as nothing)."""
+        of one of its tables (which matches nothing in the storage and is staged as
+        nothing)."""
         s = self._state
         launched = dedup_launch(
             bags.indices,
@@ -115,9 +116,11 @@ class CacheTier(CacheLookups):
         ids = torch.where(live, launched.tables, 0)
         absent = live & self._cached[ids] & (s.tables.find(keys, ids, check=False) < 0)
         keys, ids = self._bounds.gather(absent, keys, ids)
-        if len(self.groups) == 1:
-            return [(keys, ids)]
-        return [(torch.where(g.member[ids], keys, EMPTY_KEY), ids) for g in self.groups]
+        picks = []
+        for g in self.groups:  # entries of other tables (or none): the empty key of one of its
+            mine = g.member[ids]  # tables (a storage checks table ids, even of empty keys)
+            picks.append((torch.where(mine, keys, EMPTY_KEY), torch.where(mine, ids, g.tables[0])))
+        return picks
 
     def flush(self) -> None:
         """Write every cached row (and every pending overflow row) to the storage and empty
