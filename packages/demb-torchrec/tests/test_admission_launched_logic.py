@@ -46,16 +46,18 @@ def fake_find_or_insert_launched(table, launched, score_args, *, counts=True, sk
     return outcome, words
 
 
-def module(mode, kind):
-    opts = DynamicEmbTableOptions(  # STEP scores: the two modules' clocks would differ
-        dim=8,
-        max_capacity=256,
-        bucket_capacity=128,
-        admit_strategy=admission_strategy(kind),
-        score_strategy=DynamicEmbScoreStrategy.STEP,
-    )
+def module(mode, kind, both):
+    def opts(admits):
+        return DynamicEmbTableOptions(  # STEP scores: the two modules' clocks would differ
+            dim=8,
+            max_capacity=256,
+            bucket_capacity=128,
+            admit_strategy=admission_strategy(kind) if admits else None,
+            score_strategy=DynamicEmbScoreStrategy.STEP,
+        )
+
     return DynamicEmbeddingTables(
-        [opts, opts],
+        [opts(both), opts(True)],  # both: one admitter over both tables; else the second's
         feature_table_map=[0, 1, 1],
         pooling_mode=mode,
         optimizer="adam",
@@ -66,7 +68,8 @@ def module(mode, kind):
 
 @pytest.mark.parametrize("mode", [DynamicEmbPoolingMode.NONE, DynamicEmbPoolingMode.SUM])
 @pytest.mark.parametrize("kind", ["frequency", "probabilistic"])
-def test_the_one_sync_logic_equals_the_ordinary_path(mode, kind, monkeypatch):
+@pytest.mark.parametrize("both", [True, False])
+def test_the_one_sync_logic_equals_the_ordinary_path(mode, kind, both, monkeypatch):
     monkeypatch.setattr(launched_mod, "dedup_launch", fake_dedup_launch)
     monkeypatch.setattr(la, "find_or_insert_launched", fake_find_or_insert_launched)
     real_init = fi.FindOrInsert.__init__
@@ -76,9 +79,9 @@ def test_the_one_sync_logic_equals_the_ordinary_path(mode, kind, monkeypatch):
         self._launches = True
 
     monkeypatch.setattr(fi.FindOrInsert, "__init__", init)
-    one = module(mode, kind)  # its paths' lookups made now: they take the one-sync logic
+    one = module(mode, kind, both)  # its paths' lookups made now: they take the one-sync logic
     monkeypatch.setattr(fi.FindOrInsert, "__init__", real_init)
-    two = module(mode, kind)  # the ordinary path (a CPU module)
+    two = module(mode, kind, both)  # the ordinary path (a CPU module)
     assert not one.tables.may_grow
     real = fi.launched_admitted
     used: list[bool] = []
