@@ -15,7 +15,7 @@ import torch
 
 from demb_kernels import _library  # noqa: F401  (loads the native ops)
 from demb_kernels.lookup import _BATCH_CHECK_WORDS
-from demb_kernels.table import InsertResult, RowGather, TableIndex, as_batch
+from demb_kernels.table import EMPTY_KEY, InsertResult, RowGather, TableIndex, as_batch
 
 __all__ = [
     "LaunchInfo",
@@ -24,6 +24,7 @@ __all__ = [
     "find_or_insert_gated",
     "gate_words",
     "launch_info",
+    "live_unique",
     "packed_radix",
 ]
 
@@ -234,6 +235,22 @@ def find_or_insert_gated(
         values, inverse, dim, *index._ranks(),
     )  # fmt: skip
     return InsertResult(*out), host, rows if rows.shape[0] else None
+
+
+def live_unique(launched: LaunchedDedup) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """On the device, without waiting: which rows of a launched dedup hold a unique key, and
+    its keys and tables with every other row as the empty key of table 0 (rows at or past
+    ``U``, which the dedup leaves unwritten, and every row when its go flag is clear), for work
+    queued before the host learns ``U``.
+
+    Returns:
+        ``(N,)`` bool ``live``, ``(N,)`` int64 keys and ``(N,)`` int64 tables.
+    """
+    words = launched.info  # its last three words: U, the go flag, the gated find's miss flag
+    rows = torch.arange(launched.keys.shape[0], device=launched.keys.device)
+    live = (rows < words[-3]) & (words[-2] != 0)
+    keys = torch.where(live, launched.keys, EMPTY_KEY)
+    return live, keys, torch.where(live, launched.tables, 0)
 
 
 def gate_words(host: torch.Tensor | list[int]) -> tuple[int, bool, bool]:

@@ -129,24 +129,21 @@ class ModuleAdmission:
         """Every admitter is a built-in one that a call asking no key changes in nothing but
         its toss index, which :meth:`mark` and :meth:`rewind` restore: a forward may ask it
         before learning whether its batch is good (the one-sync CUDA path)."""
-
-    def mark(self) -> list[int]:
-        """The probabilistic admitters' toss indices, for :meth:`rewind`."""
-        return [
-            g.admitter.calls
-            for g in self.groups
-            if isinstance(g.admitter, MultiTableProbabilisticAdmitter)
-        ]
-
-    def rewind(self, mark: list[int]) -> None:
-        """Undo the toss indices' advance since :meth:`mark` (after a call that asked no key:
-        nothing else changed)."""
-        tossers = [
+        self._tossers = [
             g.admitter
             for g in self.groups
             if isinstance(g.admitter, MultiTableProbabilisticAdmitter)
         ]
-        for admitter, calls in zip(tossers, mark, strict=True):
+        """The probabilistic admitters, whose toss index :meth:`mark` reads."""
+
+    def mark(self) -> list[int]:
+        """The probabilistic admitters' toss indices, for :meth:`rewind`."""
+        return [admitter.calls for admitter in self._tossers]
+
+    def rewind(self, mark: list[int]) -> None:
+        """Undo the toss indices' advance since :meth:`mark` (after a call that asked no key:
+        nothing else changed)."""
+        for admitter, calls in zip(self._tossers, mark, strict=True):
             admitter.calls = calls
 
     @property

@@ -8,7 +8,7 @@ import functools
 from collections.abc import Iterator
 
 import torch
-from demb_kernels.launched import dedup_launch
+from demb_kernels.launched import dedup_launch, live_unique
 from demb_kernels.table import EMPTY_KEY
 from demb_storage import DynamicEmbeddingTable, MemoryUsage, TableExport
 
@@ -109,11 +109,7 @@ class CacheTier(CacheLookups):
             0,
             False,
         )
-        n = launched.keys.shape[0]
-        words = launched.info  # its last three words: U, the go flag, a find's miss flag
-        live = (torch.arange(n, device=s.device) < words[-3]) & (words[-2] != 0)
-        keys = torch.where(live, launched.keys, EMPTY_KEY)
-        ids = torch.where(live, launched.tables, 0)
+        live, keys, ids = live_unique(launched)
         absent = live & self._cached[ids] & (s.tables.find(keys, ids, check=False) < 0)
         keys, ids = self._bounds.gather(absent, keys, ids)
         picks = []

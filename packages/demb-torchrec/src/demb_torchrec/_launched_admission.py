@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from demb_kernels.init_rows import init_new_rows
+from demb_kernels.launched import live_unique
 from demb_kernels.table import EMPTY_KEY
 from demb_storage import find_or_insert_launched
 
@@ -47,11 +48,7 @@ def launched_admitted(s: ForwardState, bags: Bags) -> Admitted | None:
     assert admission is not None
     tables = s.tables
     launched, scores = launch_dedup(s, bags, counted=True)
-    n = launched.keys.shape[0]
-    words = launched.info  # its last three words: U, the go flag, the gated find's miss flag
-    live = (torch.arange(n, device=launched.keys.device) < words[-3]) & (words[-2] != 0)
-    keys = torch.where(live, launched.keys, EMPTY_KEY)
-    ids = torch.where(live, launched.tables, 0)  # past U the dedup leaves them unwritten
+    live, keys, ids = live_unique(launched)
     counts = torch.where(live, launched.counts, 0)
     missing = live & (tables.find(keys, ids, check=False) < 0)
     mark = admission.mark()
